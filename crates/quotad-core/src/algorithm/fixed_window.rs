@@ -1,0 +1,64 @@
+//! Fixed window: one counter per epoch-aligned window.
+
+use super::{Meter, State};
+use crate::policy::Policy;
+
+pub(super) struct FixedWindow {
+    limit: u64,
+    at: u64,
+    start: u64,
+    end: u64,
+    count: u64,
+}
+
+impl Meter for FixedWindow {
+    fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
+        let window = policy.window_ms();
+        let start = at - at % window;
+        // A count from a window at or after this one's start still applies
+        // (it can be later only if the window was shortened by a reload).
+        let count = match state {
+            Some(State::FixedWindow { start_ms, count }) if start_ms >= start => count,
+            _ => 0,
+        };
+        Self {
+            limit: policy.limit(),
+            at,
+            start,
+            end: start.saturating_add(window),
+            count,
+        }
+    }
+
+    fn fits(&self, cost: u64) -> bool {
+        self.count <= self.limit - cost
+    }
+
+    fn consume(&mut self, cost: u64) {
+        self.count += cost;
+    }
+
+    fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.count)
+    }
+
+    fn retry_after(&self, _cost: u64) -> u64 {
+        // The next window starts empty and any cost <= limit fits there.
+        self.end - self.at
+    }
+
+    fn reset_after(&self) -> u64 {
+        if self.count == 0 {
+            0
+        } else {
+            self.end - self.at
+        }
+    }
+
+    fn into_state(self) -> Option<State> {
+        (self.count > 0).then_some(State::FixedWindow {
+            start_ms: self.start,
+            count: self.count,
+        })
+    }
+}

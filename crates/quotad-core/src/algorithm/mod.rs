@@ -1,0 +1,236 @@
+//! The five algorithms as pure state transitions.
+//!
+//! Each algorithm is a [`Meter`]: its state brought forward to one instant,
+//! which can say whether a cost fits, consume it, and report what remains and
+//! when. [`decide`] and [`peek`] run any meter through the same steps, so the
+//! rules shared by every algorithm (the capacity check, the clock that went
+//! backwards, what counts as fresh) live in one place.
+//!
+//! Token bucket and leaky bucket are duals: a token bucket holding `t`
+//! tokens decides exactly as a leaky bucket of the same capacity filled to
+//! `burst - t`. Both are kept because users name them; a property test
+//! proves they agree.
+
+mod bucket;
+mod fixed_window;
+mod sliding_log;
+mod sliding_window;
+
+use std::num::NonZeroU64;
+
+pub use sliding_log::Log;
+
+use crate::decision::{Decision, Reason};
+use crate::policy::{Algorithm, Policy};
+
+/// The saved state of one key under one policy. `None` (no state) means
+/// fresh: a full budget.
+///
+/// Values are in exact integers. Bucket levels are kept in units of
+/// `1 / window_ms` of a token, so that a refill of `limit` tokens per window
+/// adds exactly `limit` units per millisecond.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Count within the window that starts at `start_ms`.
+    FixedWindow {
+        /// Start of the counted window (epoch-aligned).
+        start_ms: u64,
+        /// Units admitted in that window.
+        count: u64,
+    },
+    /// Counts of the window starting at `start_ms` and of the one before.
+    SlidingWindow {
+        /// Start of the current window (epoch-aligned).
+        start_ms: u64,
+        /// Units admitted in the previous window.
+        previous: u64,
+        /// Units admitted in the current window.
+        current: u64,
+    },
+    /// Tokens left, scaled by `window_ms`, as of `at_ms`.
+    TokenBucket {
+        /// Tokens x `window_ms`.
+        tokens: u64,
+        /// When `tokens` was last brought up to date.
+        at_ms: u64,
+        /// The window the scale refers to (a policy change rescales).
+        window_ms: u64,
+    },
+    /// Bucket level, scaled by `window_ms`, as of `at_ms`.
+    LeakyBucket {
+        /// Level x `window_ms`.
+        level: u64,
+        /// When `level` was last brought up to date.
+        at_ms: u64,
+        /// The window the scale refers to (a policy change rescales).
+        window_ms: u64,
+    },
+    /// Admissions within the last window.
+    SlidingLog(Box<Log>),
+}
+
+impl State {
+    /// The algorithm this state belongs to.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::FixedWindow { .. } => Algorithm::FixedWindow,
+            State::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            State::TokenBucket { .. } => Algorithm::TokenBucket,
+            State::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            State::SlidingLog(_) => Algorithm::SlidingLog,
+        }
+    }
+
+    /// The latest instant the state has seen. A clock reading earlier than
+    /// this is treated as this instant: time never runs backwards for a key,
+    /// so a clock step back neither panics nor refunds.
+    fn time_floor(&self) -> u64 {
+        match self {
+            State::FixedWindow { start_ms, .. } | State::SlidingWindow { start_ms, .. } => {
+                *start_ms
+            }
+            State::TokenBucket { at_ms, .. } | State::LeakyBucket { at_ms, .. } => *at_ms,
+            State::SlidingLog(log) => log.last_ms().unwrap_or(0),
+        }
+    }
+}
+
+/// One algorithm's state brought forward to a single instant.
+trait Meter: Sized {
+    /// The state at instant `at`; a missing or foreign state is fresh.
+    fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self;
+    /// Whether `cost` fits now. Only called with `cost <= capacity`.
+    fn fits(&self, cost: u64) -> bool;
+    /// Takes `cost`. Only called when it fits.
+    fn consume(&mut self, cost: u64);
+    /// Unit-cost requests that would be admitted at this instant.
+    fn remaining(&self) -> u64;
+    /// The exact wait until `cost` fits, with no other traffic. Only called
+    /// when it does not fit now and `cost <= capacity`.
+    fn retry_after(&self, cost: u64) -> u64;
+    /// The wait until the state is fresh again.
+    fn reset_after(&self) -> u64;
+    /// The state to keep; `None` when it is equivalent to fresh.
+    fn into_state(self) -> Option<State>;
+}
+
+/// Decides one request and returns the state to keep (`None`: fresh, keep
+/// nothing) with the decision.
+///
+/// Pure: the caller reads the clock once and passes `now_ms`. A state left by
+/// another algorithm (the policy changed) counts as fresh.
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use std::time::Duration;
+/// use quotad_core::{decide, Algorithm, Policy};
+///
+/// let policy = Policy::try_new(Algorithm::FixedWindow, 2, Duration::from_secs(1), None)?;
+/// let one = NonZeroU64::MIN;
+/// let (state, first) = decide(&policy, None, 5_000, one);
+/// let (state, second) = decide(&policy, state, 5_001, one);
+/// let (_, third) = decide(&policy, state, 5_002, one);
+/// assert!(first.allowed && second.allowed && !third.allowed);
+/// assert_eq!(third.retry_after_ms, 998);
+/// # Ok::<(), quotad_core::PolicyError>(())
+/// ```
+pub fn decide(
+    policy: &Policy,
+    state: Option<State>,
+    now_ms: u64,
+    cost: NonZeroU64,
+) -> (Option<State>, Decision) {
+    evaluate(policy, state, now_ms, cost, true)
+}
+
+/// The decision [`decide`] would make, with nothing consumed: `allowed` says
+/// whether `cost` would fit, `remaining` is what is left right now.
+pub fn peek(policy: &Policy, state: Option<&State>, now_ms: u64, cost: NonZeroU64) -> Decision {
+    evaluate(policy, state.cloned(), now_ms, cost, false).1
+}
+
+fn evaluate(
+    policy: &Policy,
+    state: Option<State>,
+    now_ms: u64,
+    cost: NonZeroU64,
+    consume: bool,
+) -> (Option<State>, Decision) {
+    let state = state.filter(|s| s.algorithm() == policy.algorithm());
+    let at = state
+        .as_ref()
+        .map_or(now_ms, |s| s.time_floor().max(now_ms));
+    let step = Step {
+        policy,
+        at,
+        skew: at - now_ms,
+        cost: cost.get(),
+        consume,
+    };
+    match policy.algorithm() {
+        Algorithm::FixedWindow => step.run::<fixed_window::FixedWindow>(state),
+        Algorithm::SlidingWindow => step.run::<sliding_window::SlidingWindow>(state),
+        Algorithm::TokenBucket => step.run::<bucket::TokenBucket>(state),
+        Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state),
+        Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state),
+    }
+}
+
+struct Step<'a> {
+    policy: &'a Policy,
+    /// The instant decided at: the clock, or the state's floor if later.
+    at: u64,
+    /// How far `at` is ahead of the clock; added to every wait reported.
+    skew: u64,
+    cost: u64,
+    consume: bool,
+}
+
+impl Step<'_> {
+    fn run<M: Meter>(&self, state: Option<State>) -> (Option<State>, Decision) {
+        let mut meter = M::advance(self.policy, state, self.at);
+        let capacity = self.policy.capacity();
+        let wait = |ms: u64| {
+            if ms == 0 {
+                0
+            } else {
+                ms.saturating_add(self.skew)
+            }
+        };
+        // The capacity check comes first, so `fits` may compute
+        // `capacity - cost` without underflow.
+        let (allowed, reason, retry_after_ms) = if self.cost > capacity {
+            (false, Reason::CostExceedsCapacity, 0)
+        } else if meter.fits(self.cost) {
+            if self.consume {
+                meter.consume(self.cost);
+            }
+            (true, Reason::WithinLimit, 0)
+        } else {
+            (
+                false,
+                Reason::LimitExceeded,
+                wait(meter.retry_after(self.cost)),
+            )
+        };
+        let decision = Decision {
+            allowed,
+            limit: capacity,
+            remaining: meter.remaining(),
+            retry_after_ms,
+            reset_after_ms: wait(meter.reset_after()),
+            reason,
+        };
+        (meter.into_state(), decision)
+    }
+}
+
+/// `a / b` rounded up; `b > 0`.
+fn div_ceil(a: u128, b: u128) -> u64 {
+    u64::try_from(a.div_ceil(b)).unwrap_or(u64::MAX)
+}
+
+/// Converts a u128 that is known to be at most a u64 value back, saturating.
+fn narrow(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,64 @@
+//! The answer to one check.
+
+use std::fmt;
+
+/// Why a decision came out the way it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Admitted: the cost fit in the remaining budget.
+    WithinLimit,
+    /// Denied: the budget is spent for now; `retry_after_ms` says for how long.
+    LimitExceeded,
+    /// Denied: the cost is larger than the policy's capacity and can never
+    /// fit. Nothing was consumed and there is no retry time.
+    CostExceedsCapacity,
+    /// Denied: the store's key table is full and new keys are refused.
+    Capacity,
+    /// Denied: in an all-or-nothing batch this item would have fit, but
+    /// another item did not, so nothing was consumed.
+    BatchRejected,
+    /// Admitted without counting: the backend failed and the policy fails open.
+    FailOpen,
+    /// Denied without counting: the backend failed and the policy fails closed.
+    FailClosed,
+}
+
+impl Reason {
+    /// The snake_case name used in metric labels and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::WithinLimit => "within_limit",
+            Reason::LimitExceeded => "limit_exceeded",
+            Reason::CostExceedsCapacity => "cost_exceeds_capacity",
+            Reason::Capacity => "capacity",
+            Reason::BatchRejected => "batch_rejected",
+            Reason::FailOpen => "fail_open",
+            Reason::FailClosed => "fail_closed",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The outcome of one check. A denial is a normal decision, never an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Decision {
+    /// Whether the cost was admitted (and consumed).
+    pub allowed: bool,
+    /// The policy's capacity: the largest cost that can ever be admitted.
+    pub limit: u64,
+    /// How many unit-cost requests would be admitted at this same instant.
+    pub remaining: u64,
+    /// 0 when allowed; when denied, the exact smallest wait after which the
+    /// same cost would be admitted with no other traffic; 0 as well when the
+    /// cost can never fit.
+    pub retry_after_ms: u64,
+    /// Time until the key's state is back to fresh (full budget).
+    pub reset_after_ms: u64,
+    /// Why.
+    pub reason: Reason,
+}

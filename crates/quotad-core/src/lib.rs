@@ -1,0 +1,52 @@
+//! quotad-core: exact rate-limit algorithms and the sharded in-memory store
+//! behind the quotad service.
+//!
+//! Everything here is plain, synchronous Rust with no I/O: the server, the
+//! Redis backend and the benchmarks build on it.
+//!
+//! - [`policy`]: a validated [`Policy`] (`limit` per `window`, `burst`) and
+//!   its [`Algorithm`];
+//! - [`algorithm`]: the five algorithms as pure transitions, [`decide`] and
+//!   [`peek`], over a key's [`State`];
+//! - [`decision`]: the [`Decision`] a check returns, and its [`Reason`];
+//! - [`clock`]: [`SystemClock`] and the [`FakeClock`] tests drive by hand;
+//! - [`store`]: [`MemoryStore`], one atomic transition per key, sharded and
+//!   bounded.
+//!
+//! All arithmetic is in exact integers bounded by 2^53 (so a Lua script on
+//! Redis computes the same numbers); time is whole milliseconds since the
+//! Unix epoch, and windows are aligned to it.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, Reason, StoreConfig};
+//!
+//! let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+//! let store = MemoryStore::new(StoreConfig::try_new(10_000, 16, OnFull::Deny)?, clock.clone());
+//! let policy = Policy::try_new(Algorithm::SlidingWindow, 10, Duration::from_secs(60), None)?;
+//! let item = CheckItem::new("api", policy, "user-42", 1)?;
+//! for _ in 0..10 {
+//!     assert!(store.check_one(&item).allowed);
+//! }
+//! let denied = store.check_one(&item);
+//! assert_eq!(denied.reason, Reason::LimitExceeded);
+//! assert!(denied.retry_after_ms > 0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod algorithm;
+pub mod clock;
+pub mod decision;
+pub mod policy;
+pub mod store;
+
+pub use algorithm::{Log, State, decide, peek};
+pub use clock::{Clock, FakeClock, SystemClock};
+pub use decision::{Decision, Reason};
+pub use policy::{
+    Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
+};
+pub use store::{
+    BatchMode, CheckItem, InvalidItem, MemoryStore, OnFull, StoreConfig, StoreConfigError,
+};

@@ -1,0 +1,354 @@
+//! Validated rate-limit policies. A [`Policy`] that exists is valid: every
+//! rule is checked once, in [`Policy::try_new`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// The largest value every intermediate product may reach: 2^53. Below it,
+/// integers are exact in an IEEE double, so a Lua script (Redis) computes
+/// the same numbers as this crate.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The largest `limit` a [`Algorithm::SlidingLog`] policy may have. The log
+/// keeps one entry per admitted request, so this caps memory per key.
+pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
+
+/// How a policy counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// A counter per epoch-aligned window. Cheap; allows up to 2x the limit
+    /// across a window boundary.
+    FixedWindow,
+    /// The previous window's count weighted by its overlap, plus the current
+    /// count. Smooths the boundary burst; an approximation.
+    SlidingWindow,
+    /// A bucket of `burst` tokens refilled at `limit` per window.
+    TokenBucket,
+    /// A bucket of capacity `burst` drained at `limit` per window; requests
+    /// that would overflow it are rejected, never queued.
+    LeakyBucket,
+    /// Every admitted request's time, kept for one window. Exact; memory
+    /// grows with the limit.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::SlidingLog,
+    ];
+
+    /// The snake_case name used in config files and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+
+    /// Whether the algorithm is a bucket, whose capacity is `burst`.
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name given is not an algorithm.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error(
+    "unknown algorithm {0:?} (expected fixed_window, sliding_window, token_bucket, leaky_bucket or sliding_log)"
+)]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    /// Parses the snake_case name, case-insensitively (`FIXED_WINDOW` too).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownAlgorithm(s.to_owned()))
+    }
+}
+
+/// One broken rule of a policy.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PolicyError {
+    /// `limit` is zero.
+    #[error("limit must be at least 1")]
+    LimitZero,
+    /// `window` is shorter than a millisecond.
+    #[error("window must be at least 1 ms")]
+    WindowTooShort,
+    /// `window` has a sub-millisecond part.
+    #[error("window must be a whole number of milliseconds (got {0:?})")]
+    WindowNotWholeMillis(Duration),
+    /// `burst` is zero.
+    #[error("burst must be at least 1")]
+    BurstZero,
+    /// `burst` was given for an algorithm that has no bucket.
+    #[error("burst applies only to token_bucket and leaky_bucket, not {0}")]
+    BurstNotApplicable(Algorithm),
+    /// `limit * window_ms` exceeds 2^53.
+    #[error("limit x window_ms must be at most 2^53 (limit {limit}, window {window_ms} ms)")]
+    LimitWindowTooLarge {
+        /// The limit given.
+        limit: u64,
+        /// The window given, in milliseconds.
+        window_ms: u64,
+    },
+    /// `burst * window_ms` exceeds 2^53.
+    #[error("burst x window_ms must be at most 2^53 (burst {burst}, window {window_ms} ms)")]
+    BurstWindowTooLarge {
+        /// The burst given.
+        burst: u64,
+        /// The window given, in milliseconds.
+        window_ms: u64,
+    },
+    /// A sliding log's limit is above [`SLIDING_LOG_MAX_LIMIT`].
+    #[error("sliding_log limit must be at most {SLIDING_LOG_MAX_LIMIT} (got {0})")]
+    SlidingLogLimitTooLarge(u64),
+}
+
+/// A validated rate limit: `limit` units per `window`, counted by
+/// `algorithm`, with bucket capacity `burst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    algorithm: Algorithm,
+    limit: u64,
+    window_ms: u64,
+    burst: u64,
+}
+
+impl Policy {
+    /// Builds a policy, checking every rule.
+    ///
+    /// `burst` is the bucket capacity for [`Algorithm::TokenBucket`] and
+    /// [`Algorithm::LeakyBucket`] and defaults to `limit`; the other
+    /// algorithms take none.
+    ///
+    /// # Errors
+    ///
+    /// One [`PolicyError`] variant per broken rule: `limit >= 1`, a window of
+    /// at least 1 ms in whole milliseconds, `burst >= 1` and only for
+    /// buckets, `limit * window_ms <= 2^53`, `burst * window_ms <= 2^53`, and
+    /// a sliding log's `limit <= 10,000`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quotad_core::{Algorithm, Policy};
+    ///
+    /// let policy = Policy::try_new(Algorithm::TokenBucket, 10, Duration::from_secs(1), Some(20))?;
+    /// assert_eq!(policy.capacity(), 20);
+    /// assert!(Policy::try_new(Algorithm::FixedWindow, 0, Duration::from_secs(1), None).is_err());
+    /// # Ok::<(), quotad_core::PolicyError>(())
+    /// ```
+    pub fn try_new(
+        algorithm: Algorithm,
+        limit: u64,
+        window: Duration,
+        burst: Option<u64>,
+    ) -> Result<Self, PolicyError> {
+        if limit == 0 {
+            return Err(PolicyError::LimitZero);
+        }
+        if window < Duration::from_millis(1) {
+            return Err(PolicyError::WindowTooShort);
+        }
+        if window.subsec_nanos() % 1_000_000 != 0 {
+            return Err(PolicyError::WindowNotWholeMillis(window));
+        }
+        // Saturating: a window beyond u64 milliseconds fails the bound below.
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        if limit > MAX_EXACT / window_ms {
+            return Err(PolicyError::LimitWindowTooLarge { limit, window_ms });
+        }
+        let burst = match burst {
+            None => limit,
+            Some(_) if !algorithm.is_bucket() => {
+                return Err(PolicyError::BurstNotApplicable(algorithm));
+            }
+            Some(0) => return Err(PolicyError::BurstZero),
+            Some(burst) if burst > MAX_EXACT / window_ms => {
+                return Err(PolicyError::BurstWindowTooLarge { burst, window_ms });
+            }
+            Some(burst) => burst,
+        };
+        if algorithm == Algorithm::SlidingLog && limit > SLIDING_LOG_MAX_LIMIT {
+            return Err(PolicyError::SlidingLogLimitTooLarge(limit));
+        }
+        Ok(Self {
+            algorithm,
+            limit,
+            window_ms,
+            burst,
+        })
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Units admitted per window (the refill or drain rate for buckets).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window length in milliseconds.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// The bucket capacity; equal to `limit` for the other algorithms.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The largest cost that can ever be admitted at once: `burst` for
+    /// buckets, `limit` otherwise.
+    pub fn capacity(&self) -> u64 {
+        if self.algorithm.is_bucket() {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn rejects_a_zero_limit() {
+        let err = Policy::try_new(Algorithm::FixedWindow, 0, ms(1000), None);
+        assert_eq!(err, Err(PolicyError::LimitZero));
+    }
+
+    #[test]
+    fn rejects_a_window_shorter_than_a_millisecond() {
+        for window in [Duration::ZERO, Duration::from_micros(999)] {
+            let err = Policy::try_new(Algorithm::FixedWindow, 1, window, None);
+            assert_eq!(err, Err(PolicyError::WindowTooShort));
+        }
+    }
+
+    #[test]
+    fn rejects_a_window_with_a_sub_millisecond_part() {
+        let window = Duration::from_micros(1500);
+        let err = Policy::try_new(Algorithm::FixedWindow, 1, window, None);
+        assert_eq!(err, Err(PolicyError::WindowNotWholeMillis(window)));
+    }
+
+    #[test]
+    fn rejects_a_zero_burst() {
+        let err = Policy::try_new(Algorithm::TokenBucket, 1, ms(1000), Some(0));
+        assert_eq!(err, Err(PolicyError::BurstZero));
+    }
+
+    #[test]
+    fn rejects_burst_on_algorithms_without_a_bucket() {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ] {
+            let err = Policy::try_new(algorithm, 5, ms(1000), Some(5));
+            assert_eq!(err, Err(PolicyError::BurstNotApplicable(algorithm)));
+        }
+    }
+
+    #[test]
+    fn limit_times_window_may_reach_but_not_pass_2_pow_53() {
+        let window_ms = 1_000;
+        let max = MAX_EXACT / window_ms;
+        assert!(Policy::try_new(Algorithm::FixedWindow, max, ms(window_ms), None).is_ok());
+        let err = Policy::try_new(Algorithm::FixedWindow, max + 1, ms(window_ms), None);
+        assert_eq!(
+            err,
+            Err(PolicyError::LimitWindowTooLarge {
+                limit: max + 1,
+                window_ms
+            })
+        );
+    }
+
+    #[test]
+    fn the_bound_is_checked_by_division_so_huge_values_cannot_wrap() {
+        let err = Policy::try_new(Algorithm::FixedWindow, u64::MAX, ms(u64::MAX), None);
+        assert!(matches!(err, Err(PolicyError::LimitWindowTooLarge { .. })));
+        let huge = Duration::from_secs(u64::MAX);
+        let err = Policy::try_new(Algorithm::FixedWindow, 1, huge, None);
+        assert!(matches!(err, Err(PolicyError::LimitWindowTooLarge { .. })));
+    }
+
+    #[test]
+    fn burst_times_window_may_not_pass_2_pow_53() {
+        let err = Policy::try_new(Algorithm::LeakyBucket, 1, ms(2), Some(MAX_EXACT / 2 + 1));
+        assert_eq!(
+            err,
+            Err(PolicyError::BurstWindowTooLarge {
+                burst: MAX_EXACT / 2 + 1,
+                window_ms: 2
+            })
+        );
+    }
+
+    #[test]
+    fn sliding_log_limit_is_capped() {
+        let at_cap = Policy::try_new(Algorithm::SlidingLog, SLIDING_LOG_MAX_LIMIT, ms(1000), None);
+        assert!(at_cap.is_ok());
+        let err = Policy::try_new(
+            Algorithm::SlidingLog,
+            SLIDING_LOG_MAX_LIMIT + 1,
+            ms(1000),
+            None,
+        );
+        assert_eq!(
+            err,
+            Err(PolicyError::SlidingLogLimitTooLarge(
+                SLIDING_LOG_MAX_LIMIT + 1
+            ))
+        );
+    }
+
+    #[test]
+    fn burst_defaults_to_limit_and_is_the_bucket_capacity() {
+        let p = Policy::try_new(Algorithm::TokenBucket, 7, ms(1000), None).expect("valid");
+        assert_eq!((p.burst(), p.capacity()), (7, 7));
+        let p = Policy::try_new(Algorithm::LeakyBucket, 7, ms(1000), Some(3)).expect("valid");
+        assert_eq!((p.limit(), p.capacity()), (7, 3));
+        let p = Policy::try_new(Algorithm::FixedWindow, 7, ms(1000), None).expect("valid");
+        assert_eq!(p.capacity(), 7);
+    }
+
+    #[test]
+    fn algorithm_names_round_trip_case_insensitively() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.as_str().parse::<Algorithm>(), Ok(a));
+            assert_eq!(a.as_str().to_uppercase().parse::<Algorithm>(), Ok(a));
+        }
+        assert!("gcra".parse::<Algorithm>().is_err());
+    }
+}

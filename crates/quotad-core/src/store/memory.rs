@@ -1,0 +1,384 @@
+//! The embedded default store: a fixed number of shards, each a mutex over
+//! its own table.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use compact_str::CompactString;
+use crossbeam_utils::CachePadded;
+use foldhash::HashMap;
+use parking_lot::{Mutex, MutexGuard};
+use thiserror::Error;
+
+use super::item::{BatchMode, CheckItem};
+use super::shard::Shard;
+use crate::algorithm::{self, State};
+use crate::clock::Clock;
+use crate::decision::{Decision, Reason};
+use crate::policy::Policy;
+
+/// A shard holds at least this many keys before the store splits further,
+/// so that uneven hashing costs little of the bound.
+const MIN_KEYS_PER_SHARD: usize = 64;
+
+/// What to do with a new key when its shard is full of live state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum OnFull {
+    /// Deny the new key with reason [`Reason::Capacity`]; existing keys go on.
+    #[default]
+    Deny,
+    /// Evict the live key closest to fresh (about the least recently used).
+    /// Its budget starts over; every eviction is counted.
+    Evict,
+}
+
+/// A store configuration that breaks a rule.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum StoreConfigError {
+    /// `max_keys` is zero.
+    #[error("max_keys must be at least 1")]
+    MaxKeysZero,
+    /// `shards` is not a power of two.
+    #[error("shards must be a power of two (got {0})")]
+    ShardsNotPowerOfTwo(usize),
+}
+
+/// Bounds and layout of a [`MemoryStore`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    max_keys: usize,
+    shards: usize,
+    on_full: OnFull,
+}
+
+impl StoreConfig {
+    /// At most `max_keys` keys in `shards` shards (a power of two; fewer are
+    /// used when `max_keys` is small, so each shard holds at least 64 keys).
+    ///
+    /// The bound is kept per shard, `max_keys / shards` each, so a shard that
+    /// hashing filled early is full a little before the table is.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreConfigError`] when `max_keys` is 0 or `shards` is not a power
+    /// of two.
+    pub fn try_new(
+        max_keys: usize,
+        shards: usize,
+        on_full: OnFull,
+    ) -> Result<Self, StoreConfigError> {
+        if max_keys == 0 {
+            return Err(StoreConfigError::MaxKeysZero);
+        }
+        if !shards.is_power_of_two() {
+            return Err(StoreConfigError::ShardsNotPowerOfTwo(shards));
+        }
+        let fit = (max_keys / MIN_KEYS_PER_SHARD).max(1);
+        let fit = 1 << fit.ilog2();
+        Ok(Self {
+            max_keys,
+            shards: shards.min(fit),
+            on_full,
+        })
+    }
+
+    /// The bound on live keys.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Shards in use.
+    pub fn shards(&self) -> usize {
+        self.shards
+    }
+
+    /// What happens to new keys when full.
+    pub fn on_full(&self) -> OnFull {
+        self.on_full
+    }
+}
+
+/// The sharded in-memory store: every transition of one key is serialized by
+/// its shard's lock; memory is bounded by `max_keys`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use quotad_core::{Algorithm, BatchMode, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
+///
+/// let clock = Arc::new(FakeClock::new(0));
+/// let store = MemoryStore::new(StoreConfig::try_new(1_000, 16, OnFull::Deny)?, clock.clone());
+/// let policy = Policy::try_new(Algorithm::FixedWindow, 1, Duration::from_secs(1), None)?;
+/// let item = CheckItem::new("login", policy, "alice", 1)?;
+/// assert!(store.check_one(&item).allowed);
+/// assert!(!store.check_one(&item).allowed);
+/// clock.advance(Duration::from_secs(1));
+/// assert!(store.check_one(&item).allowed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    per_shard: usize,
+    config: StoreConfig,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+    evictions: AtomicU64,
+    reclaimed: AtomicU64,
+    sweep_cursor: AtomicUsize,
+}
+
+/// One key's working state inside an all-or-nothing batch.
+struct Pending {
+    key: CompactString,
+    shard: usize,
+    original: Option<State>,
+    state: Option<State>,
+    fresh_at: u64,
+}
+
+impl MemoryStore {
+    /// An empty store reading time from `clock`.
+    pub fn new(config: StoreConfig, clock: Arc<dyn Clock>) -> Self {
+        let shards = (0..config.shards())
+            .map(|_| CachePadded::new(Mutex::new(Shard::new())))
+            .collect();
+        Self {
+            shards,
+            per_shard: config.max_keys() / config.shards(),
+            config,
+            hasher: foldhash::fast::RandomState::default(),
+            clock,
+            evictions: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            sweep_cursor: AtomicUsize::new(0),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Decides one item: reads the clock once, locks the key's shard,
+    /// decides, writes back.
+    pub fn check_one(&self, item: &CheckItem<'_>) -> Decision {
+        self.check_at(item, self.clock.now_ms())
+    }
+
+    /// Decides a batch at one instant. `Independent` decides each item alone;
+    /// `AllOrNothing` locks every shard involved in ascending order (so two
+    /// batches can never deadlock), decides all items in order (a key named
+    /// twice sees its own earlier item), and commits only if every item is
+    /// admitted. Otherwise nothing changes: denied items keep their decision
+    /// and the others are denied with [`Reason::BatchRejected`].
+    pub fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<Decision> {
+        let now = self.clock.now_ms();
+        match mode {
+            BatchMode::Independent => items.iter().map(|i| self.check_at(i, now)).collect(),
+            BatchMode::AllOrNothing => self.check_all_or_nothing(items, now),
+        }
+    }
+
+    /// What [`MemoryStore::check_one`] would decide, consuming nothing and
+    /// creating nothing.
+    pub fn peek(&self, item: &CheckItem<'_>) -> Decision {
+        let now = self.clock.now_ms();
+        let key = store_key(item.name(), item.key());
+        let shard = self.lock(self.shard_of(&key));
+        let state = shard.map.get(&key).and_then(|slot| slot.state.as_ref());
+        algorithm::peek(item.policy(), state, now, item.cost())
+    }
+
+    /// Forgets the state of `key` under the policy `name`. Returns whether
+    /// there was any.
+    pub fn reset(&self, name: &str, key: &str) -> bool {
+        let key = store_key(name, key);
+        let mut shard = self.lock(self.shard_of(&key));
+        shard.map.swap_remove(&key).is_some()
+    }
+
+    /// Keys holding state now. Locks each shard in turn; for metrics.
+    pub fn live_keys(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+
+    /// Live keys evicted to make room since the store was made.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Keys dropped because their state had become fresh.
+    pub fn reclaimed(&self) -> u64 {
+        self.reclaimed.load(Ordering::Relaxed)
+    }
+
+    /// Drops the fresh-equivalent keys of the next shard in turn: one step of
+    /// the incremental sweep, holding one shard's lock. Call it on a timer so
+    /// that every shard is visited regularly; returns the keys dropped.
+    pub fn sweep_step(&self) -> usize {
+        let index = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        let now = self.clock.now_ms();
+        let dropped = self.lock(index).purge_expired(now);
+        self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+        dropped
+    }
+
+    fn check_at(&self, item: &CheckItem<'_>, now: u64) -> Decision {
+        let key = store_key(item.name(), item.key());
+        let mut shard = self.lock(self.shard_of(&key));
+        let state = match shard.map.get_mut(&key) {
+            Some(slot) => slot.state.take(),
+            None => None,
+        };
+        let existed = state.is_some();
+        let (state, decision) = algorithm::decide(item.policy(), state, now, item.cost());
+        if !existed && state.is_some() && !self.make_room(&mut shard, 1, now) {
+            return capacity_denial(item.policy());
+        }
+        shard.put(key, state, fresh_at(now, &decision));
+        decision
+    }
+
+    fn check_all_or_nothing(&self, items: &[CheckItem<'_>], now: u64) -> Vec<Decision> {
+        let keys: Vec<CompactString> = items.iter().map(|i| store_key(i.name(), i.key())).collect();
+        let mut order: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
+        order.sort_unstable();
+        order.dedup();
+        // Ascending shard order: any two batches lock in the same order.
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().map(|&i| (i, self.lock(i))).collect();
+        let guard_of = |shard: usize| {
+            order
+                .binary_search(&shard)
+                .expect("every item's shard was locked")
+        };
+
+        let mut pending: Vec<Pending> = Vec::new();
+        let mut index_of: HashMap<&CompactString, usize> = HashMap::default();
+        let mut decisions = Vec::with_capacity(items.len());
+        let mut slot_of_item = Vec::with_capacity(items.len());
+        for (item, key) in items.iter().zip(&keys) {
+            let p = *index_of.entry(key).or_insert_with(|| {
+                let shard = self.shard_of(key);
+                let original = guards[guard_of(shard)]
+                    .1
+                    .map
+                    .get(key)
+                    .and_then(|s| s.state.clone());
+                pending.push(Pending {
+                    key: key.clone(),
+                    shard,
+                    state: original.clone(),
+                    original,
+                    fresh_at: 0,
+                });
+                pending.len() - 1
+            });
+            let entry = &mut pending[p];
+            let (state, decision) =
+                algorithm::decide(item.policy(), entry.state.take(), now, item.cost());
+            entry.state = state;
+            entry.fresh_at = fresh_at(now, &decision);
+            decisions.push(decision);
+            slot_of_item.push(p);
+        }
+
+        // New keys need room in their shard before anything is committed.
+        let mut new_keys = vec![0usize; order.len()];
+        for p in &pending {
+            if p.original.is_none() && p.state.is_some() {
+                new_keys[guard_of(p.shard)] += 1;
+            }
+        }
+        for (g, &needed) in new_keys.iter().enumerate() {
+            if needed > 0 && !self.make_room(&mut guards[g].1, needed, now) {
+                for (i, item) in items.iter().enumerate() {
+                    let p = &pending[slot_of_item[i]];
+                    if p.original.is_none() && guard_of(p.shard) == g {
+                        decisions[i] = capacity_denial(item.policy());
+                    }
+                }
+            }
+        }
+
+        if decisions.iter().all(|d| d.allowed) {
+            for p in pending {
+                let g = guard_of(p.shard);
+                guards[g].1.put(p.key, p.state, p.fresh_at);
+            }
+            return decisions;
+        }
+        for (i, item) in items.iter().enumerate() {
+            if decisions[i].allowed {
+                let original = pending[slot_of_item[i]].original.as_ref();
+                let current = algorithm::peek(item.policy(), original, now, item.cost());
+                decisions[i] = Decision {
+                    allowed: false,
+                    reason: Reason::BatchRejected,
+                    retry_after_ms: 0,
+                    ..current
+                };
+            }
+        }
+        decisions
+    }
+
+    /// Makes room for `needed` new keys in `shard`: first by dropping state
+    /// that is already fresh, then as `on_full` says. Returns false when the
+    /// new keys must be denied.
+    fn make_room(&self, shard: &mut Shard, needed: usize, now: u64) -> bool {
+        let free = |s: &Shard| self.per_shard.saturating_sub(s.map.len());
+        if free(shard) >= needed {
+            return true;
+        }
+        let dropped = shard.purge_expired(now);
+        self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+        if free(shard) >= needed {
+            return true;
+        }
+        if needed > self.per_shard || self.config.on_full() == OnFull::Deny {
+            return false;
+        }
+        while free(shard) < needed && shard.evict_one() {
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    fn shard_of(&self, key: &CompactString) -> usize {
+        // The low bits pick the shard; the table inside hashes with its own seed.
+        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    }
+
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
+        self.shards[shard].lock()
+    }
+}
+
+/// The table key: policy name, NUL, key. Names cannot hold NUL, so the
+/// split is unambiguous; up to 24 bytes are stored inline, without a heap
+/// allocation.
+fn store_key(name: &str, key: &str) -> CompactString {
+    let mut k = CompactString::with_capacity(name.len() + 1 + key.len());
+    k.push_str(name);
+    k.push('\0');
+    k.push_str(key);
+    k
+}
+
+fn fresh_at(now: u64, decision: &Decision) -> u64 {
+    now.saturating_add(decision.reset_after_ms)
+}
+
+fn capacity_denial(policy: &Policy) -> Decision {
+    Decision {
+        allowed: false,
+        limit: policy.capacity(),
+        remaining: 0,
+        retry_after_ms: 0,
+        reset_after_ms: 0,
+        reason: Reason::Capacity,
+    }
+}

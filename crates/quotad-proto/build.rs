@@ -1,0 +1,39 @@
+//! Generates the tonic client and server for `proto/quotad/v1/quota.proto`.
+//!
+//! `protoc` comes from `protoc-bin-vendored`, so building needs no system
+//! protobuf install. Its path goes to prost-build through
+//! `Config::protoc_executable` rather than the `PROTOC` environment variable,
+//! which a build script could only set with `unsafe`.
+
+use std::error::Error;
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let manifest_dir = PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").ok_or("CARGO_MANIFEST_DIR is not set")?,
+    );
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
+    let proto_root = manifest_dir.join("../../proto");
+    let quota_proto = proto_root.join("quotad/v1/quota.proto");
+
+    // The protos live outside this package, so cargo would not notice them
+    // changing; neither prost-build nor tonic-prost-build emits these lines.
+    println!("cargo:rerun-if-changed={}", proto_root.display());
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let mut config = tonic_prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .file_descriptor_set_path(out_dir.join("quotad_descriptor.bin"))
+        .compile_with_config(
+            config,
+            &[quota_proto],
+            // The vendored well-known types (google/protobuf/*.proto), so
+            // protos that import them build without a system install.
+            &[proto_root, protoc_bin_vendored::include_path()?],
+        )?;
+    Ok(())
+}
