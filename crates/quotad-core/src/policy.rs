@@ -171,7 +171,7 @@ impl Policy {
         if window < Duration::from_millis(1) {
             return Err(PolicyError::WindowTooShort);
         }
-        if window.subsec_nanos() % 1_000_000 != 0 {
+        if !window.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(PolicyError::WindowNotWholeMillis(window));
         }
         // Saturating: a window beyond u64 milliseconds fails the bound below.

@@ -89,10 +89,10 @@ impl Meter for SlidingWindow {
     fn retry_after(&self, cost: u64) -> u64 {
         let allowance = self.limit - cost;
         // Later in this window, as the previous window's weight shrinks.
-        if let Some(left) = allowance.checked_sub(self.current) {
-            if let Some(at) = first_elapsed_within(self.previous, left, self.window) {
-                return at.saturating_sub(self.elapsed);
-            }
+        if let Some(left) = allowance.checked_sub(self.current)
+            && let Some(at) = first_elapsed_within(self.previous, left, self.window)
+        {
+            return at.saturating_sub(self.elapsed);
         }
         let to_next = self.window - self.elapsed;
         // In the next window, this window's count becomes the previous one.

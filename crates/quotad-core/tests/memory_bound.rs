@@ -1,0 +1,157 @@
+//! The key table stays within `max_keys`: state equivalent to fresh goes
+//! first, then `on_full` decides.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_core::{
+    Algorithm, BatchMode, CheckItem, FakeClock, MemoryStore, OnFull, Policy, Reason, StoreConfig,
+};
+
+const MAX_KEYS: usize = 1_024;
+
+fn store(on_full: OnFull) -> (Arc<FakeClock>, MemoryStore) {
+    let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+    let config = StoreConfig::try_new(MAX_KEYS, 8, on_full).expect("valid config");
+    (clock.clone(), MemoryStore::new(config, clock))
+}
+
+fn per(window: Duration) -> Policy {
+    Policy::try_new(Algorithm::FixedWindow, 100, window, None).expect("valid policy")
+}
+
+#[test]
+fn twice_max_keys_distinct_keys_never_hold_more_than_max_keys() {
+    for on_full in [OnFull::Deny, OnFull::Evict] {
+        let (_, store) = store(on_full);
+        let policy = per(Duration::from_secs(3_600));
+        for i in 0..2 * MAX_KEYS {
+            let key = format!("key-{i}");
+            store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+            assert!(store.live_keys() <= MAX_KEYS, "{on_full:?} after {i}");
+        }
+        assert!(store.live_keys() > MAX_KEYS / 2, "{on_full:?} is not empty");
+    }
+}
+
+#[test]
+fn on_full_deny_refuses_new_keys_with_reason_capacity_but_serves_existing_ones() {
+    let (_, store) = store(OnFull::Deny);
+    let policy = per(Duration::from_secs(3_600));
+    let mut denied = None;
+    for i in 0..2 * MAX_KEYS {
+        let key = format!("key-{i}");
+        let d = store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+        if !d.allowed {
+            denied = Some((key, d));
+            break;
+        }
+    }
+    let (key, d) = denied.expect("a new key is refused once full");
+    assert_eq!(d.reason, Reason::Capacity);
+    assert_eq!(store.evictions(), 0);
+    let again = store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+    assert_eq!(
+        again.reason,
+        Reason::Capacity,
+        "the refused key was not stored"
+    );
+    let old = store.check_one(&CheckItem::new("api", policy, "key-0", 1).expect("valid"));
+    assert!(old.allowed);
+    assert_eq!(old.remaining, 98);
+}
+
+#[test]
+fn on_full_deny_refuses_an_all_or_nothing_batch_that_needs_a_new_key() {
+    let (_, store) = store(OnFull::Deny);
+    let policy = per(Duration::from_secs(3_600));
+    let mut i = 0;
+    // Fill until some key is refused.
+    let refused = loop {
+        let key = format!("key-{i}");
+        i += 1;
+        let d = store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+        if !d.allowed {
+            break key;
+        }
+    };
+    let live = store.live_keys();
+    let items = [
+        CheckItem::new("api", policy, "key-0", 1).expect("valid"),
+        CheckItem::new("api", policy, &refused, 1).expect("valid"),
+    ];
+    let d = store.check(&items, BatchMode::AllOrNothing);
+    assert_eq!(d[1].reason, Reason::Capacity);
+    assert_eq!(d[0].reason, Reason::BatchRejected);
+    assert_eq!(store.live_keys(), live);
+    let key0 = CheckItem::new("api", policy, "key-0", 1).expect("valid");
+    assert_eq!(store.peek(&key0).remaining, 99, "nothing was consumed");
+}
+
+#[test]
+fn on_full_evict_makes_room_and_counts_every_eviction() {
+    let (_, store) = store(OnFull::Evict);
+    let policy = per(Duration::from_secs(3_600));
+    for i in 0..2 * MAX_KEYS {
+        let key = format!("key-{i}");
+        let d = store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+        assert!(d.allowed, "evict mode admits new keys");
+    }
+    let live = store.live_keys() as u64;
+    assert_eq!(live + store.evictions(), 2 * MAX_KEYS as u64);
+    assert!(store.evictions() >= MAX_KEYS as u64);
+}
+
+#[test]
+fn expired_state_is_reclaimed_before_anything_live_is_evicted() {
+    // One shard, so the table is full at exactly MAX_KEYS.
+    let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+    let config = StoreConfig::try_new(MAX_KEYS, 1, OnFull::Evict).expect("valid config");
+    let store = MemoryStore::new(config, clock.clone());
+    let short = per(Duration::from_secs(1));
+    let long = per(Duration::from_secs(3_600));
+    // Half the table holds long-lived state, half short-lived.
+    for i in 0..MAX_KEYS {
+        let key = format!("key-{i}");
+        let policy = if i % 2 == 0 { long } else { short };
+        store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+    }
+    assert_eq!(store.live_keys(), MAX_KEYS);
+    clock.advance(Duration::from_secs(2));
+    for i in 0..MAX_KEYS / 2 {
+        let key = format!("new-{i}");
+        store.check_one(&CheckItem::new("api", long, &key, 1).expect("valid"));
+    }
+    assert_eq!(store.evictions(), 0, "nothing live was evicted");
+    assert_eq!(store.reclaimed(), (MAX_KEYS / 2) as u64);
+    for i in (0..MAX_KEYS).step_by(2) {
+        let key = format!("key-{i}");
+        let item = CheckItem::new("api", long, &key, 1).expect("valid");
+        assert_eq!(store.peek(&item).remaining, 99, "{key} kept its state");
+    }
+    // Only now, with nothing left to reclaim, does a new key evict.
+    store.check_one(&CheckItem::new("api", long, "one-more", 1).expect("valid"));
+    assert_eq!(store.evictions(), 1);
+    assert_eq!(store.live_keys(), MAX_KEYS);
+}
+
+#[test]
+fn the_sweep_drops_fresh_state_one_shard_at_a_time() {
+    let (clock, store) = store(OnFull::Deny);
+    let short = per(Duration::from_secs(1));
+    for i in 0..500 {
+        let key = format!("key-{i}");
+        store.check_one(&CheckItem::new("api", short, &key, 1).expect("valid"));
+    }
+    assert_eq!(store.live_keys(), 500);
+    assert_eq!(store.sweep_step(), 0, "nothing is fresh yet");
+    clock.advance(Duration::from_secs(1));
+    let shards = store.config().shards();
+    let mut dropped = 0;
+    for step in 0..shards {
+        dropped += store.sweep_step();
+        assert!(store.live_keys() >= 500 - dropped, "step {step}");
+    }
+    assert_eq!(dropped, 500);
+    assert_eq!(store.live_keys(), 0);
+}

@@ -1,0 +1,304 @@
+//! Invariants of every algorithm, over random policies and traffic.
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use quotad_core::{Algorithm, Decision, Policy, Reason, State, decide, peek};
+
+/// Far from the epoch, as real time is, with room for any step.
+const START: u64 = 1_767_268_800_000;
+
+#[derive(Clone, Debug)]
+struct Request {
+    /// Milliseconds since the previous request.
+    step: u64,
+    cost: u64,
+}
+
+fn policy_strategy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
+    let burst = if algorithm.is_bucket() {
+        prop::option::of(1u64..=30).boxed()
+    } else {
+        Just(None).boxed()
+    };
+    (1u64..=20, 1u64..=5_000, burst).prop_map(move |(limit, window, burst)| {
+        Policy::try_new(algorithm, limit, Duration::from_millis(window), burst)
+            .expect("generated within the rules")
+    })
+}
+
+/// Traffic whose steps are often zero (bursts) and sometimes a window long.
+fn traffic(policy: &Policy) -> impl Strategy<Value = Vec<Request>> + use<> {
+    let window = policy.window_ms();
+    let capacity = policy.capacity();
+    let step = prop_oneof![
+        3 => Just(0u64),
+        4 => 0..=window / 4 + 1,
+        1 => 0..=window * 2,
+    ];
+    let cost = prop_oneof![4 => Just(1u64), 2 => 1..=capacity, 1 => 1..=capacity + 2];
+    prop::collection::vec(
+        (step, cost).prop_map(|(step, cost)| Request { step, cost }),
+        1..120,
+    )
+}
+
+fn cost(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).expect("costs are generated >= 1")
+}
+
+/// One decided request: when, how much, and the state it was decided on.
+struct Step {
+    at: u64,
+    cost: u64,
+    before: Option<State>,
+    decision: Decision,
+}
+
+fn run(policy: &Policy, requests: &[Request]) -> Vec<Step> {
+    let mut now = START;
+    let mut state = None;
+    let mut steps = Vec::with_capacity(requests.len());
+    for r in requests {
+        now += r.step;
+        let before = state.clone();
+        let (next, decision) = decide(policy, state, now, cost(r.cost));
+        state = next;
+        steps.push(Step {
+            at: now,
+            cost: r.cost,
+            before,
+            decision,
+        });
+    }
+    steps
+}
+
+fn admitted(steps: &[Step]) -> Vec<(u64, u64)> {
+    steps
+        .iter()
+        .filter(|s| s.decision.allowed)
+        .map(|s| (s.at, s.cost))
+        .collect()
+}
+
+/// Units admitted within `[from, from + len)`.
+fn admitted_within(admitted: &[(u64, u64)], from: u64, len: u64) -> u64 {
+    admitted
+        .iter()
+        .filter(|&&(at, _)| at >= from && at < from + len)
+        .map(|&(_, c)| c)
+        .sum()
+}
+
+/// The most admitted in any interval of `len` ms: an interval holding the
+/// most always starts at an admission.
+fn busiest_interval(admitted: &[(u64, u64)], len: u64) -> u64 {
+    admitted
+        .iter()
+        .map(|&(at, _)| admitted_within(admitted, at, len))
+        .max()
+        .unwrap_or(0)
+}
+
+fn policy_and_traffic(algorithm: Algorithm) -> impl Strategy<Value = (Policy, Vec<Request>)> {
+    policy_strategy(algorithm).prop_flat_map(|p| (Just(p), traffic(&p)))
+}
+
+fn any_policy_and_traffic() -> impl Strategy<Value = (Policy, Vec<Request>)> {
+    prop::sample::select(Algorithm::ALL.to_vec()).prop_flat_map(policy_and_traffic)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn fixed_window_admits_at_most_limit_per_aligned_window(
+        (policy, requests) in policy_and_traffic(Algorithm::FixedWindow)
+    ) {
+        let admitted = admitted(&run(&policy, &requests));
+        let w = policy.window_ms();
+        for &(at, _) in &admitted {
+            let start = at - at % w;
+            prop_assert!(admitted_within(&admitted, start, w) <= policy.limit());
+        }
+        prop_assert!(busiest_interval(&admitted, w) <= 2 * policy.limit());
+    }
+
+    #[test]
+    fn sliding_window_admits_at_most_limit_per_window_and_agrees_with_its_estimate(
+        (policy, requests) in policy_and_traffic(Algorithm::SlidingWindow)
+    ) {
+        let steps = run(&policy, &requests);
+        let w = policy.window_ms();
+        for (i, s) in steps.iter().enumerate() {
+            // A reference model from the history: the admissions of this
+            // window and of the one before, the previous weighted by how
+            // much of it the sliding window still covers.
+            let history = admitted(&steps[..i]);
+            let start = s.at - s.at % w;
+            let current = admitted_within(&history, start, w);
+            let previous = admitted_within(&history, start - w, w);
+            let elapsed = s.at - start;
+            let estimate = (previous * (w - elapsed) + w / 2) / w + current;
+            let fits = s.cost <= policy.limit() && estimate + s.cost <= policy.limit();
+            prop_assert_eq!(s.decision.allowed, fits, "at {} cost {}", s.at, s.cost);
+        }
+        let admitted = admitted(&steps);
+        for &(at, _) in &admitted {
+            let start = at - at % w;
+            prop_assert!(admitted_within(&admitted, start, w) <= policy.limit());
+        }
+    }
+
+    #[test]
+    fn token_bucket_never_admits_more_than_burst_plus_refill(
+        (policy, requests) in policy_and_traffic(Algorithm::TokenBucket)
+    ) {
+        let admitted = admitted(&run(&policy, &requests));
+        check_bucket_bound(&policy, &admitted)?;
+    }
+
+    #[test]
+    fn leaky_bucket_never_outpaces_its_drain_beyond_capacity(
+        (policy, requests) in policy_and_traffic(Algorithm::LeakyBucket)
+    ) {
+        let admitted = admitted(&run(&policy, &requests));
+        check_bucket_bound(&policy, &admitted)?;
+    }
+
+    #[test]
+    fn sliding_log_never_exceeds_limit_in_any_window_long_interval(
+        (policy, requests) in policy_and_traffic(Algorithm::SlidingLog)
+    ) {
+        let admitted = admitted(&run(&policy, &requests));
+        prop_assert!(busiest_interval(&admitted, policy.window_ms()) <= policy.limit());
+    }
+
+    #[test]
+    fn retry_after_is_exact_on_both_sides((policy, requests) in any_policy_and_traffic()) {
+        for s in run(&policy, &requests) {
+            if s.decision.reason != Reason::LimitExceeded {
+                continue;
+            }
+            let r = s.decision.retry_after_ms;
+            prop_assert!(r >= 1);
+            let (_, later) = decide(&policy, s.before.clone(), s.at + r, cost(s.cost));
+            prop_assert!(later.allowed, "not allowed at now + retry_after ({r})");
+            let (_, sooner) = decide(&policy, s.before.clone(), s.at + r - 1, cost(s.cost));
+            prop_assert!(!sooner.allowed, "already allowed at now + retry_after - 1 ({r})");
+        }
+    }
+
+    #[test]
+    fn remaining_is_the_number_of_unit_requests_admitted_at_that_instant(
+        (policy, requests) in any_policy_and_traffic()
+    ) {
+        let mut now = START;
+        let mut state = None;
+        for r in &requests {
+            now += r.step;
+            let (next, d) = decide(&policy, state, now, cost(r.cost));
+            state = next;
+            let mut probe = state.clone();
+            let mut units = 0;
+            while units <= policy.capacity() {
+                let (next, u) = decide(&policy, probe, now, cost(1));
+                if !u.allowed {
+                    break;
+                }
+                probe = next;
+                units += 1;
+            }
+            prop_assert_eq!(d.remaining, units);
+        }
+    }
+
+    #[test]
+    fn the_state_is_fresh_after_reset_after((policy, requests) in any_policy_and_traffic()) {
+        let mut now = START;
+        let mut state = None;
+        for r in &requests {
+            now += r.step;
+            let (next, d) = decide(&policy, state, now, cost(r.cost));
+            state = next;
+            let then = now + d.reset_after_ms;
+            let fresh = peek(&policy, None, then, cost(1));
+            prop_assert_eq!(peek(&policy, state.as_ref(), then, cost(1)), fresh);
+            prop_assert_eq!(fresh.remaining, policy.capacity());
+        }
+    }
+
+    #[test]
+    fn cost_above_capacity_is_denied_and_consumes_nothing((policy, requests) in any_policy_and_traffic()) {
+        for s in run(&policy, &requests) {
+            if s.cost > policy.capacity() {
+                prop_assert_eq!(s.decision.reason, Reason::CostExceedsCapacity);
+                prop_assert!(!s.decision.allowed);
+                prop_assert_eq!(s.decision.retry_after_ms, 0);
+                let untouched = peek(&policy, s.before.as_ref(), s.at, cost(1));
+                prop_assert_eq!(s.decision.remaining, untouched.remaining);
+            }
+        }
+    }
+
+    #[test]
+    fn token_and_leaky_buckets_decide_identically(
+        (policy, requests) in policy_and_traffic(Algorithm::TokenBucket)
+    ) {
+        let leaky = Policy::try_new(
+            Algorithm::LeakyBucket,
+            policy.limit(),
+            Duration::from_millis(policy.window_ms()),
+            Some(policy.burst()),
+        ).expect("same parameters are valid");
+        let tokens: Vec<Decision> = run(&policy, &requests).into_iter().map(|s| s.decision).collect();
+        let levels: Vec<Decision> = run(&leaky, &requests).into_iter().map(|s| s.decision).collect();
+        prop_assert_eq!(tokens, levels);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_never_refunds(
+        (policy, requests) in any_policy_and_traffic(),
+        backs in prop::collection::vec(0u64..20_000, 120),
+    ) {
+        let mut now = START;
+        let mut state = None;
+        for (r, back) in requests.iter().zip(&backs) {
+            now += r.step;
+            let (next, _) = decide(&policy, state, now, cost(r.cost));
+            state = next;
+            let here = peek(&policy, state.as_ref(), now, cost(1));
+            let earlier = peek(&policy, state.as_ref(), now - back, cost(1));
+            prop_assert!(earlier.remaining <= here.remaining);
+        }
+    }
+
+    #[test]
+    fn a_jumping_clock_never_panics((policy, requests) in any_policy_and_traffic(), jumps in prop::collection::vec(any::<u64>(), 120)) {
+        let mut state = None;
+        for (r, &at) in requests.iter().zip(&jumps) {
+            let (next, d) = decide(&policy, state, at, cost(r.cost));
+            prop_assert!(d.remaining <= policy.capacity());
+            state = next;
+        }
+    }
+}
+
+fn check_bucket_bound(policy: &Policy, admitted: &[(u64, u64)]) -> Result<(), TestCaseError> {
+    // Over any interval [a, b] between admissions, admitted units x window
+    // <= burst x window + limit x (b - a).
+    let w = policy.window_ms();
+    for (i, &(a, _)) in admitted.iter().enumerate() {
+        let mut total = 0;
+        for &(b, c) in &admitted[i..] {
+            total += c;
+            prop_assert!(
+                total * w <= policy.burst() * w + policy.limit() * (b - a),
+                "{total} admitted in [{a}, {b}]"
+            );
+        }
+    }
+    Ok(())
+}
