@@ -7,19 +7,20 @@
 use super::{Meter, State, div_ceil, narrow};
 use crate::policy::Policy;
 
-/// Scales a saved amount from the window it was saved under to `window`
-/// (a reload changed the window), rounding towards `round_up`.
-fn rescale(amount: u64, from: u64, to: u64, round_up: bool) -> u128 {
+/// Carries a saved amount over to a new window (a reload changed it): in
+/// whole tokens, rounded towards `round_up`, at most `burst` of them. Whole
+/// tokens keep the arithmetic exact below 2^53 in every backend.
+fn rescale(amount: u64, from: u64, policy: &Policy, round_up: bool) -> u128 {
+    let to = policy.window_ms();
     if from == to || from == 0 {
         return u128::from(amount);
     }
-    let scaled = u128::from(amount) * u128::from(to);
-    let from = u128::from(from);
-    if round_up {
-        scaled.div_ceil(from)
+    let whole = if round_up {
+        amount.div_ceil(from)
     } else {
-        scaled / from
-    }
+        amount / from
+    };
+    u128::from(whole.min(policy.burst())) * u128::from(to)
 }
 
 /// How much `limit` units per millisecond add up to over `from..to`.
@@ -45,7 +46,7 @@ impl Meter for TokenBucket {
                 at_ms,
                 window_ms,
             }) => {
-                let saved = rescale(tokens, window_ms, unit, false);
+                let saved = rescale(tokens, window_ms, policy, false);
                 narrow((saved + flow(policy.limit(), at_ms, at)).min(u128::from(capacity)))
             }
             _ => capacity,
@@ -109,7 +110,7 @@ impl Meter for LeakyBucket {
                 at_ms,
                 window_ms,
             }) => {
-                let saved = rescale(level, window_ms, unit, true);
+                let saved = rescale(level, window_ms, policy, true);
                 narrow(saved.saturating_sub(flow(policy.limit(), at_ms, at)))
             }
             _ => 0,
