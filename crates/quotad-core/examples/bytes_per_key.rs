@@ -51,13 +51,15 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let policy = Policy::try_new(algorithm, 1_000, window, None)?;
     let clock = Arc::new(FakeClock::new(1_700_000_000_000));
-    // Room for every key, with headroom for uneven hashing across shards.
-    let config = StoreConfig::try_new(2 * keys, SHARDS, OnFull::Deny)?;
-    let store = MemoryStore::new(config, clock);
+    // Room for every key, with 5% headroom for uneven hashing across shards
+    // (the bound is kept per shard). Shards allocate their whole share up
+    // front, so the measurement starts before the store exists.
+    let config = StoreConfig::try_new(keys + keys / 20, SHARDS, OnFull::Deny)?;
     let mut key = String::with_capacity(16);
 
     let rss_before = rss_bytes()?;
     let region = Region::new(GLOBAL);
+    let store = MemoryStore::new(config, clock);
     for i in 0..keys as u64 {
         key.clear();
         write!(key, "{:016x}", mix(i))?;

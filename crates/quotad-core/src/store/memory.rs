@@ -1,18 +1,16 @@
 //! The embedded default store: a fixed number of shards, each a mutex over
 //! its own table.
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use compact_str::CompactString;
 use crossbeam_utils::CachePadded;
 use foldhash::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
 use super::item::{BatchMode, CheckItem};
-use super::shard::Shard;
+use super::shard::{KeyHasher, Shard, key_hash};
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
@@ -21,6 +19,9 @@ use crate::policy::Policy;
 /// A shard holds at least this many keys before the store splits further,
 /// so that uneven hashing costs little of the bound.
 const MIN_KEYS_PER_SHARD: usize = 64;
+
+/// The shard index comes from 16 bits of the key hash.
+const MAX_SHARDS: usize = 1 << 16;
 
 /// What to do with a new key when its shard is full of live state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -39,8 +40,8 @@ pub enum StoreConfigError {
     /// `max_keys` is zero.
     #[error("max_keys must be at least 1")]
     MaxKeysZero,
-    /// `shards` is not a power of two.
-    #[error("shards must be a power of two (got {0})")]
+    /// `shards` is not a power of two between 1 and 65,536.
+    #[error("shards must be a power of two from 1 to 65536 (got {0})")]
     ShardsNotPowerOfTwo(usize),
 }
 
@@ -62,7 +63,7 @@ impl StoreConfig {
     /// # Errors
     ///
     /// [`StoreConfigError`] when `max_keys` is 0 or `shards` is not a power
-    /// of two.
+    /// of two from 1 to 65,536.
     pub fn try_new(
         max_keys: usize,
         shards: usize,
@@ -71,7 +72,7 @@ impl StoreConfig {
         if max_keys == 0 {
             return Err(StoreConfigError::MaxKeysZero);
         }
-        if !shards.is_power_of_two() {
+        if !shards.is_power_of_two() || shards > MAX_SHARDS {
             return Err(StoreConfigError::ShardsNotPowerOfTwo(shards));
         }
         let fit = (max_keys / MIN_KEYS_PER_SHARD).max(1);
@@ -122,7 +123,7 @@ pub struct MemoryStore {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     per_shard: usize,
     config: StoreConfig,
-    hasher: foldhash::fast::RandomState,
+    hasher: KeyHasher,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
     reclaimed: AtomicU64,
@@ -130,8 +131,10 @@ pub struct MemoryStore {
 }
 
 /// One key's working state inside an all-or-nothing batch.
-struct Pending {
-    key: CompactString,
+struct Pending<'a> {
+    name: &'a str,
+    key: &'a str,
+    hash: u64,
     shard: usize,
     original: Option<State>,
     state: Option<State>,
@@ -140,15 +143,21 @@ struct Pending {
 
 impl MemoryStore {
     /// An empty store reading time from `clock`.
+    ///
+    /// Each shard's table is allocated for its full share of `max_keys` at
+    /// once: address space for the bound is reserved up front, and pages
+    /// become resident as keys arrive.
     pub fn new(config: StoreConfig, clock: Arc<dyn Clock>) -> Self {
+        let per_shard = config.max_keys() / config.shards();
+        let hasher = KeyHasher::default();
         let shards = (0..config.shards())
-            .map(|_| CachePadded::new(Mutex::new(Shard::new())))
+            .map(|_| CachePadded::new(Mutex::new(Shard::new(per_shard, hasher.clone()))))
             .collect();
         Self {
             shards,
-            per_shard: config.max_keys() / config.shards(),
+            per_shard,
             config,
-            hasher: foldhash::fast::RandomState::default(),
+            hasher,
             clock,
             evictions: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
@@ -185,23 +194,30 @@ impl MemoryStore {
     /// creating nothing.
     pub fn peek(&self, item: &CheckItem<'_>) -> Decision {
         let now = self.clock.now_ms();
-        let key = store_key(item.name(), item.key());
-        let shard = self.lock(self.shard_of(&key));
-        let state = shard.map.get(&key).and_then(|slot| slot.state.as_ref());
+        let (name, key) = (item.name(), item.key());
+        let hash = key_hash(&self.hasher, name, key);
+        let shard = self.lock(self.shard_of(hash));
+        let state = shard.find(hash, name, key).and_then(|i| shard.state(i));
         algorithm::peek(item.policy(), state, now, item.cost())
     }
 
     /// Forgets the state of `key` under the policy `name`. Returns whether
     /// there was any.
     pub fn reset(&self, name: &str, key: &str) -> bool {
-        let key = store_key(name, key);
-        let mut shard = self.lock(self.shard_of(&key));
-        shard.map.swap_remove(&key).is_some()
+        let hash = key_hash(&self.hasher, name, key);
+        let mut shard = self.lock(self.shard_of(hash));
+        match shard.find(hash, name, key) {
+            Some(i) => {
+                shard.write(i, None, 0);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keys holding state now. Locks each shard in turn; for metrics.
     pub fn live_keys(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map.len()).sum()
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Live keys evicted to make room since the store was made.
@@ -226,49 +242,59 @@ impl MemoryStore {
     }
 
     fn check_at(&self, item: &CheckItem<'_>, now: u64) -> Decision {
-        let key = store_key(item.name(), item.key());
-        let mut shard = self.lock(self.shard_of(&key));
-        let state = match shard.map.get_mut(&key) {
-            Some(slot) => slot.state.take(),
-            None => None,
-        };
-        let existed = state.is_some();
-        let (state, decision) = algorithm::decide(item.policy(), state, now, item.cost());
-        if !existed && state.is_some() && !self.make_room(&mut shard, 1, now) {
-            return capacity_denial(item.policy());
+        let (name, key) = (item.name(), item.key());
+        let hash = key_hash(&self.hasher, name, key);
+        let mut shard = self.lock(self.shard_of(hash));
+        // One probe: the entry found is written back in place.
+        if let Some(i) = shard.find(hash, name, key) {
+            let state = shard.take(i);
+            let (state, decision) = algorithm::decide(item.policy(), state, now, item.cost());
+            shard.write(i, state, fresh_at(now, &decision));
+            return decision;
         }
-        shard.put(key, state, fresh_at(now, &decision));
+        let (state, decision) = algorithm::decide(item.policy(), None, now, item.cost());
+        if let Some(state) = state {
+            if !self.make_room(&mut shard, 1, now) {
+                return capacity_denial(item.policy());
+            }
+            shard.insert(hash, name, key, state, fresh_at(now, &decision));
+        }
         decision
     }
 
     fn check_all_or_nothing(&self, items: &[CheckItem<'_>], now: u64) -> Vec<Decision> {
-        let keys: Vec<CompactString> = items.iter().map(|i| store_key(i.name(), i.key())).collect();
-        let mut order: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
+        let hashes: Vec<u64> = items
+            .iter()
+            .map(|i| key_hash(&self.hasher, i.name(), i.key()))
+            .collect();
+        let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
         // Ascending shard order: any two batches lock in the same order.
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            order.iter().map(|&i| (i, self.lock(i))).collect();
+        let mut guards: Vec<MutexGuard<'_, Shard>> = order.iter().map(|&i| self.lock(i)).collect();
         let guard_of = |shard: usize| {
             order
                 .binary_search(&shard)
                 .expect("every item's shard was locked")
         };
 
-        let mut pending: Vec<Pending> = Vec::new();
-        let mut index_of: HashMap<&CompactString, usize> = HashMap::default();
+        let mut pending: Vec<Pending<'_>> = Vec::new();
+        let mut index_of: HashMap<(&str, &str), usize> = HashMap::default();
         let mut decisions = Vec::with_capacity(items.len());
         let mut slot_of_item = Vec::with_capacity(items.len());
-        for (item, key) in items.iter().zip(&keys) {
-            let p = *index_of.entry(key).or_insert_with(|| {
-                let shard = self.shard_of(key);
-                let original = guards[guard_of(shard)]
-                    .1
-                    .map
-                    .get(key)
-                    .and_then(|s| s.state.clone());
+        for (item, &hash) in items.iter().zip(&hashes) {
+            let (name, key) = (item.name(), item.key());
+            let p = *index_of.entry((name, key)).or_insert_with(|| {
+                let shard = self.shard_of(hash);
+                let guard = &guards[guard_of(shard)];
+                let original = guard
+                    .find(hash, name, key)
+                    .and_then(|i| guard.state(i))
+                    .cloned();
                 pending.push(Pending {
-                    key: key.clone(),
+                    name,
+                    key,
+                    hash,
                     shard,
                     state: original.clone(),
                     original,
@@ -293,7 +319,7 @@ impl MemoryStore {
             }
         }
         for (g, &needed) in new_keys.iter().enumerate() {
-            if needed > 0 && !self.make_room(&mut guards[g].1, needed, now) {
+            if needed > 0 && !self.make_room(&mut guards[g], needed, now) {
                 for (i, item) in items.iter().enumerate() {
                     let p = &pending[slot_of_item[i]];
                     if p.original.is_none() && guard_of(p.shard) == g {
@@ -305,8 +331,12 @@ impl MemoryStore {
 
         if decisions.iter().all(|d| d.allowed) {
             for p in pending {
-                let g = guard_of(p.shard);
-                guards[g].1.put(p.key, p.state, p.fresh_at);
+                let shard = &mut guards[guard_of(p.shard)];
+                match (shard.find(p.hash, p.name, p.key), p.state) {
+                    (Some(i), state) => shard.write(i, state, p.fresh_at),
+                    (None, Some(state)) => shard.insert(p.hash, p.name, p.key, state, p.fresh_at),
+                    (None, None) => {}
+                }
             }
             return decisions;
         }
@@ -329,7 +359,7 @@ impl MemoryStore {
     /// that is already fresh, then as `on_full` says. Returns false when the
     /// new keys must be denied.
     fn make_room(&self, shard: &mut Shard, needed: usize, now: u64) -> bool {
-        let free = |s: &Shard| self.per_shard.saturating_sub(s.map.len());
+        let free = |s: &Shard| self.per_shard.saturating_sub(s.len());
         if free(shard) >= needed {
             return true;
         }
@@ -347,25 +377,16 @@ impl MemoryStore {
         true
     }
 
-    fn shard_of(&self, key: &CompactString) -> usize {
-        // The low bits pick the shard; the table inside hashes with its own seed.
-        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    fn shard_of(&self, hash: u64) -> usize {
+        // Bits 40 and up: the tables inside use the low bits to place an
+        // entry and the top seven as its tag, so the shard choice stays
+        // independent of both (at most 2^16 shards).
+        ((hash >> 40) as usize) & (self.shards.len() - 1)
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         self.shards[shard].lock()
     }
-}
-
-/// The table key: policy name, NUL, key. Names cannot hold NUL, so the
-/// split is unambiguous; up to 24 bytes are stored inline, without a heap
-/// allocation.
-fn store_key(name: &str, key: &str) -> CompactString {
-    let mut k = CompactString::with_capacity(name.len() + 1 + key.len());
-    k.push_str(name);
-    k.push('\0');
-    k.push_str(key);
-    k
 }
 
 fn fresh_at(now: u64, decision: &Decision) -> u64 {

@@ -1,25 +1,85 @@
 //! One shard of the key table. Its lock serializes every transition of the
 //! keys that hash to it.
+//!
+//! Each key is hashed once per check, from its parts, and that hash both
+//! picks the shard and finds the entry: no table key is built to look up a
+//! key that is already there.
+
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use compact_str::CompactString;
 use indexmap::IndexMap;
+use indexmap::map::RawEntryApiV1;
+use indexmap::map::raw_entry_v1::RawEntryMut;
 
 use crate::algorithm::State;
 
 /// How many entries an eviction looks at to choose its victim.
 const EVICTION_SAMPLE: usize = 16;
 
-/// The state of one key and when it becomes equivalent to fresh.
-#[derive(Debug)]
-pub(super) struct Slot {
-    pub(super) fresh_at: u64,
-    /// Always `Some` while in the table; taken only inside one transition.
-    pub(super) state: Option<State>,
+/// The hasher shared by every shard.
+pub(super) type KeyHasher = foldhash::fast::RandomState;
+
+/// The table key: policy name, NUL, key. Names cannot hold NUL, so the split
+/// is unambiguous; up to 24 bytes are stored inline, without a heap
+/// allocation.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct StoreKey(CompactString);
+
+impl StoreKey {
+    pub(super) fn new(name: &str, key: &str) -> Self {
+        let mut k = CompactString::with_capacity(name.len() + 1 + key.len());
+        k.push_str(name);
+        k.push('\0');
+        k.push_str(key);
+        StoreKey(k)
+    }
+
+    fn is(&self, name: &str, key: &str) -> bool {
+        let s = self.0.as_bytes();
+        s.len() == name.len() + 1 + key.len()
+            && s.starts_with(name.as_bytes())
+            && s[name.len()] == 0
+            && s.ends_with(key.as_bytes())
+    }
+
+    fn parts(&self) -> (&str, &str) {
+        self.0.split_once('\0').unwrap_or((self.0.as_str(), ""))
+    }
 }
 
-#[derive(Debug, Default)]
+/// Hashes a key from its parts, exactly as `StoreKey`'s `Hash` does.
+fn hash_parts<H: Hasher>(name: &str, key: &str, h: &mut H) {
+    h.write(name.as_bytes());
+    h.write_u8(0);
+    h.write(key.as_bytes());
+}
+
+impl Hash for StoreKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        let (name, key) = self.parts();
+        hash_parts(name, key, h);
+    }
+}
+
+/// The hash of `(name, key)`, as the shards' tables see it.
+pub(super) fn key_hash(hasher: &KeyHasher, name: &str, key: &str) -> u64 {
+    let mut h = hasher.build_hasher();
+    hash_parts(name, key, &mut h);
+    h.finish()
+}
+
+/// The state of one key and when it becomes equivalent to fresh.
+#[derive(Debug)]
+struct Slot {
+    fresh_at: u64,
+    /// Always `Some` while in the table; taken only inside one transition.
+    state: Option<State>,
+}
+
+#[derive(Debug)]
 pub(super) struct Shard {
-    pub(super) map: IndexMap<CompactString, Slot, foldhash::fast::RandomState>,
+    map: IndexMap<StoreKey, Slot, KeyHasher>,
     /// No entry becomes fresh before this instant (a lower bound), so a
     /// purge before it would find nothing.
     next_expiry: u64,
@@ -28,32 +88,78 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    pub(super) fn new() -> Self {
+    /// A shard with room for `capacity` keys allocated up front, so it never
+    /// grows (and never doubles its allocation) while filling.
+    pub(super) fn new(capacity: usize, hasher: KeyHasher) -> Self {
         Self {
+            map: IndexMap::with_capacity_and_hasher(capacity, hasher),
             next_expiry: u64::MAX,
-            ..Self::default()
+            cursor: 0,
         }
     }
 
-    /// Writes `state` for `key`, or removes the key when `state` is fresh.
-    /// Returns the change in the number of keys: -1, 0 or +1.
-    pub(super) fn put(&mut self, key: CompactString, state: Option<State>, fresh_at: u64) -> isize {
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Where the key's entry is, if it has one.
+    pub(super) fn find(&self, hash: u64, name: &str, key: &str) -> Option<usize> {
+        self.map
+            .raw_entry_v1()
+            .index_from_hash(hash, |k| k.is(name, key))
+    }
+
+    /// The state at `index`, taken out for one transition.
+    pub(super) fn take(&mut self, index: usize) -> Option<State> {
+        self.map
+            .get_index_mut(index)
+            .and_then(|(_, slot)| slot.state.take())
+    }
+
+    /// The state at `index`, to read.
+    pub(super) fn state(&self, index: usize) -> Option<&State> {
+        self.map
+            .get_index(index)
+            .and_then(|(_, slot)| slot.state.as_ref())
+    }
+
+    /// Writes `state` back at `index`, or removes the entry when `state` is
+    /// fresh.
+    pub(super) fn write(&mut self, index: usize, state: Option<State>, fresh_at: u64) {
         match state {
             Some(state) => {
                 self.next_expiry = self.next_expiry.min(fresh_at);
-                let slot = Slot {
-                    fresh_at,
-                    state: Some(state),
-                };
-                match self.map.insert(key, slot) {
-                    Some(_) => 0,
-                    None => 1,
+                if let Some((_, slot)) = self.map.get_index_mut(index) {
+                    *slot = Slot {
+                        fresh_at,
+                        state: Some(state),
+                    };
                 }
             }
-            None => match self.map.swap_remove(&key) {
-                Some(_) => -1,
-                None => 0,
-            },
+            None => {
+                self.map.swap_remove_index(index);
+            }
+        }
+    }
+
+    /// Adds a key that has no entry yet. The caller has made room.
+    pub(super) fn insert(&mut self, hash: u64, name: &str, key: &str, state: State, fresh_at: u64) {
+        self.next_expiry = self.next_expiry.min(fresh_at);
+        let slot = Slot {
+            fresh_at,
+            state: Some(state),
+        };
+        match self
+            .map
+            .raw_entry_mut_v1()
+            .from_hash(hash, |k| k.is(name, key))
+        {
+            RawEntryMut::Vacant(v) => {
+                v.insert_hashed_nocheck(hash, StoreKey::new(name, key), slot);
+            }
+            RawEntryMut::Occupied(mut o) => {
+                o.insert(slot);
+            }
         }
     }
 
@@ -91,5 +197,20 @@ impl Shard {
             .unwrap_or(start);
         self.cursor = start + EVICTION_SAMPLE;
         self.map.swap_remove_index(victim).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_hashes_the_same_from_its_parts_and_as_a_whole() {
+        let hasher = KeyHasher::default();
+        let whole = StoreKey::new("api", "user-1");
+        assert_eq!(hasher.hash_one(&whole), key_hash(&hasher, "api", "user-1"));
+        assert!(whole.is("api", "user-1"));
+        assert!(!whole.is("ap", "i\0user-1"));
+        assert!(!whole.is("api", "user-12"));
     }
 }
