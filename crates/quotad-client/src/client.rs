@@ -105,9 +105,7 @@ impl Check {
             cost: Some(self.cost),
             policy: Some(match &self.policy {
                 PolicyRef::Named(name) => pb::check_request::Policy::PolicyName(name.clone()),
-                PolicyRef::Inline(p) => {
-                    pb::check_request::Policy::InlinePolicy(convert::policy(p))
-                }
+                PolicyRef::Inline(p) => pb::check_request::Policy::InlinePolicy(convert::policy(p)),
             }),
         }
     }
@@ -227,7 +225,10 @@ impl Client {
     pub async fn check(&self, check: &Check) -> Result<Decision, Error> {
         let mut rpc = self.rpc.clone();
         let request = check.to_proto();
-        match self.call(|r| async move { rpc.check(r).await }, request).await {
+        match self
+            .call(|r| async move { rpc.check(r).await }, request)
+            .await
+        {
             Ok(answer) => convert::decision(answer.decision),
             Err(status) => self.unavailable(status, 1).map(first),
         }
@@ -252,7 +253,10 @@ impl Client {
             }
             .into(),
         };
-        match self.call(|r| async move { rpc.check_batch(r).await }, request).await {
+        match self
+            .call(|r| async move { rpc.check_batch(r).await }, request)
+            .await
+        {
             Ok(answer) => answer
                 .decisions
                 .into_iter()
@@ -270,7 +274,10 @@ impl Client {
     pub async fn peek(&self, check: &Check) -> Result<Decision, Error> {
         let mut rpc = self.rpc.clone();
         let request = check.to_proto();
-        match self.call(|r| async move { rpc.peek(r).await }, request).await {
+        match self
+            .call(|r| async move { rpc.peek(r).await }, request)
+            .await
+        {
             Ok(answer) => convert::decision(answer.decision),
             Err(status) => self.unavailable(status, 1).map(first),
         }

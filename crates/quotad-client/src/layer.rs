@@ -76,9 +76,10 @@ impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyExtractor::PeerIp => f.write_str("PeerIp"),
-            KeyExtractor::ForwardedFor { trusted } => {
-                f.debug_struct("ForwardedFor").field("trusted", trusted).finish()
-            }
+            KeyExtractor::ForwardedFor { trusted } => f
+                .debug_struct("ForwardedFor")
+                .field("trusted", trusted)
+                .finish(),
             KeyExtractor::Header(name) => f.debug_tuple("Header").field(name).finish(),
             KeyExtractor::Custom(_) => f.write_str("Custom(..)"),
         }
@@ -240,7 +241,10 @@ where
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let Some(key) = settings.key.extract(&parts) else {
-                return Ok(plain(StatusCode::BAD_REQUEST, "no rate-limit key in the request\n"));
+                return Ok(plain(
+                    StatusCode::BAD_REQUEST,
+                    "no rate-limit key in the request\n",
+                ));
             };
             let check = Check::named(settings.policy.clone(), key).cost((settings.cost)(&parts));
             let request = Request::from_parts(parts, body);
@@ -336,7 +340,10 @@ mod tests {
 
     fn forwarded_for(trusted: &[&str]) -> KeyExtractor {
         KeyExtractor::ForwardedFor {
-            trusted: trusted.iter().map(|n| n.parse().expect("valid net")).collect(),
+            trusted: trusted
+                .iter()
+                .map(|n| n.parse().expect("valid net"))
+                .collect(),
         }
     }
 

@@ -1,0 +1,268 @@
+//! `loadgen`: drives a quotad (or `noop-server`) with `Check` or
+//! `CheckBatch` requests and reports throughput, latency percentiles,
+//! errors by gRPC code, and allowed and denied counts.
+//!
+//! Exit codes: 0 after a run, 1 when the run could not start or finish or
+//! `--expect-allowed` did not hold, 2 for an invalid command line.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{ArgGroup, Parser, ValueEnum};
+use quotad_bench::{KeyDistribution, LoadConfig, MAX_DURATION, Mode, PolicySpec, Report};
+use tracing_subscriber::EnvFilter;
+
+/// Load generator for quotad's gRPC API.
+#[derive(Debug, Parser)]
+#[command(name = "loadgen", version, about)]
+#[command(group(ArgGroup::new("policy_source").required(true).args(["policy", "inline"])))]
+#[command(group(ArgGroup::new("bound").required(true).multiple(true).args(["duration", "requests"])))]
+struct Cli {
+    /// The server, as http://HOST:PORT (or HOST:PORT).
+    #[arg(long, default_value = "http://127.0.0.1:50051", value_name = "URL")]
+    addr: String,
+    /// Requests in flight (closed loop), or at most in flight (--rate).
+    #[arg(long, short = 'c', default_value_t = 64, value_name = "C")]
+    concurrency: usize,
+    /// Distinct HTTP/2 connections; requests go to them round-robin.
+    #[arg(long, short = 'k', default_value_t = 2, value_name = "K")]
+    connections: usize,
+    /// Unary Check, or CheckBatch of --batch-size items.
+    #[arg(long, value_enum, default_value_t = CliMode::Unary)]
+    mode: CliMode,
+    /// Items per CheckBatch (batch mode).
+    #[arg(long, default_value_t = 100, value_name = "B")]
+    batch_size: usize,
+    /// Key distribution: hot, uniform:N or zipf:N[:S] (S defaults to 1.0).
+    #[arg(long, default_value = "hot", value_name = "DIST")]
+    keys: KeyDistribution,
+    /// Prepended to every key [default: a random lgXXXXXXXX: per run, so
+    /// runs never share budgets]
+    #[arg(long, value_name = "PREFIX")]
+    key_prefix: Option<String>,
+    /// A named policy from the server's config.
+    #[arg(long, value_name = "NAME")]
+    policy: Option<String>,
+    /// An inline policy: ALGORITHM:LIMIT:WINDOW_MS[:BURST], e.g.
+    /// fixed_window:100:60000.
+    #[arg(long, value_name = "SPEC")]
+    inline: Option<PolicySpec>,
+    /// The cost of every check [default: none sent, the server takes 1]
+    #[arg(long, value_name = "N")]
+    cost: Option<u64>,
+    /// Seconds to measure, after the warmup (at most 300).
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    duration: Option<Duration>,
+    /// Requests to measure, after the warmup; the run also stops after 300 s.
+    #[arg(long, value_name = "N")]
+    requests: Option<u64>,
+    /// Seconds of unmeasured traffic first.
+    #[arg(long, value_name = "SECS", default_value = "0", value_parser = parse_secs)]
+    warmup: Duration,
+    /// Open loop: this many requests/s on a fixed schedule; latency counts
+    /// from each request's scheduled send time.
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// Client-side deadline of each request, in milliseconds.
+    #[arg(long, default_value_t = 5_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    timeout_ms: u64,
+    /// Seeds the key draws.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Runtime worker threads; keep it low when the server shares the box.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
+    /// Exit 1 unless exactly N decisions were allowed (correctness under
+    /// load: a key with a known budget). Counts measured traffic only, so
+    /// it cannot be combined with --warmup.
+    #[arg(long, value_name = "N", conflicts_with = "warmup")]
+    expect_allowed: Option<u64>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CliMode {
+    Unary,
+    Batch,
+}
+
+fn parse_secs(text: &str) -> Result<Duration, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 && secs <= MAX_DURATION.as_secs_f64() => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => Err(format!(
+            "expected seconds from 0 to {}",
+            MAX_DURATION.as_secs()
+        )),
+    }
+}
+
+impl Cli {
+    fn load_config(&self) -> LoadConfig {
+        let target = if self.addr.contains("://") {
+            self.addr.clone()
+        } else {
+            format!("http://{}", self.addr)
+        };
+        let policy = match (&self.policy, &self.inline) {
+            (_, Some(inline)) => inline.clone(),
+            (Some(name), None) => PolicySpec::Named(name.clone()),
+            (None, None) => unreachable!("clap requires --policy or --inline"),
+        };
+        let mut config = LoadConfig::new(target, policy);
+        config.concurrency = self.concurrency;
+        config.connections = self.connections;
+        config.mode = match self.mode {
+            CliMode::Unary => Mode::Unary,
+            CliMode::Batch => Mode::Batch {
+                size: self.batch_size,
+            },
+        };
+        config.keys = self.keys;
+        if let Some(prefix) = &self.key_prefix {
+            config.key_prefix.clone_from(prefix);
+        }
+        config.cost = self.cost;
+        config.duration = self.duration;
+        config.requests = self.requests;
+        config.warmup = self.warmup;
+        config.rate = self.rate;
+        config.timeout = Duration::from_millis(self.timeout_ms);
+        config.seed = self.seed;
+        config
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let config = cli.load_config();
+    if let Err(error) = config.validate() {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(usize::from(cli.threads))
+        .thread_name("loadgen")
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match runtime.block_on(quotad_bench::run(config)) {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("error: {}", with_sources(&error));
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(error) = print_report(&report, cli.json, cli.threads) {
+        eprintln!("error: cannot write the report: {error}");
+        return ExitCode::FAILURE;
+    }
+    match cli.expect_allowed {
+        Some(expected) if report.allowed != expected => {
+            eprintln!(
+                "error: expected {expected} allowed decisions, got {} ({} denied, {} errors)",
+                report.allowed, report.denied, report.errors
+            );
+            ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `error: cause: cause ...`, the whole chain on one line.
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[allow(clippy::print_stdout)]
+fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        let text = serde_json::to_string(report).map_err(std::io::Error::other)?;
+        writeln!(out, "{text}")?;
+        return out.flush();
+    }
+    let loop_kind = match report.target_rate {
+        Some(rate) => format!("open loop at {rate} req/s"),
+        None => "closed loop".to_owned(),
+    };
+    writeln!(
+        out,
+        "{} | {loop_kind} | concurrency {} over {} connection(s) | {} loadgen thread(s)",
+        report.mode, report.concurrency, report.connections, threads
+    )?;
+    writeln!(
+        out,
+        "keys {} (prefix {:?}) | policy {}",
+        report.keys, report.key_prefix, report.policy
+    )?;
+    writeln!(
+        out,
+        "elapsed     {:.2} s (after {} warmup requests)",
+        report.elapsed_secs, report.warmup_requests
+    )?;
+    writeln!(
+        out,
+        "requests    {:>12} {:>14.0} /s",
+        report.requests, report.requests_per_sec
+    )?;
+    writeln!(
+        out,
+        "decisions   {:>12} {:>14.0} /s",
+        report.decisions, report.decisions_per_sec
+    )?;
+    writeln!(
+        out,
+        "allowed     {:>12}\ndenied      {:>12}",
+        report.allowed, report.denied
+    )?;
+    write!(out, "errors      {:>12}", report.errors)?;
+    for (code, count) in &report.errors_by_code {
+        write!(out, "  {code}={count}")?;
+    }
+    writeln!(out)?;
+    if report.missed > 0 {
+        writeln!(
+            out,
+            "missed      {:>12} (scheduled, never sent)",
+            report.missed
+        )?;
+    }
+    let l = &report.latency;
+    writeln!(
+        out,
+        "latency us (from {:?}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+        report.latency_from, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us, l.mean_us
+    )?;
+    out.flush()
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `warn`).
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

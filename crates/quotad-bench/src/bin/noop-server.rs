@@ -1,0 +1,132 @@
+//! `noop-server`: quotad's gRPC API answering every call at once with an
+//! allowed decision, with quotad's own tonic settings. The floor that
+//! quotad's throughput and latency are compared with.
+//!
+//! Prints `listening ADDR` as its first line on stdout once it accepts
+//! connections, so a script can bind port 0 and read the port. Stops on
+//! SIGINT or SIGTERM, or by itself after `--max-seconds`; calls in flight
+//! then get up to 5 s to finish.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+/// How long open connections may take to close after the stop.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// A no-op quotad.v1.Quota server: every check is allowed at once.
+#[derive(Debug, Parser)]
+#[command(name = "noop-server", version, about)]
+struct Cli {
+    /// The address to listen on; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
+    addr: SocketAddr,
+    /// Stop by itself after this many seconds.
+    #[arg(long, default_value_t = 600, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    max_seconds: u64,
+    /// Runtime worker threads [default: one per core, as quotad]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: Option<u16>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match serve(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(cli: &Cli) -> anyhow::Result<()> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = cli.threads {
+        builder.worker_threads(usize::from(threads));
+    }
+    let runtime = builder
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = TcpListener::bind(cli.addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", cli.addr))?;
+        let local = listener.local_addr().context("no local address")?;
+        let stop = stop_signal(Duration::from_secs(cli.max_seconds))
+            .context("cannot listen for SIGTERM/SIGINT")?;
+        announce(local).context("cannot write to stdout")?;
+
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = quotad_bench::serve_noop(listener, async {
+            let _ = stop_rx.await;
+        });
+        tokio::pin!(server);
+        let reason = tokio::select! {
+            result = &mut server => return result.context("the server failed"),
+            reason = stop => reason,
+        };
+        tracing::info!(reason, "stopping");
+        let _ = stop_tx.send(());
+        match tokio::time::timeout(DRAIN, server).await {
+            Ok(result) => result.context("the server failed while stopping"),
+            Err(_) => {
+                tracing::warn!(drain = ?DRAIN, "connections still open; exiting anyway");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// The first line on stdout, which scripts wait for.
+#[allow(clippy::print_stdout)]
+fn announce(addr: SocketAddr) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening {addr}")?;
+    out.flush()
+}
+
+/// Resolves with its reason on SIGTERM, SIGINT or after `max`.
+fn stop_signal(max: Duration) -> std::io::Result<impl Future<Output = &'static str>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+                () = tokio::time::sleep(max) => "max-seconds",
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => "Ctrl-C",
+                () = tokio::time::sleep(max) => "max-seconds",
+            }
+        })
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

@@ -1,0 +1,427 @@
+//! Connections, workers and pacing: the load generator's core.
+//!
+//! A closed-loop run spawns `concurrency` workers; each sends its next
+//! request as soon as the last one is answered. An open-loop run (`rate`)
+//! has a pacer thread release send slots on a fixed schedule through a
+//! semaphore; `concurrency` workers take the slots in order and measure each
+//! latency from the slot's scheduled time, so time a request spends waiting
+//! for a free worker is counted (no coordinated omission).
+//!
+//! The pacer is a plain thread sleeping with `std::thread::sleep` because
+//! tokio's timer has millisecond granularity, which would add up to 1 ms to
+//! every open-loop latency. The kernel's timer slack (50 µs by default)
+//! still applies: a slot can be released up to that late, and that delay is
+//! counted in the latency.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use quotad_proto::v1::quota_client::QuotaClient;
+use quotad_proto::v1::{BatchMode, CheckBatchRequest, CheckRequest, check_request};
+use rand::SeedableRng as _;
+use rand::rngs::SmallRng;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::{ConfigError, LoadConfig, MAX_DURATION, Mode};
+use crate::keys::{KeyPool, ParseKeysError};
+use crate::report::{Outcome, Report, RunInfo, Tally};
+
+/// How long connecting to the target may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A load run that could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A setting is out of range.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The key distribution cannot be used.
+    #[error(transparent)]
+    Keys(#[from] ParseKeysError),
+    /// The target could not be reached.
+    #[error("cannot connect to {target}")]
+    Connect {
+        /// The target.
+        target: String,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The pacer thread could not be started.
+    #[error("cannot start the pacer thread: {0}")]
+    Pacer(#[source] std::io::Error),
+    /// A worker task panicked or was cancelled.
+    #[error("a load worker failed: {0}")]
+    Worker(#[from] tokio::task::JoinError),
+}
+
+/// Runs the load `config` describes and reports on it.
+///
+/// Must be called within a tokio runtime; the workers are spawned on it, so
+/// a multi-threaded runtime spreads them over its threads. Every run is
+/// bounded: it ends after its duration, its request count, or
+/// [`MAX_DURATION`], whichever comes first, plus at most one request
+/// timeout for the requests still in flight.
+///
+/// # Errors
+///
+/// [`LoadError`] when the configuration is invalid, the target cannot be
+/// reached, or a worker fails. Failed requests are not errors of the run:
+/// the report counts them by gRPC code.
+pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
+    config.validate()?;
+    let keys = KeyPool::new(config.keys, &config.key_prefix)?;
+    let channels = connect(&config).await?;
+    tracing::debug!(
+        target = %config.target,
+        connections = channels.len(),
+        concurrency = config.concurrency,
+        "connected"
+    );
+
+    let start = Instant::now();
+    let measure_start = start + config.warmup;
+    let deadline = config
+        .duration
+        .map_or(start + MAX_DURATION, |d| measure_start + d);
+    let shared = Arc::new(Shared {
+        channels,
+        keys,
+        policy: config.policy.to_proto(),
+        cost: config.cost,
+        mode: config.mode,
+        measure_start,
+        deadline,
+        limit: config.requests,
+        issued: AtomicU64::new(0),
+        seed: config.seed,
+    });
+
+    let mut workers = JoinSet::new();
+    let mut pacer = None;
+    match config.rate {
+        None => {
+            for worker in 0..config.concurrency {
+                workers.spawn(closed_loop(Arc::clone(&shared), worker));
+            }
+        }
+        Some(rate) => {
+            let pacing = Arc::new(Pacing::new(&config, rate, start, deadline));
+            for worker in 0..config.concurrency {
+                workers.spawn(open_loop(Arc::clone(&shared), Arc::clone(&pacing), worker));
+            }
+            let thread_pacing = Arc::clone(&pacing);
+            let workers_count = config.concurrency;
+            let handle = std::thread::Builder::new()
+                .name("loadgen-pacer".to_owned())
+                .spawn(move || thread_pacing.pace(workers_count))
+                .map_err(LoadError::Pacer)?;
+            pacer = Some((pacing, handle));
+        }
+    }
+    // Stops the pacer if this future is dropped before the workers finish.
+    let _stop_pacer = StopOnDrop(pacer.as_ref().map(|(pacing, _)| Arc::clone(pacing)));
+
+    let mut total = Tally::new();
+    while let Some(tally) = workers.join_next().await {
+        total.merge(&tally?);
+    }
+    if let Some((_, handle)) = pacer {
+        // The workers stop only after the pacer has released its last slot,
+        // so the thread is finishing or finished.
+        let joined = tokio::task::spawn_blocking(move || handle.join()).await?;
+        if joined.is_err() {
+            tracing::error!("the pacer thread panicked");
+        }
+    }
+
+    let info = RunInfo {
+        mode: config.mode,
+        concurrency: config.concurrency,
+        connections: config.connections,
+        keys: config.keys.to_string(),
+        key_prefix: config.key_prefix,
+        policy: config.policy.to_string(),
+        target_rate: config.rate,
+        measure_start,
+    };
+    Ok(Report::new(info, &total))
+}
+
+/// Opens `config.connections` HTTP/2 connections to the target.
+async fn connect(config: &LoadConfig) -> Result<Vec<Channel>, LoadError> {
+    let error = |source| LoadError::Connect {
+        target: config.target.clone(),
+        source,
+    };
+    let endpoint = Endpoint::from_shared(config.target.clone())
+        .map_err(error)?
+        .tcp_nodelay(true)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(config.timeout);
+    let mut channels = Vec::with_capacity(config.connections);
+    for _ in 0..config.connections {
+        // Each `connect` opens its own connection; clones of a `Channel`
+        // would share one.
+        channels.push(endpoint.connect().await.map_err(error)?);
+    }
+    Ok(channels)
+}
+
+/// What every worker reads; written once before the workers start.
+#[derive(Debug)]
+struct Shared {
+    channels: Vec<Channel>,
+    keys: KeyPool,
+    policy: check_request::Policy,
+    cost: Option<u64>,
+    mode: Mode,
+    measure_start: Instant,
+    /// No request is sent at or after this instant.
+    deadline: Instant,
+    /// How many measured requests to send, if bounded by count.
+    limit: Option<u64>,
+    issued: AtomicU64,
+    seed: u64,
+}
+
+impl Shared {
+    /// One client per connection, for worker `worker`, with the round-robin
+    /// position it starts from.
+    fn clients(&self, worker: usize) -> (Vec<QuotaClient<Channel>>, usize) {
+        let clients: Vec<_> = self
+            .channels
+            .iter()
+            .cloned()
+            .map(QuotaClient::new)
+            .collect();
+        let first = worker % clients.len();
+        (clients, first)
+    }
+
+    /// A random source of its own for worker `worker`, so workers draw
+    /// keys without sharing state and a run with the same seed repeats.
+    fn rng(&self, worker: usize) -> SmallRng {
+        let worker = u64::try_from(worker).unwrap_or(u64::MAX);
+        SmallRng::seed_from_u64(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ worker)
+    }
+
+    /// Takes the right to send one more measured request.
+    fn take_ticket(&self) -> bool {
+        self.limit
+            .is_none_or(|limit| self.issued.fetch_add(1, Ordering::Relaxed) < limit)
+    }
+
+    /// A check of the next key. The policy and key are cloned: prost
+    /// messages own their strings, and tonic takes the message by value.
+    fn check_request(&self, rng: &mut SmallRng) -> CheckRequest {
+        CheckRequest {
+            key: self.keys.sample(rng).to_owned(),
+            cost: self.cost,
+            policy: Some(self.policy.clone()),
+        }
+    }
+
+    /// Sends one request on `client` and sorts out its answer.
+    async fn send(&self, client: &mut QuotaClient<Channel>, rng: &mut SmallRng) -> Outcome {
+        match self.mode {
+            Mode::Unary => match client.check(self.check_request(rng)).await {
+                Ok(response) => match response.into_inner().decision {
+                    Some(decision) => Outcome::Decided {
+                        allowed: u64::from(decision.allowed),
+                        denied: u64::from(!decision.allowed),
+                    },
+                    None => Outcome::Malformed,
+                },
+                Err(status) => Outcome::Failed(status.code()),
+            },
+            Mode::Batch { size } => {
+                let request = CheckBatchRequest {
+                    items: (0..size).map(|_| self.check_request(rng)).collect(),
+                    mode: BatchMode::Independent.into(),
+                };
+                match client.check_batch(request).await {
+                    Ok(response) => {
+                        let decisions = response.into_inner().decisions;
+                        if decisions.len() == size {
+                            let allowed = decisions.iter().filter(|d| d.allowed).count();
+                            Outcome::Decided {
+                                allowed: u64::try_from(allowed).unwrap_or(u64::MAX),
+                                denied: u64::try_from(size - allowed).unwrap_or(u64::MAX),
+                            }
+                        } else {
+                            Outcome::Malformed
+                        }
+                    }
+                    Err(status) => Outcome::Failed(status.code()),
+                }
+            }
+        }
+    }
+}
+
+/// A closed-loop worker: sends, waits for the answer, sends again, until
+/// the deadline or the request count.
+async fn closed_loop(shared: Arc<Shared>, worker: usize) -> Tally {
+    let mut rng = shared.rng(worker);
+    let (mut clients, mut next) = shared.clients(worker);
+    let mut tally = Tally::new();
+    loop {
+        let sent = Instant::now();
+        if sent >= shared.deadline {
+            break;
+        }
+        let measuring = sent >= shared.measure_start;
+        if measuring && !shared.take_ticket() {
+            break;
+        }
+        let client = &mut clients[next];
+        next = (next + 1) % shared.channels.len();
+        let outcome = shared.send(client, &mut rng).await;
+        let done = Instant::now();
+        if measuring {
+            tally.record(done - sent, done, outcome);
+        } else {
+            tally.warmup += 1;
+        }
+    }
+    tally
+}
+
+/// The open-loop schedule: slot `i` is due at `start + i / rate`.
+#[derive(Debug)]
+struct Pacing {
+    /// One permit per released slot, plus one per worker at the end.
+    permits: Semaphore,
+    start: Instant,
+    rate: f64,
+    /// Slots due before the end of the warmup.
+    warmup_slots: u64,
+    /// The most slots to release: warmup plus the request count.
+    max_slots: u64,
+    /// No slot due at or after this is released.
+    deadline: Instant,
+    /// Slots still unsent at this instant are counted as missed.
+    drain_deadline: Instant,
+    /// Slots taken by workers so far; a slot's number is its ticket.
+    taken: AtomicU64,
+    /// How many slots were released, once the pacer has stopped.
+    released: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Pacing {
+    fn new(config: &LoadConfig, rate: f64, start: Instant, deadline: Instant) -> Self {
+        // Slot counts stay far below 2^53, where f64 -> u64 is exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let warmup_slots = (config.warmup.as_secs_f64() * rate).ceil() as u64;
+        Self {
+            permits: Semaphore::new(0),
+            start,
+            rate,
+            warmup_slots,
+            max_slots: config
+                .requests
+                .map_or(u64::MAX, |n| warmup_slots.saturating_add(n)),
+            deadline,
+            drain_deadline: deadline + config.timeout,
+            taken: AtomicU64::new(0),
+            released: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn due(&self, slot: u64) -> Instant {
+        #[allow(clippy::cast_precision_loss)]
+        let offset = slot as f64 / self.rate;
+        self.start + Duration::from_secs_f64(offset)
+    }
+
+    /// The pacer thread: releases every slot when it falls due, until the
+    /// deadline or the slot count, then one extra permit per worker to tell
+    /// the workers the schedule has ended.
+    fn pace(&self, workers: usize) {
+        let mut released = 0u64;
+        // Bounded: each pass releases at least one slot or sleeps until
+        // the next is due, and the schedule ends at the deadline.
+        while released < self.max_slots && !self.stop.load(Ordering::Relaxed) {
+            let next = self.due(released);
+            if next >= self.deadline {
+                break;
+            }
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+                continue;
+            }
+            let mut due = 0usize;
+            while released < self.max_slots {
+                let at = self.due(released);
+                if at > now || at >= self.deadline {
+                    break;
+                }
+                released += 1;
+                due += 1;
+            }
+            self.permits.add_permits(due);
+        }
+        self.released.store(released, Ordering::Release);
+        self.permits.add_permits(workers);
+    }
+}
+
+/// Stops the pacer early when the run is dropped.
+struct StopOnDrop(Option<Arc<Pacing>>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(pacing) = &self.0 {
+            pacing.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An open-loop worker: takes each released slot in order, sends at once
+/// and measures from the slot's due time.
+async fn open_loop(shared: Arc<Shared>, pacing: Arc<Pacing>, worker: usize) -> Tally {
+    let mut rng = shared.rng(worker);
+    let (mut clients, mut next) = shared.clients(worker);
+    let mut tally = Tally::new();
+    // Bounded: the pacer releases finitely many slots and then one end
+    // permit per worker; each worker leaves on the first slot past the end.
+    loop {
+        let Ok(permit) = pacing.permits.acquire().await else {
+            break;
+        };
+        permit.forget();
+        // A ticket at or past `released` means more permits were taken than
+        // slots released, so some taker got an end permit, added after
+        // `released` was stored; AcqRel carries that store along the
+        // tickets.
+        let slot = pacing.taken.fetch_add(1, Ordering::AcqRel);
+        if slot >= pacing.released.load(Ordering::Acquire) {
+            break;
+        }
+        let measuring = slot >= pacing.warmup_slots;
+        if Instant::now() >= pacing.drain_deadline {
+            if measuring {
+                tally.missed += 1;
+            }
+            continue;
+        }
+        let scheduled = pacing.due(slot);
+        let client = &mut clients[next];
+        next = (next + 1) % shared.channels.len();
+        let outcome = shared.send(client, &mut rng).await;
+        let done = Instant::now();
+        if measuring {
+            tally.record(done.saturating_duration_since(scheduled), done, outcome);
+        } else {
+            tally.warmup += 1;
+        }
+    }
+    tally
+}

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Reproduces the gRPC rows of BENCHMARKS.md in one bounded command:
+#
+#   scripts/bench.sh                        # ~2 min after the build; prints a markdown table
+#   DURATION=5 WARMUP=1 scripts/bench.sh    # a quicker, noisier pass
+#
+# What it does, all on 127.0.0.1:
+#   1. builds the release binaries: quotad, loadgen, noop-server;
+#   2. starts noop-server (quotad's API answering at once: the floor) and runs
+#      loadgen against it: unary Check closed loop at CONCURRENCY over
+#      CONNECTIONS, then CheckBatch(BATCH_SIZE), then stops it;
+#   3. starts quotad with a temporary config (policy `bench`: a fixed window
+#      no run can exhaust; policy `budget`: 1,000 per day) and runs the same
+#      two loads, then a correctness run (CORRECTNESS_REQUESTS checks on one
+#      hot key under `budget`: exactly 1,000 must be allowed);
+#   4. runs an open-loop load at half of quotad's unary peak (loadgen --rate,
+#      latency measured from each request's scheduled send time, so queueing
+#      is not hidden) against quotad, then against noop-server for the floor;
+#   5. prints a markdown table with quotad / noop ratios and the targets of
+#      issue 6. The servers run one at a time, so they never share the CPU
+#      with each other, only with loadgen.
+#
+# Bounded: every loadgen run has a --duration (WARMUP + DURATION seconds,
+# 12 s by default; 8 runs), runs under `timeout`, and each server stops by
+# itself (noop-server --max-seconds; quotad under `timeout`) even if this
+# script is killed with SIGKILL. An EXIT trap stops the processes this script
+# started, by PID and nothing else. A cold release build takes minutes more.
+#
+# Settings (environment):
+#   DURATION=10 WARMUP=2          seconds measured / not measured, per run
+#   CONCURRENCY=64 CONNECTIONS=2  unary and open-loop runs
+#   BATCH_SIZE=100 BATCH_CONCURRENCY=8
+#   KEYS=uniform:100000           loadgen --keys for the throughput runs
+#   LOADGEN_THREADS=1             loadgen runtime threads (the box has 2 cores)
+#   CORRECTNESS_REQUESTS=5000
+#   SKIP_BUILD=1                  use the binaries already in target/release
+#   OUT=DIR                       keep every JSON report and server log in DIR
+#
+# Requires: cargo, jq. The Redis rows of BENCHMARKS.md are not produced here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-2}
+CONCURRENCY=${CONCURRENCY:-64}
+CONNECTIONS=${CONNECTIONS:-2}
+BATCH_SIZE=${BATCH_SIZE:-100}
+BATCH_CONCURRENCY=${BATCH_CONCURRENCY:-8}
+KEYS=${KEYS:-uniform:100000}
+LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+CORRECTNESS_REQUESTS=${CORRECTNESS_REQUESTS:-5000}
+BUDGET=1000
+
+command -v jq >/dev/null || { echo "bench.sh: jq is required" >&2; exit 1; }
+
+if [[ -n ${OUT:-} ]]; then
+  mkdir -p "$OUT"
+  WORK=$(cd "$OUT" && pwd)
+  KEEP_WORK=1
+else
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/quotad-bench.XXXXXX")
+  KEEP_WORK=0
+fi
+
+STARTED=()
+cleanup() {
+  local pid
+  for pid in "${STARTED[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  for pid in "${STARTED[@]}"; do
+    # Up to 5 s for a graceful stop, then SIGKILL; bounded either way.
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  if [[ $KEEP_WORK == 0 ]]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Stops one server this script started and forgets its PID.
+stop_server() {
+  local pid=$1 rest=() p
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  for p in "${STARTED[@]}"; do [[ $p == "$pid" ]] || rest+=("$p"); done
+  STARTED=("${rest[@]}")
+}
+
+# Waits (at most 10 s) until FILE has a line matching the extended regex
+# PATTERN; prints the first capture of SED_EXPR on that line.
+wait_for_addr() {
+  local file=$1 pid=$2 sed_expr=$3 addr=
+  for _ in $(seq 100); do
+    addr=$(sed -nE "$sed_expr" "$file" 2>/dev/null | head -n 1)
+    [[ -n $addr ]] && { echo "$addr"; return 0; }
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "bench.sh: server did not come up; its output:" >&2
+  cat "$file" >&2
+  return 1
+}
+
+RUN_SECS=$((WARMUP + DURATION))
+# Hard bound per loadgen run: its own duration, one request timeout, slack.
+LOADGEN_LIMIT=$((RUN_SECS + 30))
+
+# loadgen NAME ADDR ARGS... : one run, JSON report in $WORK/NAME.json.
+loadgen() {
+  local name=$1 addr=$2
+  shift 2
+  echo "bench.sh: $name" >&2
+  timeout "$LOADGEN_LIMIT" target/release/loadgen --addr "http://$addr" \
+    --threads "$LOADGEN_THREADS" --json "$@" >"$WORK/$name.json"
+}
+
+# field NAME JQ_EXPR : a value from a report.
+field() { jq -r "$2" "$WORK/$1.json"; }
+
+if [[ -z ${SKIP_BUILD:-} ]]; then
+  cargo build --release --quiet -p quotad --bin quotad
+  cargo build --release --quiet -p quotad-bench --bins
+fi
+
+cat >"$WORK/quotad.toml" <<EOF
+# Written by scripts/bench.sh.
+[server]
+config_poll_interval = "0s"
+
+# Throughput: a fixed window whose limit no run reaches (10^12 per second).
+[policies.bench]
+algorithm = "fixed_window"
+limit = 1000000000000
+window = "1s"
+
+# Correctness under load: a known budget on a hot key. The window is an
+# epoch-aligned day, so a run that straddles 00:00 UTC could see two.
+[policies.budget]
+algorithm = "fixed_window"
+limit = $BUDGET
+window = "1d"
+EOF
+
+LOAD_UNARY=(--mode unary --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
+  --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
+LOAD_BATCH=(--mode batch --batch-size "$BATCH_SIZE" --concurrency "$BATCH_CONCURRENCY"
+  --connections "$CONNECTIONS" --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
+
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- the floor: noop-server -------------------------------------------------
+target/release/noop-server --addr 127.0.0.1:0 --max-seconds 400 \
+  >"$WORK/noop.out" 2>"$WORK/noop.err" &
+NOOP_PID=$!
+STARTED+=("$NOOP_PID")
+NOOP_ADDR=$(wait_for_addr "$WORK/noop.out" "$NOOP_PID" 's/^listening ([0-9.:]+)$/\1/p')
+
+loadgen noop_unary "$NOOP_ADDR" --policy bench "${LOAD_UNARY[@]}"
+loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
+
+# --- quotad -----------------------------------------------------------------
+# `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
+NO_COLOR=1 RUST_LOG=warn,quotad=info timeout 400 target/release/quotad serve \
+  --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
+  >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
+QUOTAD_PID=$!
+STARTED+=("$QUOTAD_PID")
+QUOTAD_ADDR=$(wait_for_addr "$WORK/quotad.err" "$QUOTAD_PID" 's/.*grpc_addr=([0-9.:]+).*/\1/p')
+
+loadgen quotad_unary "$QUOTAD_ADDR" --policy bench "${LOAD_UNARY[@]}"
+loadgen quotad_batch "$QUOTAD_ADDR" --policy bench "${LOAD_BATCH[@]}"
+CORRECT=yes
+loadgen quotad_budget "$QUOTAD_ADDR" --policy budget --keys hot \
+  --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" \
+  --requests "$CORRECTNESS_REQUESTS" --expect-allowed "$BUDGET" || CORRECT=no
+
+PEAK=$(field quotad_unary '.requests_per_sec')
+HALF=$(jq -n "($PEAK / 2) | floor")
+if [[ $HALF -lt 1 ]]; then
+  echo "bench.sh: quotad's unary peak is $PEAK req/s; nothing to halve" >&2
+  exit 1
+fi
+loadgen quotad_half "$QUOTAD_ADDR" --policy bench "${LOAD_UNARY[@]}" --rate "$HALF"
+stop_server "$QUOTAD_PID"
+
+# The floor at the same rate, on the same noop-server (idle while quotad ran).
+loadgen noop_half "$NOOP_ADDR" --policy bench "${LOAD_UNARY[@]}" --rate "$HALF"
+stop_server "$NOOP_PID"
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# --- the table --------------------------------------------------------------
+fmt0() { jq -r "$2 | floor" "$WORK/$1.json"; }
+row() { # label server report
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" \
+    "$(fmt0 "$3" .requests_per_sec)" "$(fmt0 "$3" .decisions_per_sec)" \
+    "$(fmt0 "$3" .latency.p50_us)" "$(fmt0 "$3" .latency.p99_us)" \
+    "$(fmt0 "$3" .latency.p999_us)" "$(field "$3" '.errors')"
+}
+met() { if jq -en "$1" >/dev/null; then echo yes; else echo "**no**"; fi; }
+
+UNARY_RATIO=$(jq -n "$(field quotad_unary .requests_per_sec) / $(field noop_unary .requests_per_sec) * 100 | round / 100")
+BATCH_RATIO=$(jq -n "$(field quotad_batch .decisions_per_sec) / $(field noop_batch .decisions_per_sec) * 100 | round / 100")
+BATCH_DPS=$(fmt0 quotad_batch .decisions_per_sec)
+HALF_P99=$(fmt0 quotad_half .latency.p99_us)
+
+cat <<EOF
+
+## gRPC: quotad next to the no-op floor
+
+Date: $(date -u '+%Y-%m-%d %H:%M UTC'). Machine: $(nproc) cores, $(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1).
+Load average before / after: $LOAD_BEFORE / $LOAD_AFTER.
+loadgen: $LOADGEN_THREADS runtime thread(s), on the same box as the server; keys $KEYS;
+closed-loop runs measure ${DURATION} s after a ${WARMUP} s warmup.
+
+| run | server | requests/s | decisions/s | p50 µs | p99 µs | p99.9 µs | errors |
+|---|---|---:|---:|---:|---:|---:|---:|
+$(row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" noop noop_unary)
+$(row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" quotad quotad_unary)
+$(row "CheckBatch($BATCH_SIZE), c=$BATCH_CONCURRENCY over $CONNECTIONS conns" noop noop_batch)
+$(row "CheckBatch($BATCH_SIZE), c=$BATCH_CONCURRENCY over $CONNECTIONS conns" quotad quotad_batch)
+$(row "unary at $HALF req/s (half of quotad's peak), open loop" noop noop_half)
+$(row "unary at $HALF req/s (half of quotad's peak), open loop" quotad quotad_half)
+
+Open-loop latencies count from each request's scheduled send time.
+
+| target (issue 6) | measured | met? |
+|---|---:|---|
+| unary Check >= 0.90 x the no-op floor | $UNARY_RATIO x | $(met "$UNARY_RATIO >= 0.90") |
+| CheckBatch($BATCH_SIZE) >= 1,000,000 decisions/s | $BATCH_DPS (quotad / noop = $BATCH_RATIO x) | $(met "$BATCH_DPS >= 1000000") |
+| p99 at half of peak <= 1 ms | $HALF_P99 µs | $(met "$HALF_P99 <= 1000") |
+| hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks at c=$CONCURRENCY: allowed = $BUDGET | $(field quotad_budget .allowed) allowed, $(field quotad_budget .denied) denied, $(field quotad_budget .errors) errors | $CORRECT |
+EOF
+if [[ $KEEP_WORK == 1 ]]; then echo; echo "Reports and logs: $WORK"; fi

@@ -1,0 +1,103 @@
+//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz`, `/policies`.
+//!
+//! - `/metrics`: the Prometheus text exposition; store counts (live keys,
+//!   evictions, reclaimed keys) are read at scrape time.
+//! - `/healthz`: 200 while the process runs (liveness).
+//! - `/readyz`: 200 while the gRPC server accepts calls, 503 once shutdown
+//!   has begun (readiness).
+//! - `/policies`: the named policies in force, as JSON:
+//!   `{"policies": {"login": {"algorithm": "fixed_window", "limit": 5,
+//!   "window_ms": 60000, "burst": null}}}` (`burst` is set for the bucket
+//!   algorithms only).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde::Serialize;
+
+use crate::metrics::Metrics;
+use crate::policy::PolicyRegistry;
+use crate::store::StoreStats;
+
+/// What the admin handlers read.
+#[derive(Clone)]
+pub(crate) struct AdminState {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) policies: Arc<PolicyRegistry>,
+    pub(crate) ready: Arc<AtomicBool>,
+    pub(crate) store_stats: Arc<dyn Fn() -> StoreStats + Send + Sync>,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The admin routes.
+pub(crate) fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/policies", get(policies))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    state.metrics.store_stats((state.store_stats)());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+#[derive(Serialize)]
+struct PoliciesBody<'a> {
+    policies: BTreeMap<&'a str, PolicyBody>,
+}
+
+#[derive(Serialize)]
+struct PolicyBody {
+    algorithm: &'static str,
+    limit: u64,
+    window_ms: u64,
+    burst: Option<u64>,
+}
+
+async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
+    let set = state.policies.snapshot();
+    let policies = set
+        .sorted()
+        .into_iter()
+        .map(|(name, p)| {
+            let body = PolicyBody {
+                algorithm: p.algorithm().as_str(),
+                limit: p.limit(),
+                window_ms: p.window_ms(),
+                burst: p.algorithm().is_bucket().then_some(p.burst()),
+            };
+            (name, body)
+        })
+        .collect();
+    axum::Json(PoliciesBody { policies }).into_response()
+}

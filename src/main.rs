@@ -1,0 +1,153 @@
+//! The `quotad` binary: parses the command line, builds a validated
+//! [`quotad::Config`], binds the listeners and runs the server until
+//! SIGTERM or SIGINT.
+//!
+//! Exit codes: 0 after a graceful shutdown (or a valid config for
+//! `validate-config`), 2 for an invalid config or command line (nothing has
+//! been bound then), 1 for any other failure.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use quotad::{Config, ConfigError, Listeners, Overrides};
+use tracing_subscriber::EnvFilter;
+
+/// A gRPC state owner for rate limits and quotas.
+#[derive(Debug, Parser)]
+#[command(
+    name = "quotad",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// With no subcommand, quotad serves.
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the gRPC API and the admin HTTP port (the default).
+    Serve(Box<ServeArgs>),
+    /// Check a config file (and the TLS files it names) without serving.
+    ValidateConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Default, clap::Args)]
+struct ServeArgs {
+    /// The TOML config file; without one, every setting has its default.
+    #[arg(long, short = 'c', env = "QUOTAD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: Overrides,
+}
+
+/// An invalid config; exits with code 2.
+const EXIT_INVALID_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match cli.command {
+        Some(Command::ValidateConfig { file }) => validate_config(&file),
+        Some(Command::Serve(args)) => serve(*args),
+        None => serve(cli.serve),
+    }
+}
+
+fn validate_config(file: &Path) -> ExitCode {
+    match Config::load(Some(file), &Overrides::default()) {
+        Ok(config) => {
+            let mut out = std::io::stdout().lock();
+            // A closed stdout is no reason to fail a valid config.
+            let _ = writeln!(
+                out,
+                "{}: ok ({} named policies)",
+                file.display(),
+                config.policies().len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => config_error(Some(file), &error),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let config = match Config::load(args.config.as_deref(), &args.overrides) {
+        Ok(config) => config,
+        Err(error) => return config_error(args.config.as_deref(), &error),
+    };
+    match serve_config(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_error(file: Option<&Path>, error: &ConfigError) -> ExitCode {
+    match file {
+        Some(file) if !matches!(error, ConfigError::Read { .. }) => {
+            eprintln!("error: invalid config {}: {error}", file.display());
+        }
+        _ => eprintln!("error: invalid config: {error}"),
+    }
+    ExitCode::from(EXIT_INVALID_CONFIG)
+}
+
+fn serve_config(config: Config) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listeners = Listeners::bind(&config).await?;
+        let shutdown = shutdown_signal().context("cannot listen for SIGTERM/SIGINT")?;
+        quotad::run(config, listeners, shutdown).await?;
+        Ok(())
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT (Ctrl-C).
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            let name = tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+            };
+            tracing::info!(signal = name, "shutdown requested");
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutdown requested");
+        })
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

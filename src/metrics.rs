@@ -1,0 +1,384 @@
+//! Prometheus metrics, rendered by the admin server's `/metrics`.
+//!
+//! Each [`crate::run`] owns its own recorder instead of installing a
+//! process-global one, so several servers (integration tests) can run in one
+//! process without sharing counts. Handles are registered once and kept:
+//! the hot path increments a counter it already holds, and decision counters
+//! are cached per policy, algorithm, outcome and reason.
+//!
+//! Labels are policy **names** (or `inline`), algorithms, outcomes, reasons,
+//! methods and status codes: never keys.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `quotad_decisions_total` | counter | `policy`, `algorithm`, `outcome` (`allowed`/`denied`), `reason` |
+//! | `quotad_request_errors_total` | counter | `method`, `code` |
+//! | `quotad_decision_duration_seconds` | histogram | `method` |
+//! | `quotad_store_operations_total` | counter | `backend`, `op` |
+//! | `quotad_live_keys` | gauge | |
+//! | `quotad_evictions_total` | counter | |
+//! | `quotad_reclaimed_keys_total` | counter | |
+//! | `quotad_policy_reloads_total` | counter | `outcome` (`ok`/`error`) |
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder as _};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusRecorder};
+use quotad_core::{Algorithm, Decision, Reason};
+
+use crate::store::StoreStats;
+
+/// The label used for every inline policy, whatever its parameters.
+pub(crate) const INLINE_POLICY_LABEL: &str = "inline";
+
+const DECISIONS: &str = "quotad_decisions_total";
+const REQUEST_ERRORS: &str = "quotad_request_errors_total";
+const DURATION: &str = "quotad_decision_duration_seconds";
+const STORE_OPERATIONS: &str = "quotad_store_operations_total";
+const LIVE_KEYS: &str = "quotad_live_keys";
+const EVICTIONS: &str = "quotad_evictions_total";
+const RECLAIMED: &str = "quotad_reclaimed_keys_total";
+const RELOADS: &str = "quotad_policy_reloads_total";
+
+/// Histogram buckets for request handling time: 10 µs to 100 ms.
+const DURATION_BUCKETS: [f64; 13] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1,
+];
+
+/// The gRPC methods, as metric labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Method {
+    Check,
+    CheckBatch,
+    Peek,
+    Reset,
+}
+
+impl Method {
+    const ALL: [Method; 4] = [
+        Method::Check,
+        Method::CheckBatch,
+        Method::Peek,
+        Method::Reset,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Method::Check => "check",
+            Method::CheckBatch => "check_batch",
+            Method::Peek => "peek",
+            Method::Reset => "reset",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One server's metrics registry and the handles it hands out.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    recorder: Arc<PrometheusRecorder>,
+    durations: [Histogram; 4],
+    live_keys: Gauge,
+    evictions: Counter,
+    reclaimed: Counter,
+    reloads_ok: Counter,
+    reloads_error: Counter,
+    inline: [Arc<DecisionCounters>; 5],
+}
+
+impl Metrics {
+    /// A fresh registry with every metric described.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] if the histogram buckets are rejected (they are fixed,
+    /// so this does not happen in practice).
+    pub(crate) fn new() -> Result<Self, BuildError> {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(DURATION.to_owned()), &DURATION_BUCKETS)?
+            .build_recorder();
+        let recorder = Arc::new(recorder);
+        describe(&recorder);
+        let counter =
+            |name: &'static str, labels: Vec<Label>| register_counter(&recorder, name, labels);
+        let gauge = recorder.register_gauge(&Key::from_static_name(LIVE_KEYS), &metadata());
+        let durations = Method::ALL.map(|m| {
+            recorder.register_histogram(
+                &Key::from_parts(DURATION, vec![Label::new("method", m.as_str())]),
+                &metadata(),
+            )
+        });
+        let inline = Algorithm::ALL.map(|algorithm| {
+            Arc::new(DecisionCounters::new(
+                &recorder,
+                INLINE_POLICY_LABEL,
+                algorithm,
+            ))
+        });
+        Ok(Metrics {
+            durations,
+            live_keys: gauge,
+            evictions: counter(EVICTIONS, vec![]),
+            reclaimed: counter(RECLAIMED, vec![]),
+            reloads_ok: counter(RELOADS, vec![Label::new("outcome", "ok")]),
+            reloads_error: counter(RELOADS, vec![Label::new("outcome", "error")]),
+            inline,
+            recorder,
+        })
+    }
+
+    /// The text exposition of every metric.
+    pub(crate) fn render(&self) -> String {
+        let handle = self.recorder.handle();
+        handle.run_upkeep();
+        handle.render()
+    }
+
+    /// Drains histogram samples into their buckets; call it regularly, or
+    /// samples pile up between scrapes.
+    pub(crate) fn run_upkeep(&self) {
+        self.recorder.handle().run_upkeep();
+    }
+
+    /// The decision counters of a named policy.
+    pub(crate) fn named_policy(&self, name: &str, algorithm: Algorithm) -> Arc<DecisionCounters> {
+        Arc::new(DecisionCounters::new(&self.recorder, name, algorithm))
+    }
+
+    /// The decision counters shared by every inline policy of `algorithm`.
+    pub(crate) fn inline_policy(&self, algorithm: Algorithm) -> &Arc<DecisionCounters> {
+        let index = Algorithm::ALL
+            .iter()
+            .position(|a| *a == algorithm)
+            .expect("Algorithm::ALL lists every algorithm");
+        &self.inline[index]
+    }
+
+    /// Records how long a request took.
+    pub(crate) fn request_duration(&self, method: Method, elapsed: Duration) {
+        self.durations[method.index()].record(elapsed.as_secs_f64());
+    }
+
+    /// Counts a failed request. Not on the hot path, so the handle is looked
+    /// up each time.
+    pub(crate) fn request_error(&self, method: Method, code: tonic::Code) {
+        let labels = vec![
+            Label::new("method", method.as_str()),
+            Label::new("code", format!("{code:?}")),
+        ];
+        register_counter(&self.recorder, REQUEST_ERRORS, labels).increment(1);
+    }
+
+    /// A counter of `op` calls to the store `backend`.
+    pub(crate) fn store_operation(&self, backend: &'static str, op: &'static str) -> Counter {
+        let labels = vec![Label::new("backend", backend), Label::new("op", op)];
+        register_counter(&self.recorder, STORE_OPERATIONS, labels)
+    }
+
+    /// Counts a policy reload.
+    pub(crate) fn policy_reload(&self, ok: bool) {
+        if ok {
+            self.reloads_ok.increment(1);
+        } else {
+            self.reloads_error.increment(1);
+        }
+    }
+
+    /// Publishes the store's counts (read when `/metrics` is scraped).
+    pub(crate) fn store_stats(&self, stats: StoreStats) {
+        if let Some(live) = stats.live_keys {
+            self.live_keys.set(live as f64);
+        }
+        self.evictions.absolute(stats.evictions);
+        self.reclaimed.absolute(stats.reclaimed);
+    }
+}
+
+/// `quotad_decisions_total` for one policy label and algorithm, registered
+/// lazily per (reason, outcome) so that only combinations that happen are
+/// exported.
+#[derive(Debug)]
+pub(crate) struct DecisionCounters {
+    recorder: Arc<PrometheusRecorder>,
+    policy: String,
+    algorithm: Algorithm,
+    /// Indexed by reason, then by `allowed`.
+    slots: [[OnceLock<Counter>; 2]; REASONS],
+}
+
+const REASONS: usize = 7;
+
+fn reason_index(reason: Reason) -> usize {
+    match reason {
+        Reason::WithinLimit => 0,
+        Reason::LimitExceeded => 1,
+        Reason::CostExceedsCapacity => 2,
+        Reason::Capacity => 3,
+        Reason::BatchRejected => 4,
+        Reason::FailOpen => 5,
+        Reason::FailClosed => 6,
+    }
+}
+
+impl DecisionCounters {
+    fn new(recorder: &Arc<PrometheusRecorder>, policy: &str, algorithm: Algorithm) -> Self {
+        DecisionCounters {
+            recorder: Arc::clone(recorder),
+            policy: policy.to_owned(),
+            algorithm,
+            slots: Default::default(),
+        }
+    }
+
+    /// Counts one decision.
+    pub(crate) fn record(&self, decision: &Decision) {
+        let slot = &self.slots[reason_index(decision.reason)][usize::from(decision.allowed)];
+        slot.get_or_init(|| {
+            let outcome = if decision.allowed {
+                "allowed"
+            } else {
+                "denied"
+            };
+            let labels = vec![
+                Label::new("policy", self.policy.clone()),
+                Label::new("algorithm", self.algorithm.as_str()),
+                Label::new("outcome", outcome),
+                Label::new("reason", decision.reason.as_str()),
+            ];
+            register_counter(&self.recorder, DECISIONS, labels)
+        })
+        .increment(1);
+    }
+}
+
+fn metadata() -> Metadata<'static> {
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()))
+}
+
+fn register_counter(
+    recorder: &PrometheusRecorder,
+    name: &'static str,
+    labels: Vec<Label>,
+) -> Counter {
+    recorder.register_counter(&Key::from_parts(name, labels), &metadata())
+}
+
+fn describe(recorder: &PrometheusRecorder) {
+    let counters = [
+        (
+            DECISIONS,
+            "Decisions made, by policy name (or \"inline\"), algorithm, outcome and reason.",
+        ),
+        (
+            REQUEST_ERRORS,
+            "Requests that failed with a gRPC error, by method and status code.",
+        ),
+        (
+            STORE_OPERATIONS,
+            "Calls to the state store, by backend and operation.",
+        ),
+        (
+            EVICTIONS,
+            "Live keys evicted to make room for new ones (their budgets started over).",
+        ),
+        (
+            RECLAIMED,
+            "Keys dropped because their state had become equivalent to fresh.",
+        ),
+        (
+            RELOADS,
+            "Policy reloads, by outcome (an error keeps the previous policies).",
+        ),
+    ];
+    for (name, help) in counters {
+        recorder.describe_counter(name.into(), None, help.into());
+    }
+    recorder.describe_gauge(
+        LIVE_KEYS.into(),
+        None,
+        "Keys holding state in the store.".into(),
+    );
+    recorder.describe_histogram(
+        DURATION.into(),
+        Some(metrics::Unit::Seconds),
+        "Time to handle a request, from decoded request to response, by method.".into(),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(allowed: bool, reason: Reason) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining: 0,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            reason,
+        }
+    }
+
+    #[test]
+    fn counts_decisions_by_policy_algorithm_outcome_and_reason() {
+        let metrics = Metrics::new().expect("metrics");
+        let api = metrics.named_policy("api", Algorithm::FixedWindow);
+        api.record(&decision(true, Reason::WithinLimit));
+        api.record(&decision(true, Reason::WithinLimit));
+        api.record(&decision(false, Reason::LimitExceeded));
+        metrics
+            .inline_policy(Algorithm::TokenBucket)
+            .record(&decision(false, Reason::CostExceedsCapacity));
+        let text = metrics.render();
+        assert!(text.contains(
+            r#"quotad_decisions_total{policy="api",algorithm="fixed_window",outcome="allowed",reason="within_limit"} 2"#
+        ), "{text}");
+        assert!(text.contains(
+            r#"quotad_decisions_total{policy="api",algorithm="fixed_window",outcome="denied",reason="limit_exceeded"} 1"#
+        ), "{text}");
+        assert!(text.contains(
+            r#"quotad_decisions_total{policy="inline",algorithm="token_bucket",outcome="denied",reason="cost_exceeds_capacity"} 1"#
+        ), "{text}");
+        assert!(text.contains("# HELP quotad_decisions_total"), "{text}");
+    }
+
+    #[test]
+    fn two_registries_do_not_share_counts() {
+        let a = Metrics::new().expect("metrics");
+        let b = Metrics::new().expect("metrics");
+        a.policy_reload(true);
+        assert!(
+            a.render()
+                .contains(r#"quotad_policy_reloads_total{outcome="ok"} 1"#)
+        );
+        assert!(
+            b.render()
+                .contains(r#"quotad_policy_reloads_total{outcome="ok"} 0"#)
+        );
+    }
+
+    #[test]
+    fn renders_the_duration_histogram_with_buckets() {
+        let metrics = Metrics::new().expect("metrics");
+        metrics.request_duration(Method::Check, Duration::from_micros(30));
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                r#"quotad_decision_duration_seconds_bucket{method="check",le="0.00005"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"quotad_decision_duration_seconds_bucket{method="check",le="0.00001"} 0"#
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! Named policies: the rules for their names, the registry the hot path
+//! reads, and hot reload.
+//!
+//! # What a reload does to existing state
+//!
+//! State is kept per (policy name, key) and survives a reload; quotad-core
+//! reconciles it with the new parameters on the key's next request:
+//!
+//! - a changed **limit** keeps the counts, and the new limit applies
+//!   immediately: a key that spent 8 of 10 in a window has 2 left, 12 if the
+//!   limit becomes 20, or none if it becomes 5; a lowered **burst** caps
+//!   a bucket at the new capacity;
+//! - a changed **window** carries bucket contents over in whole tokens
+//!   (rounded in the limiting direction, capped at the burst) and re-aligns
+//!   fixed and sliding window counts to the new epoch-aligned windows (a
+//!   count is kept only if its window started within the new current
+//!   window, otherwise the key starts fresh); a sliding log re-reads its
+//!   entries against the new window length;
+//! - a changed **algorithm** starts every key fresh (the old state belongs
+//!   to another algorithm and is ignored, then replaced);
+//! - a **removed** policy's state stays until it is fresh and swept; if
+//!   the name comes back before that, the keys carry on from it.
+//!
+//! Inline policies are not affected: their state is namespaced by all of
+//! their parameters, so a changed inline policy is a different state.
+
+mod registry;
+mod reload;
+
+pub(crate) use registry::{PolicyRegistry, PolicySet};
+pub(crate) use reload::Reloader;
+
+use quotad_core::PolicyError;
+
+/// The longest policy name.
+pub const MAX_POLICY_NAME_LEN: usize = 64;
+
+/// Checks a policy name: 1 to 64 characters from `A-Z a-z 0-9 _ . -`.
+///
+/// The alphabet excludes `:`, which keeps named state apart from inline
+/// state (namespaced `inline:...`), and NUL, the store's key separator.
+///
+/// # Errors
+///
+/// A message saying what a valid name is.
+pub fn validate_policy_name(name: &str) -> Result<(), &'static str> {
+    let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if (1..=MAX_POLICY_NAME_LEN).contains(&name.len()) && name.chars().all(valid_char) {
+        Ok(())
+    } else {
+        Err("must be 1 to 64 characters from A-Z, a-z, 0-9, '_', '.' and '-'")
+    }
+}
+
+/// The policy parameter a [`PolicyError`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PolicyField {
+    Algorithm,
+    Limit,
+    Window,
+    Burst,
+}
+
+impl PolicyField {
+    /// The key in a `[policies.NAME]` table.
+    pub(crate) fn config_name(self) -> &'static str {
+        match self {
+            PolicyField::Algorithm => "algorithm",
+            PolicyField::Limit => "limit",
+            PolicyField::Window => "window",
+            PolicyField::Burst => "burst",
+        }
+    }
+
+    /// The field of the protobuf `Policy` message.
+    pub(crate) fn proto_name(self) -> &'static str {
+        match self {
+            PolicyField::Window => "window_ms",
+            other => other.config_name(),
+        }
+    }
+}
+
+/// Which parameter broke the rule, so that config and API errors name it.
+pub(crate) fn policy_error_field(error: &PolicyError) -> PolicyField {
+    match error {
+        PolicyError::LimitZero
+        | PolicyError::LimitWindowTooLarge { .. }
+        | PolicyError::SlidingLogLimitTooLarge(_) => PolicyField::Limit,
+        PolicyError::WindowTooShort | PolicyError::WindowNotWholeMillis(_) => PolicyField::Window,
+        PolicyError::BurstZero
+        | PolicyError::BurstNotApplicable(_)
+        | PolicyError::BurstWindowTooLarge { .. } => PolicyField::Burst,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_names_of_the_allowed_alphabet() {
+        for name in ["a", "login", "api.v1", "per-second", "A_9", &"x".repeat(64)] {
+            assert_eq!(validate_policy_name(name), Ok(()), "{name}");
+        }
+    }
+
+    #[test]
+    fn rejects_empty_long_and_foreign_names() {
+        for name in [
+            "",
+            "a:b",
+            "inline:fixed_window:1:1:1",
+            "a b",
+            "a\0b",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(validate_policy_name(name).is_err(), "{name:?}");
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Hot reload of named policies, on SIGHUP and when the config file
+//! changes.
+//!
+//! The file is re-read every `server.config_poll_interval` (1 s by default)
+//! and reloaded once its bytes differ from the last version seen *and* have
+//! stayed the same for one more poll, so a file caught half-written is not
+//! loaded. Polling the contents (rather than watching inotify events or
+//! trusting the mtime alone) also follows a Kubernetes ConfigMap update,
+//! which swaps a symlink to a new directory instead of writing the file,
+//! and catches two writes within the mtime's granularity. SIGHUP reloads at
+//! once.
+//!
+//! Only policies reload. The new file is validated in full; if anything in
+//! it is invalid the current policies stay, a warning is logged and
+//! `quotad_policy_reloads_total{outcome="error"}` counts it. A valid file
+//! replaces the policy set atomically (`outcome="ok"`); settings other than
+//! policies that differ from the running ones are logged as needing a
+//! restart.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_core::Policy;
+use tokio_util::sync::CancellationToken;
+
+use super::{PolicyRegistry, PolicySet};
+use crate::config::{Config, Overrides};
+use crate::metrics::Metrics;
+
+/// The contents of the file as last read, or why it could not be read.
+type Contents = Result<Vec<u8>, String>;
+
+/// Reloads named policies from the file the server was started with.
+#[derive(Debug)]
+pub(crate) struct Reloader {
+    path: PathBuf,
+    overrides: Overrides,
+    initial: Vec<u8>,
+    running: Config,
+    registry: Arc<PolicyRegistry>,
+    metrics: Arc<Metrics>,
+}
+
+impl Reloader {
+    /// A reloader for `config`'s file; `None` when it was not read from one.
+    pub(crate) fn new(
+        config: &Config,
+        registry: Arc<PolicyRegistry>,
+        metrics: Arc<Metrics>,
+    ) -> Option<Self> {
+        let source = config.source()?;
+        Some(Reloader {
+            path: source.path.clone(),
+            overrides: source.overrides.clone(),
+            initial: source.contents.clone(),
+            running: config.clone(),
+            registry,
+            metrics,
+        })
+    }
+
+    /// Watches for SIGHUP and file changes until `stop` is cancelled.
+    pub(crate) async fn run(self, poll: Duration, stop: CancellationToken) {
+        // The version the server started with, not a fresh read: a change
+        // made between loading and now must still count as a change.
+        let mut last_seen: Contents = Ok(self.initial.clone());
+        let mut pending: Option<Contents> = None;
+        let mut hangup = hangup_signal();
+        let mut ticks = (!poll.is_zero()).then(|| {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks
+        });
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = next_hangup(&mut hangup) => {
+                    tracing::info!(path = %self.path.display(), "SIGHUP: reloading policies");
+                    last_seen = self.read().await;
+                    pending = None;
+                    self.reload(&last_seen);
+                }
+                () = next_tick(&mut ticks) => {
+                    let now = self.read().await;
+                    if now == last_seen {
+                        pending = None;
+                    } else if pending.as_ref() == Some(&now) {
+                        self.reload(&now);
+                        last_seen = now;
+                        pending = None;
+                    } else {
+                        pending = Some(now);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read(&self) -> Contents {
+        tokio::fs::read(&self.path).await.map_err(|e| e.to_string())
+    }
+
+    /// Validates `contents` as a whole config and, if valid, swaps in its
+    /// policies.
+    fn reload(&self, contents: &Contents) {
+        let path = self.path.display();
+        let parsed = contents
+            .as_ref()
+            .map_err(|e| format!("cannot read: {e}"))
+            .and_then(|bytes| {
+                let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+                Config::parse(text, Some(&self.path), &self.overrides).map_err(|e| e.to_string())
+            });
+        let new = match parsed {
+            Ok(new) => new,
+            Err(error) => {
+                tracing::warn!(path = %path, %error, "config reload rejected; keeping the current policies");
+                self.metrics.policy_reload(false);
+                return;
+            }
+        };
+        for field in self.running.restart_required_changes(&new) {
+            tracing::warn!(path = %path, field, "changed setting takes effect only after a restart");
+        }
+        let (old, current) = (self.registry.snapshot().policies(), new.policies());
+        let added = names_where(current, |name, _| !old.contains_key(name));
+        let removed = names_where(&old, |name, _| !current.contains_key(name));
+        let changed = names_where(&old, |name, p| current.get(name).is_some_and(|q| q != p));
+        self.registry
+            .replace(PolicySet::new(new.policies(), &self.metrics));
+        self.metrics.policy_reload(true);
+        tracing::info!(path = %path, ?added, ?removed, ?changed, "policies reloaded");
+    }
+}
+
+/// The names in `policies` for which `pick` holds, for the reload log.
+fn names_where(
+    policies: &BTreeMap<String, Policy>,
+    pick: impl Fn(&str, &Policy) -> bool,
+) -> Vec<&str> {
+    policies
+        .iter()
+        .filter(|(name, policy)| pick(name, policy))
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<std::convert::Infallible>;
+
+fn hangup_signal() -> Hangup {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(signal) => Some(signal),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP; policies reload on file change only");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+async fn next_hangup(hangup: &mut Hangup) {
+    match hangup {
+        #[cfg(unix)]
+        Some(signal) => {
+            if signal.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        #[cfg(not(unix))]
+        Some(never) => match *never {},
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_tick(ticks: &mut Option<tokio::time::Interval>) {
+    match ticks {
+        Some(ticks) => {
+            ticks.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,266 @@
+//! The `quotad.v1.Quota` gRPC service.
+//!
+//! Every handler runs the same steps: convert the protobuf request to
+//! domain values ([`request`]), resolve each policy against one snapshot of
+//! the named policies and the server's limits, build every store item, and
+//! only then call the store, once. A request rejected at any step has
+//! touched no state. Errors become a gRPC status in one function
+//! ([`error::to_status`]); timings, errors and decisions go to the metrics.
+//!
+//! Decisions of `Check` and `CheckBatch` are counted in
+//! `quotad_decisions_total`; `Peek` consumes nothing and is not counted
+//! there.
+
+mod error;
+mod request;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::Counter;
+use quotad_core::{CheckItem, Policy};
+use quotad_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use self::error::{ServiceError, to_status};
+use self::request::{BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace};
+use crate::metrics::{DecisionCounters, Method, Metrics};
+use crate::policy::{PolicyRegistry, PolicySet};
+use crate::store::StateStore;
+
+/// What the service enforces on every request, from the configuration.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RequestLimits {
+    pub(crate) max_key_bytes: usize,
+    pub(crate) allow_inline_policies: bool,
+}
+
+/// The Quota service over a store `S`.
+#[derive(Debug)]
+pub(crate) struct QuotaService<S> {
+    store: Arc<S>,
+    policies: Arc<PolicyRegistry>,
+    metrics: Arc<Metrics>,
+    limits: RequestLimits,
+    store_ops: StoreOps,
+}
+
+/// `quotad_store_operations_total`, one handle per operation.
+#[derive(Debug)]
+struct StoreOps {
+    check: Counter,
+    check_batch: Counter,
+    peek: Counter,
+    reset: Counter,
+}
+
+/// A request's policy, resolved: the state namespace, the policy and the
+/// counters its decisions go to.
+struct Target<'a> {
+    namespace: Cow<'a, str>,
+    policy: Policy,
+    decisions: &'a DecisionCounters,
+}
+
+impl<'a> Target<'a> {
+    fn item<'k>(&'k self, key: &'k str, cost: u64) -> Result<CheckItem<'k>, ServiceError> {
+        Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
+    }
+}
+
+impl<S: StateStore> QuotaService<S> {
+    pub(crate) fn new(
+        store: Arc<S>,
+        policies: Arc<PolicyRegistry>,
+        metrics: Arc<Metrics>,
+        limits: RequestLimits,
+    ) -> Self {
+        let backend = store.backend();
+        let store_ops = StoreOps {
+            check: metrics.store_operation(backend, "check"),
+            check_batch: metrics.store_operation(backend, "check_batch"),
+            peek: metrics.store_operation(backend, "peek"),
+            reset: metrics.store_operation(backend, "reset"),
+        };
+        QuotaService {
+            store,
+            policies,
+            metrics,
+            limits,
+            store_ops,
+        }
+    }
+
+    /// Resolves a request's key and policy against the server's limits and
+    /// the named policies in `set`.
+    fn resolve<'a>(
+        &'a self,
+        set: &'a PolicySet,
+        key: &str,
+        policy: &PolicyRef,
+    ) -> Result<Target<'a>, ServiceError> {
+        if key.len() > self.limits.max_key_bytes {
+            return Err(ServiceError::invalid(
+                "key",
+                format!(
+                    "must be at most {} bytes (got {})",
+                    self.limits.max_key_bytes,
+                    key.len()
+                ),
+            ));
+        }
+        match policy {
+            PolicyRef::Named(name) => {
+                let (stored, named) = set.get(name).ok_or_else(|| ServiceError::UnknownPolicy {
+                    field: "policy_name".to_owned(),
+                    name: name.clone(),
+                })?;
+                Ok(Target {
+                    namespace: Cow::Borrowed(stored),
+                    policy: named.policy,
+                    decisions: &named.decisions,
+                })
+            }
+            PolicyRef::Inline(policy) => {
+                if !self.limits.allow_inline_policies {
+                    return Err(ServiceError::InlineDisabled {
+                        field: "inline_policy".to_owned(),
+                    });
+                }
+                Ok(Target {
+                    namespace: Cow::Owned(inline_namespace(policy)),
+                    policy: *policy,
+                    decisions: self.metrics.inline_policy(policy.algorithm()),
+                })
+            }
+        }
+    }
+
+    async fn decide_one(
+        &self,
+        request: pb::CheckRequest,
+    ) -> Result<pb::CheckResponse, ServiceError> {
+        let spec = CheckSpec::try_from(request)?;
+        let set = self.policies.snapshot();
+        let target = self.resolve(&set, &spec.key, &spec.policy)?;
+        let item = target.item(&spec.key, spec.cost)?;
+        self.store_ops.check.increment(1);
+        let decision = self.store.check_one(&item).await?;
+        target.decisions.record(&decision);
+        Ok(pb::CheckResponse {
+            decision: Some(decision_to_pb(&decision)),
+        })
+    }
+
+    async fn decide_batch(
+        &self,
+        request: pb::CheckBatchRequest,
+    ) -> Result<pb::CheckBatchResponse, ServiceError> {
+        let batch = BatchSpec::try_from(request)?;
+        let set = self.policies.snapshot();
+        let targets = batch
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                self.resolve(&set, &spec.key, &spec.policy)
+                    .map_err(|e| e.at_item(i))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let items = batch
+            .items
+            .iter()
+            .zip(&targets)
+            .enumerate()
+            .map(|(i, (spec, target))| target.item(&spec.key, spec.cost).map_err(|e| e.at_item(i)))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.store_ops.check_batch.increment(1);
+        let decisions = self.store.check(&items, batch.mode).await?;
+        for (target, decision) in targets.iter().zip(&decisions) {
+            target.decisions.record(decision);
+        }
+        Ok(pb::CheckBatchResponse {
+            decisions: decisions.iter().map(decision_to_pb).collect(),
+        })
+    }
+
+    async fn peek_one(&self, request: pb::CheckRequest) -> Result<pb::CheckResponse, ServiceError> {
+        let spec = CheckSpec::try_from(request)?;
+        let set = self.policies.snapshot();
+        let target = self.resolve(&set, &spec.key, &spec.policy)?;
+        let item = target.item(&spec.key, spec.cost)?;
+        self.store_ops.peek.increment(1);
+        let decision = self.store.peek(&item).await?;
+        Ok(pb::CheckResponse {
+            decision: Some(decision_to_pb(&decision)),
+        })
+    }
+
+    async fn reset_one(
+        &self,
+        request: pb::ResetRequest,
+    ) -> Result<pb::ResetResponse, ServiceError> {
+        let spec = ResetSpec::try_from(request)?;
+        let set = self.policies.snapshot();
+        let target = self.resolve(&set, &spec.key, &spec.policy)?;
+        self.store_ops.reset.increment(1);
+        self.store.reset(&target.namespace, &spec.key).await?;
+        Ok(pb::ResetResponse {})
+    }
+
+    /// Runs one handler: times it, and turns its error into a status,
+    /// counted by method and code.
+    async fn observe<T>(
+        &self,
+        method: Method,
+        call: impl Future<Output = Result<T, ServiceError>>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let result = call.await;
+        self.metrics.request_duration(method, started.elapsed());
+        result.map(Response::new).map_err(|error| {
+            let status = to_status(&error);
+            if let ServiceError::Store(store) = &error {
+                tracing::warn!(method = method.as_str(), error = %store, "store call failed");
+            }
+            self.metrics.request_error(method, status.code());
+            status
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl<S: StateStore> pb::quota_server::Quota for QuotaService<S> {
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        self.observe(Method::Check, self.decide_one(request.into_inner()))
+            .await
+    }
+
+    async fn check_batch(
+        &self,
+        request: Request<pb::CheckBatchRequest>,
+    ) -> Result<Response<pb::CheckBatchResponse>, Status> {
+        self.observe(Method::CheckBatch, self.decide_batch(request.into_inner()))
+            .await
+    }
+
+    async fn peek(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        self.observe(Method::Peek, self.peek_one(request.into_inner()))
+            .await
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        self.observe(Method::Reset, self.reset_one(request.into_inner()))
+            .await
+    }
+}

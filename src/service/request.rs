@@ -1,0 +1,299 @@
+//! Requests converted from protobuf to domain values at the edge. What can
+//! be checked without the server's state is checked here; the service then
+//! resolves policy names and applies its configured limits.
+
+use std::time::Duration;
+
+use quotad_core::{Algorithm, BatchMode, Decision, Policy, Reason};
+use quotad_proto::v1 as pb;
+
+use super::error::ServiceError;
+use crate::policy::{policy_error_field, validate_policy_name};
+
+/// The most items a `CheckBatch` may carry.
+pub(crate) const MAX_BATCH_ITEMS: usize = 1_000;
+
+/// The policy a request is decided under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PolicyRef {
+    /// A configured policy, by name.
+    Named(String),
+    /// A policy carried by the request.
+    Inline(Policy),
+}
+
+/// A `Check` or `Peek` request, or one item of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CheckSpec {
+    pub(crate) key: String,
+    pub(crate) cost: u64,
+    pub(crate) policy: PolicyRef,
+}
+
+/// A `Reset` request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ResetSpec {
+    pub(crate) key: String,
+    pub(crate) policy: PolicyRef,
+}
+
+/// A `CheckBatch` request, its size checked and every item converted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BatchSpec {
+    pub(crate) items: Vec<CheckSpec>,
+    pub(crate) mode: BatchMode,
+}
+
+impl TryFrom<pb::CheckRequest> for CheckSpec {
+    type Error = ServiceError;
+
+    fn try_from(request: pb::CheckRequest) -> Result<Self, Self::Error> {
+        use pb::check_request::Policy as P;
+        let policy = match request.policy {
+            Some(P::PolicyName(name)) => named(name)?,
+            Some(P::InlinePolicy(policy)) => inline(&policy)?,
+            None => return Err(missing_policy()),
+        };
+        Ok(CheckSpec {
+            key: key(request.key)?,
+            cost: cost(request.cost)?,
+            policy,
+        })
+    }
+}
+
+impl TryFrom<pb::ResetRequest> for ResetSpec {
+    type Error = ServiceError;
+
+    fn try_from(request: pb::ResetRequest) -> Result<Self, Self::Error> {
+        use pb::reset_request::Policy as P;
+        let policy = match request.policy {
+            Some(P::PolicyName(name)) => named(name)?,
+            Some(P::InlinePolicy(policy)) => inline(&policy)?,
+            None => return Err(missing_policy()),
+        };
+        Ok(ResetSpec {
+            key: key(request.key)?,
+            policy,
+        })
+    }
+}
+
+impl TryFrom<pb::CheckBatchRequest> for BatchSpec {
+    type Error = ServiceError;
+
+    fn try_from(request: pb::CheckBatchRequest) -> Result<Self, Self::Error> {
+        let mode = match pb::BatchMode::try_from(request.mode) {
+            Ok(pb::BatchMode::Independent) => BatchMode::Independent,
+            Ok(pb::BatchMode::AllOrNothing) => BatchMode::AllOrNothing,
+            Err(_) => {
+                return Err(ServiceError::invalid(
+                    "mode",
+                    format!("unknown batch mode {}", request.mode),
+                ));
+            }
+        };
+        let count = request.items.len();
+        if count == 0 {
+            return Err(ServiceError::invalid("items", "must hold at least 1 item"));
+        }
+        if count > MAX_BATCH_ITEMS {
+            return Err(ServiceError::invalid(
+                "items",
+                format!("must hold at most {MAX_BATCH_ITEMS} items (got {count})"),
+            ));
+        }
+        let items = request
+            .items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| CheckSpec::try_from(item).map_err(|e| e.at_item(i)))
+            .collect::<Result<_, _>>()?;
+        Ok(BatchSpec { items, mode })
+    }
+}
+
+fn key(key: String) -> Result<String, ServiceError> {
+    if key.is_empty() {
+        return Err(ServiceError::invalid("key", "must not be empty"));
+    }
+    Ok(key)
+}
+
+fn cost(cost: Option<u64>) -> Result<u64, ServiceError> {
+    match cost {
+        None => Ok(1),
+        Some(0) => Err(ServiceError::invalid(
+            "cost",
+            "must be at least 1 (omit it for 1)",
+        )),
+        Some(cost) => Ok(cost),
+    }
+}
+
+fn missing_policy() -> ServiceError {
+    ServiceError::invalid("policy", "set policy_name or inline_policy")
+}
+
+fn named(name: String) -> Result<PolicyRef, ServiceError> {
+    validate_policy_name(&name).map_err(|message| ServiceError::invalid("policy_name", message))?;
+    Ok(PolicyRef::Named(name))
+}
+
+fn inline(policy: &pb::Policy) -> Result<PolicyRef, ServiceError> {
+    let algorithm = algorithm(policy.algorithm)?;
+    let window = Duration::from_millis(policy.window_ms);
+    Policy::try_new(algorithm, policy.limit, window, policy.burst)
+        .map(PolicyRef::Inline)
+        .map_err(|e| {
+            let field = format!("inline_policy.{}", policy_error_field(&e).proto_name());
+            ServiceError::invalid(&field, e.to_string())
+        })
+}
+
+fn algorithm(value: i32) -> Result<Algorithm, ServiceError> {
+    const FIELD: &str = "inline_policy.algorithm";
+    match pb::Algorithm::try_from(value) {
+        Ok(pb::Algorithm::FixedWindow) => Ok(Algorithm::FixedWindow),
+        Ok(pb::Algorithm::SlidingWindow) => Ok(Algorithm::SlidingWindow),
+        Ok(pb::Algorithm::TokenBucket) => Ok(Algorithm::TokenBucket),
+        Ok(pb::Algorithm::LeakyBucket) => Ok(Algorithm::LeakyBucket),
+        Ok(pb::Algorithm::SlidingLog) => Ok(Algorithm::SlidingLog),
+        Ok(pb::Algorithm::Unspecified) => Err(ServiceError::invalid(FIELD, "must be set")),
+        Err(_) => Err(ServiceError::invalid(
+            FIELD,
+            format!("unknown algorithm {value}"),
+        )),
+    }
+}
+
+/// The state namespace of an inline policy: every parameter, so that two
+/// inline policies share state only if they are the same policy. `:` cannot
+/// appear in a policy name, so it never collides with named state.
+pub(crate) fn inline_namespace(policy: &Policy) -> String {
+    format!(
+        "inline:{}:{}:{}:{}",
+        policy.algorithm(),
+        policy.limit(),
+        policy.window_ms(),
+        policy.burst()
+    )
+}
+
+/// The protobuf decision.
+pub(crate) fn decision_to_pb(decision: &Decision) -> pb::Decision {
+    let reason = match decision.reason {
+        Reason::WithinLimit => pb::Reason::WithinLimit,
+        Reason::LimitExceeded => pb::Reason::LimitExceeded,
+        Reason::CostExceedsCapacity => pb::Reason::CostExceedsCapacity,
+        Reason::Capacity => pb::Reason::Capacity,
+        Reason::BatchRejected => pb::Reason::BatchRejected,
+        Reason::FailOpen => pb::Reason::FailOpen,
+        Reason::FailClosed => pb::Reason::FailClosed,
+    };
+    pb::Decision {
+        allowed: decision.allowed,
+        limit: decision.limit,
+        remaining: decision.remaining,
+        retry_after_ms: decision.retry_after_ms,
+        reset_after_ms: decision.reset_after_ms,
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(
+        key: &str,
+        cost: Option<u64>,
+        policy: pb::check_request::Policy,
+    ) -> pb::CheckRequest {
+        pb::CheckRequest {
+            key: key.to_owned(),
+            cost,
+            policy: Some(policy),
+        }
+    }
+
+    fn named_request(key: &str) -> pb::CheckRequest {
+        request(
+            key,
+            None,
+            pb::check_request::Policy::PolicyName("api".into()),
+        )
+    }
+
+    #[test]
+    fn an_absent_cost_means_one_unit() {
+        let spec = CheckSpec::try_from(named_request("user")).expect("valid");
+        assert_eq!(spec.cost, 1);
+        assert_eq!(spec.policy, PolicyRef::Named("api".into()));
+    }
+
+    #[test]
+    fn converts_every_algorithm_of_an_inline_policy() {
+        for (pb_algorithm, algorithm) in [
+            (pb::Algorithm::FixedWindow, Algorithm::FixedWindow),
+            (pb::Algorithm::SlidingWindow, Algorithm::SlidingWindow),
+            (pb::Algorithm::TokenBucket, Algorithm::TokenBucket),
+            (pb::Algorithm::LeakyBucket, Algorithm::LeakyBucket),
+            (pb::Algorithm::SlidingLog, Algorithm::SlidingLog),
+        ] {
+            let policy = pb::Policy {
+                algorithm: pb_algorithm.into(),
+                limit: 10,
+                window_ms: 1_000,
+                burst: None,
+            };
+            let spec = CheckSpec::try_from(request(
+                "k",
+                Some(2),
+                pb::check_request::Policy::InlinePolicy(policy),
+            ))
+            .expect("valid");
+            let PolicyRef::Inline(policy) = spec.policy else {
+                panic!("inline expected");
+            };
+            assert_eq!(policy.algorithm(), algorithm);
+            assert_eq!(spec.cost, 2);
+        }
+    }
+
+    #[test]
+    fn inline_namespaces_differ_by_every_parameter_and_cannot_be_names() {
+        let p =
+            |a, l, w: u64, b| Policy::try_new(a, l, Duration::from_millis(w), b).expect("valid");
+        let base = inline_namespace(&p(Algorithm::TokenBucket, 10, 1_000, Some(5)));
+        assert_eq!(base, "inline:token_bucket:10:1000:5");
+        for other in [
+            p(Algorithm::LeakyBucket, 10, 1_000, Some(5)),
+            p(Algorithm::TokenBucket, 11, 1_000, Some(5)),
+            p(Algorithm::TokenBucket, 10, 1_001, Some(5)),
+            p(Algorithm::TokenBucket, 10, 1_000, Some(6)),
+        ] {
+            assert_ne!(inline_namespace(&other), base);
+        }
+        assert!(validate_policy_name(&base).is_err());
+    }
+
+    #[test]
+    fn rejects_an_unknown_batch_mode_and_bad_sizes() {
+        let batch = |n: usize, mode: i32| pb::CheckBatchRequest {
+            items: vec![named_request("k"); n],
+            mode,
+        };
+        let field = |r: Result<BatchSpec, ServiceError>| match r {
+            Err(ServiceError::Invalid { field, .. }) => field,
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        assert_eq!(field(BatchSpec::try_from(batch(1, 9))), "mode");
+        assert_eq!(field(BatchSpec::try_from(batch(0, 0))), "items");
+        assert_eq!(field(BatchSpec::try_from(batch(1_001, 0))), "items");
+        assert_eq!(
+            BatchSpec::try_from(batch(1_000, 1)).expect("valid").mode,
+            BatchMode::AllOrNothing
+        );
+    }
+}

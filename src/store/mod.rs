@@ -1,0 +1,89 @@
+//! Where rate-limit state lives.
+//!
+//! The contract is the transition, never `get` and `set`: each method
+//! performs the whole read -> decide -> write of its keys atomically, so
+//! concurrent callers can never both spend the last unit. The service is
+//! generic over the store type, chosen once in [`crate::run`]; calls are
+//! statically dispatched, with no per-call boxing.
+//!
+//! - [`memory`]: the embedded default, quotad-core's sharded `MemoryStore`.
+//! - A `redis` backend (Lua scripts, Redis server time) goes beside it.
+
+pub mod memory;
+
+use std::future::Future;
+
+use quotad_core::{BatchMode, CheckItem, Decision};
+use thiserror::Error;
+
+pub use memory::MemoryBackend;
+
+/// A store that could not make a decision. A denial is never an error.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum StoreError {
+    /// The backend cannot be reached or did not answer in time.
+    #[error("state store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Counts a store reports for the metrics; `None` where a backend cannot
+/// know.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Keys holding state now.
+    pub live_keys: Option<u64>,
+    /// Live keys evicted to make room, since start.
+    pub evictions: u64,
+    /// Keys dropped because their state had become fresh, since start.
+    pub reclaimed: u64,
+}
+
+/// An owner of rate-limit state: one atomic transition per call.
+///
+/// State is keyed by `(item.name(), item.key())`: the same key under two
+/// policy names has two independent states.
+pub trait StateStore: Send + Sync + 'static {
+    /// The backend's name, for the `backend` metric label.
+    fn backend(&self) -> &'static str;
+
+    /// Decides one item and, when allowed, consumes its cost.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails; nothing is consumed then.
+    fn check_one(
+        &self,
+        item: &CheckItem<'_>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Decides a batch at one instant, independently or all-or-nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails; nothing is consumed then.
+    fn check(
+        &self,
+        items: &[CheckItem<'_>],
+        mode: BatchMode,
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
+    /// What `check_one` would decide, consuming and creating nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn peek(
+        &self,
+        item: &CheckItem<'_>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Forgets the state of `key` under the policy namespace `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn reset(&self, name: &str, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts for the metrics; cheap enough to call on every scrape.
+    fn stats(&self) -> StoreStats;
+}

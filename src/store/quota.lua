@@ -1,0 +1,395 @@
+-- quotad: one atomic rate-limit transition per key, on Redis.
+--
+-- The same algorithms as quotad-core, in the same exact integer arithmetic:
+-- every value stays below 2^53, so a Lua double holds it exactly, and every
+-- division is an exact floor or ceiling (math.fmod is exact; a plain a / b
+-- can round up). One script serves all five algorithms so that a mixed
+-- ALL_OR_NOTHING batch (say per-second and per-day) is one atomic call.
+--
+-- KEYS[i]   the state key of item i (a key may appear more than once)
+-- ARGV[1]   "check" (decide each item), "all" (commit only if every item is
+--           admitted) or "peek" (decide, write nothing)
+-- ARGV[2]   "" to use the Redis server's clock (TIME), or milliseconds since
+--           the epoch (tests only)
+-- ARGV[3..] per item: algorithm (1-5), limit, window_ms, burst, cost
+--
+-- Returns six integers per item: allowed (0/1), limit, remaining,
+-- retry_after_ms, reset_after_ms, reason (the quotad.v1.Reason number).
+--
+-- State is a string of space-separated integers after a one-letter kind,
+-- stored with a TTL equal to the time until it is fresh again.
+
+local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
+
+local fmod = math.fmod
+
+local function fdiv(a, b)
+  return (a - fmod(a, b)) / b
+end
+
+local function cdiv(a, b)
+  local r = fmod(a, b)
+  local q = (a - r) / b
+  if r > 0 then
+    q = q + 1
+  end
+  return q
+end
+
+local function min(a, b)
+  if a < b then return a end
+  return b
+end
+
+local function max(a, b)
+  if a > b then return a end
+  return b
+end
+
+-- Fixed window -----------------------------------------------------------
+
+local FIXED = { kind = 'F' }
+
+function FIXED.floor(st) return st[1] end
+
+function FIXED.advance(p, st, at)
+  local start = at - fmod(at, p.window)
+  local count = 0
+  if st and st[1] >= start then count = st[2] end
+  return { p = p, at = at, start = start, stop = start + p.window, count = count }
+end
+
+function FIXED.fits(m, c) return m.count <= m.p.limit - c end
+function FIXED.consume(m, c) m.count = m.count + c end
+function FIXED.remaining(m) return max(m.p.limit - m.count, 0) end
+function FIXED.retry(m, c) return m.stop - m.at end
+
+function FIXED.reset(m)
+  if m.count == 0 then return 0 end
+  return m.stop - m.at
+end
+
+function FIXED.into(m)
+  if m.count > 0 then return { m.start, m.count } end
+  return nil
+end
+
+-- Sliding window counter -------------------------------------------------
+
+local SLIDING = { kind = 'S' }
+
+-- round(count * (window - elapsed) / window), halves up
+local function weighted(count, elapsed, w)
+  local x = count * (w - elapsed)
+  local r = fmod(x, w)
+  local q = (x - r) / w
+  if 2 * r >= w then q = q + 1 end
+  return q
+end
+
+-- the smallest elapsed in [0, w) with weighted(count, elapsed, w) <= allowance
+local function first_elapsed(count, allowance, w)
+  if count == 0 then return 0 end
+  local room = (allowance + 1) * w - fdiv(w, 2) - 1
+  local e = max(w - fdiv(room, count), 0)
+  if e < w then return e end
+  return nil
+end
+
+function SLIDING.floor(st) return st[1] end
+
+function SLIDING.advance(p, st, at)
+  local w = p.window
+  local start = at - fmod(at, w)
+  local prev, curr = 0, 0
+  if st then
+    if st[1] >= start then
+      prev, curr = st[2], st[3]
+    elseif start - st[1] <= w then
+      prev, curr = st[3], 0
+    end
+  end
+  return { p = p, at = at, start = start, elapsed = at - start, prev = prev, curr = curr }
+end
+
+local function estimate(m)
+  return weighted(m.prev, m.elapsed, m.p.window) + m.curr
+end
+
+function SLIDING.fits(m, c) return estimate(m) <= m.p.limit - c end
+function SLIDING.consume(m, c) m.curr = m.curr + c end
+function SLIDING.remaining(m) return max(m.p.limit - estimate(m), 0) end
+
+function SLIDING.retry(m, c)
+  local w = m.p.window
+  local allowance = m.p.limit - c
+  local left = allowance - m.curr
+  if left >= 0 then
+    local e = first_elapsed(m.prev, left, w)
+    if e then return max(e - m.elapsed, 0) end
+  end
+  local to_next = w - m.elapsed
+  local e = first_elapsed(m.curr, allowance, w)
+  if e then return to_next + e end
+  return to_next + w
+end
+
+function SLIDING.reset(m)
+  local to_next = m.p.window - m.elapsed
+  if m.curr > 0 then return to_next + m.p.window end
+  if m.prev > 0 then return to_next end
+  return 0
+end
+
+function SLIDING.into(m)
+  if m.prev > 0 or m.curr > 0 then return { m.start, m.prev, m.curr } end
+  return nil
+end
+
+-- Token bucket (units of 1/window of a token) ---------------------------
+
+local TOKEN = { kind = 'T' }
+
+function TOKEN.floor(st) return st[2] end
+
+function TOKEN.advance(p, st, at)
+  local unit = p.window
+  local cap = p.burst * unit
+  local tokens = cap
+  if st then
+    local saved, from = st[1], st[3]
+    if from ~= unit and from ~= 0 then
+      saved = min(fdiv(saved, from), p.burst) * unit
+    end
+    local dt = max(at - st[2], 0)
+    if saved < cap and dt < cdiv(cap - saved, p.limit) then
+      tokens = saved + p.limit * dt
+    end
+  end
+  return { p = p, at = at, unit = unit, cap = cap, tokens = tokens }
+end
+
+function TOKEN.fits(m, c) return m.tokens >= c * m.unit end
+function TOKEN.consume(m, c) m.tokens = m.tokens - c * m.unit end
+function TOKEN.remaining(m) return fdiv(m.tokens, m.unit) end
+function TOKEN.retry(m, c) return cdiv(c * m.unit - m.tokens, m.p.limit) end
+function TOKEN.reset(m) return cdiv(m.cap - m.tokens, m.p.limit) end
+
+function TOKEN.into(m)
+  if m.tokens < m.cap then return { m.tokens, m.at, m.unit } end
+  return nil
+end
+
+-- Leaky bucket (units of 1/window of a token) ---------------------------
+
+local LEAKY = { kind = 'L' }
+
+function LEAKY.floor(st) return st[2] end
+
+function LEAKY.advance(p, st, at)
+  local unit = p.window
+  local level = 0
+  if st then
+    local saved, from = st[1], st[3]
+    if from ~= unit and from ~= 0 then
+      saved = min(cdiv(saved, from), p.burst) * unit
+    end
+    local dt = max(at - st[2], 0)
+    if dt < cdiv(saved, p.limit) then
+      level = saved - p.limit * dt
+    end
+  end
+  return { p = p, at = at, unit = unit, cap = p.burst * unit, level = level }
+end
+
+function LEAKY.fits(m, c) return m.level <= m.cap - c * m.unit end
+function LEAKY.consume(m, c) m.level = m.level + c * m.unit end
+function LEAKY.remaining(m) return fdiv(max(m.cap - m.level, 0), m.unit) end
+function LEAKY.retry(m, c) return cdiv(m.level - (m.cap - c * m.unit), m.p.limit) end
+function LEAKY.reset(m) return cdiv(m.level, m.p.limit) end
+
+function LEAKY.into(m)
+  if m.level > 0 then return { m.level, m.at, m.unit } end
+  return nil
+end
+
+-- Sliding log: pairs (admitted at ms, cost), oldest first ---------------
+
+local LOG = { kind = 'G' }
+
+function LOG.floor(st)
+  local n = #st
+  if n == 0 then return 0 end
+  return st[n - 1]
+end
+
+function LOG.advance(p, st, at)
+  local ms, cost, total = {}, {}, 0
+  if st then
+    for i = 1, #st, 2 do
+      if st[i] + p.window > at then
+        ms[#ms + 1] = st[i]
+        cost[#cost + 1] = st[i + 1]
+        total = total + st[i + 1]
+      end
+    end
+  end
+  return { p = p, at = at, ms = ms, cost = cost, total = total }
+end
+
+function LOG.fits(m, c) return m.total <= m.p.limit - c end
+
+function LOG.consume(m, c)
+  local n = #m.ms
+  if n > 0 and m.ms[n] == m.at then
+    m.cost[n] = m.cost[n] + c
+  else
+    m.ms[n + 1] = m.at
+    m.cost[n + 1] = c
+  end
+  m.total = m.total + c
+end
+
+function LOG.remaining(m) return max(m.p.limit - m.total, 0) end
+
+function LOG.retry(m, c)
+  local excess = m.total - (m.p.limit - c)
+  local freed = 0
+  for i = 1, #m.ms do
+    freed = freed + m.cost[i]
+    if freed >= excess then return m.ms[i] + m.p.window - m.at end
+  end
+  return m.p.window
+end
+
+function LOG.reset(m)
+  local n = #m.ms
+  if n == 0 then return 0 end
+  return m.ms[n] + m.p.window - m.at
+end
+
+function LOG.into(m)
+  local n = #m.ms
+  if n == 0 then return nil end
+  local st = {}
+  for i = 1, n do
+    st[2 * i - 1] = m.ms[i]
+    st[2 * i] = m.cost[i]
+  end
+  return st
+end
+
+-- The shared steps -------------------------------------------------------
+
+local METERS = { FIXED, SLIDING, TOKEN, LEAKY, LOG }
+local BY_KIND = { F = FIXED, S = SLIDING, T = TOKEN, L = LEAKY, G = LOG }
+
+local function decode(raw)
+  if not raw then return nil end
+  local kind = string.sub(raw, 1, 1)
+  local st = { kind = kind }
+  for n in string.gmatch(string.sub(raw, 3), '%S+') do
+    st[#st + 1] = tonumber(n)
+  end
+  return st
+end
+
+local function encode(kind, st)
+  local parts = { kind }
+  for i = 1, #st do
+    parts[i + 1] = string.format('%.0f', st[i])
+  end
+  return table.concat(parts, ' ')
+end
+
+local function evaluate(p, st, now, cost, consume)
+  local M = METERS[p.alg]
+  if st and st.kind ~= M.kind then st = nil end
+  local at = now
+  if st then at = max(now, M.floor(st)) end
+  local skew = at - now
+  local function wait(ms)
+    if ms == 0 then return 0 end
+    return ms + skew
+  end
+  local m = M.advance(p, st, at)
+  local allowed, reason, retry = 0, TOO_BIG, 0
+  if cost <= p.cap then
+    if M.fits(m, cost) then
+      if consume then M.consume(m, cost) end
+      allowed, reason = 1, WITHIN
+    else
+      reason, retry = EXCEEDED, wait(M.retry(m, cost))
+    end
+  end
+  local decision = { allowed, p.cap, M.remaining(m), retry, wait(M.reset(m)), reason }
+  local next = M.into(m)
+  if next then next.kind = M.kind end
+  return next, decision
+end
+
+local mode = ARGV[1]
+local now
+if ARGV[2] ~= '' then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
+end
+
+local raw, states, resets, order = {}, {}, {}, {}
+local items, decisions = {}, {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  if raw[key] == nil then
+    raw[key] = redis.call('GET', key)
+    states[key] = decode(raw[key])
+    order[#order + 1] = key
+  end
+  local b = 2 + (i - 1) * 5
+  local p = {
+    alg = tonumber(ARGV[b + 1]),
+    limit = tonumber(ARGV[b + 2]),
+    window = tonumber(ARGV[b + 3]),
+    burst = tonumber(ARGV[b + 4]),
+  }
+  if p.alg == 3 or p.alg == 4 then p.cap = p.burst else p.cap = p.limit end
+  local cost = tonumber(ARGV[b + 5])
+  local st, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
+  if mode ~= 'peek' then
+    states[key] = st
+    resets[key] = d[5]
+  end
+  items[i] = { p = p, cost = cost }
+  decisions[i] = d
+  if d[1] == 0 then all_allowed = false end
+end
+
+if mode == 'all' and not all_allowed then
+  -- Nothing is written; what would have fit is reported as rejected, with
+  -- the key's budget as it stands.
+  for i = 1, #KEYS do
+    if decisions[i][1] == 1 then
+      local _, d = evaluate(items[i].p, decode(raw[KEYS[i]]), now, items[i].cost, false)
+      decisions[i] = { 0, d[2], d[3], 0, d[5], BATCH_REJECTED }
+    end
+  end
+elseif mode ~= 'peek' then
+  for _, key in ipairs(order) do
+    local st = states[key]
+    if st then
+      redis.call('SET', key, encode(st.kind, st), 'PX', max(resets[key], 1))
+    elseif raw[key] then
+      redis.call('DEL', key)
+    end
+  end
+end
+
+local out = {}
+for i = 1, #decisions do
+  for j = 1, 6 do
+    out[#out + 1] = decisions[i][j]
+  end
+end
+return out

@@ -1,0 +1,194 @@
+//! Hot reload of named policies from the config file.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{NOON_30, TestServer, check, eventually, named};
+use quotad::{Config, Overrides};
+use quotad_core::FakeClock;
+use tonic::Code;
+
+/// How long a reload may take: a few polls of 20 ms, with room for a slow
+/// machine.
+const RELOAD_LIMIT: Duration = Duration::from_secs(10);
+
+fn config_text(api: &str, extra: &str) -> String {
+    format!(
+        "[server]\nconfig_poll_interval = \"20ms\"\n\n[store]\nmax_key_bytes = 16\n{extra}\n\n[policies.api]\n{api}\n"
+    )
+}
+
+/// Replaces the file in one step, as a careful operator (or a ConfigMap
+/// update) would.
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write temp config");
+    std::fs::rename(&tmp, path).expect("rename config into place");
+}
+
+async fn start(path: &Path) -> TestServer {
+    let config = Config::load(Some(path), &Overrides::default())
+        .expect("valid config")
+        .with_clock(Arc::new(FakeClock::new(NOON_30)));
+    TestServer::start(config).await
+}
+
+async fn api_limit(server: &TestServer) -> Option<u64> {
+    let (_, body) = server.get("/policies").await;
+    let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    json["policies"]["api"]["limit"].as_u64()
+}
+
+async fn reloads(server: &TestServer, outcome: &str) -> f64 {
+    server
+        .metrics()
+        .await
+        .value("quotad_policy_reloads_total", &[("outcome", outcome)])
+}
+
+#[tokio::test]
+async fn a_valid_change_applies_keeping_counts_and_an_invalid_one_keeps_the_old_policies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("quotad.toml");
+    write_atomically(
+        &path,
+        &config_text(
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"",
+            "",
+        ),
+    );
+    let server = start(&path).await;
+    let mut client = server.client().await;
+    assert!(check(&mut client, named("k", "api", None)).await.allowed);
+    assert!(check(&mut client, named("k", "api", None)).await.allowed);
+    assert!(!check(&mut client, named("k", "api", None)).await.allowed);
+
+    write_atomically(
+        &path,
+        &config_text(
+            "algorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"",
+            "",
+        ),
+    );
+    eventually(RELOAD_LIMIT, "the new limit is served", || async {
+        api_limit(&server).await == Some(5)
+    })
+    .await;
+    let after = check(&mut client, named("k", "api", None)).await;
+    assert!(after.allowed);
+    assert_eq!(after.limit, 5);
+    assert_eq!(
+        after.remaining, 2,
+        "the 2 units spent before the reload still count"
+    );
+    assert_eq!(reloads(&server, "ok").await, 1.0);
+    assert_eq!(reloads(&server, "error").await, 0.0);
+
+    write_atomically(
+        &path,
+        &config_text(
+            "algorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"",
+            "",
+        ),
+    );
+    eventually(RELOAD_LIMIT, "the invalid file is counted", || async {
+        reloads(&server, "error").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        api_limit(&server).await,
+        Some(5),
+        "the old policies are kept"
+    );
+    let kept = check(&mut client, named("k", "api", None)).await;
+    assert!(kept.allowed);
+    assert_eq!(kept.remaining, 1);
+    assert_eq!(reloads(&server, "ok").await, 1.0);
+
+    // A file that is not even TOML is rejected the same way.
+    write_atomically(&path, "[policies.api\n");
+    eventually(RELOAD_LIMIT, "the unparsable file is counted", || async {
+        reloads(&server, "error").await == 2.0
+    })
+    .await;
+    assert_eq!(api_limit(&server).await, Some(5));
+}
+
+#[tokio::test]
+async fn a_changed_algorithm_starts_fresh_and_removed_and_added_policies_follow_the_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("quotad.toml");
+    write_atomically(
+        &path,
+        &config_text(
+            "algorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"",
+            "",
+        ),
+    );
+    let server = start(&path).await;
+    let mut client = server.client().await;
+    check(&mut client, named("k", "api", Some(3))).await;
+
+    write_atomically(
+        &path,
+        &config_text(
+            "algorithm = \"token_bucket\"\nlimit = 3\nwindow = \"1m\"",
+            "",
+        ),
+    );
+    eventually(RELOAD_LIMIT, "the reload lands", || async {
+        reloads(&server, "ok").await == 1.0
+    })
+    .await;
+    let fresh = check(&mut client, named("k", "api", None)).await;
+    assert!(fresh.allowed);
+    assert_eq!(fresh.remaining, 2, "a new algorithm starts the key fresh");
+
+    let text = "[server]\nconfig_poll_interval = \"20ms\"\n\n[policies.other]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n";
+    write_atomically(&path, text);
+    eventually(RELOAD_LIMIT, "the second reload lands", || async {
+        reloads(&server, "ok").await == 2.0
+    })
+    .await;
+    let gone = client
+        .check(named("k", "api", None))
+        .await
+        .expect_err("api was removed");
+    assert_eq!(gone.code(), Code::NotFound);
+    assert!(check(&mut client, named("k", "other", None)).await.allowed);
+}
+
+#[tokio::test]
+async fn settings_other_than_policies_wait_for_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("quotad.toml");
+    write_atomically(
+        &path,
+        &config_text(
+            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"",
+            "",
+        ),
+    );
+    let server = start(&path).await;
+    let mut client = server.client().await;
+
+    // max_key_bytes 16 -> 4 in the same file as a limit change.
+    let text = config_text(
+        "algorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1m\"",
+        "",
+    )
+    .replace("max_key_bytes = 16", "max_key_bytes = 4");
+    write_atomically(&path, &text);
+    eventually(RELOAD_LIMIT, "the policy change lands", || async {
+        api_limit(&server).await == Some(9)
+    })
+    .await;
+    let long_key = check(&mut client, named("sixteen-bytes-ok", "api", None)).await;
+    assert!(
+        long_key.allowed,
+        "max_key_bytes is still 16 until a restart"
+    );
+}
