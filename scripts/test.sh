@@ -3,6 +3,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --- Redis: the Redis tests start their own redis-server processes on free
+# loopback ports (standalone and a three-node Cluster); they need the
+# binaries. Install them when missing (Debian/Ubuntu, as root or via sudo).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  echo "redis-server not found: installing it with apt-get" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+
 cargo test --workspace --all-targets
 # Doctests are not part of --all-targets.
 cargo test --workspace --doc

@@ -82,6 +82,7 @@ struct PolicyBody {
     limit: u64,
     window_ms: u64,
     burst: Option<u64>,
+    on_error: &'static str,
 }
 
 async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
@@ -89,12 +90,14 @@ async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
     let policies = set
         .sorted()
         .into_iter()
-        .map(|(name, p)| {
+        .map(|(name, settings)| {
+            let p = settings.policy;
             let body = PolicyBody {
                 algorithm: p.algorithm().as_str(),
                 limit: p.limit(),
                 window_ms: p.window_ms(),
                 burst: p.algorithm().is_bucket().then_some(p.burst()),
+                on_error: settings.on_error.as_str(),
             };
             (name, body)
         })

@@ -19,7 +19,7 @@
 //!     window = "1m"
 //! "#)?;
 //! assert_eq!(config.store().max_keys, 10_000);
-//! assert_eq!(config.policies()["login"].limit(), 5);
+//! assert_eq!(config.policies()["login"].policy.limit(), 5);
 //!
 //! let error = quotad::Config::from_toml("[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"\n")
 //!     .unwrap_err();
@@ -39,6 +39,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::policy::{PolicyField, policy_error_field, validate_policy_name};
+use crate::store::redis::{RedisSettings, RedisTarget};
 
 /// Default gRPC listen address.
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:50051";
@@ -54,6 +55,8 @@ pub const DEFAULT_MAX_KEY_BYTES: usize = 256;
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// Default interval at which the config file is re-read for policy changes.
 pub const DEFAULT_CONFIG_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Default longest time one Redis call may take.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
 /// overrides) or [`Config::from_toml`]; every value in it is valid.
@@ -62,7 +65,7 @@ pub struct Config {
     server: ServerSettings,
     store: StoreSettings,
     limits: LimitSettings,
-    policies: BTreeMap<String, Policy>,
+    policies: BTreeMap<String, PolicySettings>,
     source: Option<Source>,
     clock: Arc<dyn Clock>,
 }
@@ -139,14 +142,52 @@ impl TlsSettings {
     }
 }
 
-/// The state backend. Only the in-memory store exists today; a Redis
-/// backend (`backend = "redis"` with its own settings) goes here.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+/// The state backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     /// The embedded sharded store (quotad-core's `MemoryStore`).
     #[default]
     Memory,
+    /// Redis, standalone or Cluster (`[store.redis]`): quotad replicas are
+    /// stateless and share one budget.
+    Redis,
+}
+
+/// What a check answers when the store fails (Redis down or too slow).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// The call fails with gRPC `UNAVAILABLE`; the client's own failure
+    /// policy decides.
+    #[default]
+    Error,
+    /// Admit, with reason `FAIL_OPEN`; nothing is counted.
+    FailOpen,
+    /// Deny, with reason `FAIL_CLOSED`.
+    FailClosed,
+}
+
+impl OnError {
+    /// The snake_case name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Error => "error",
+            OnError::FailOpen => "fail_open",
+            OnError::FailClosed => "fail_closed",
+        }
+    }
+}
+
+/// `[policies.NAME]`: a named policy, and what its checks answer when the
+/// store fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PolicySettings {
+    /// The validated policy.
+    pub policy: Policy,
+    /// `policies.NAME.on_error`, or `store.on_error` when not set.
+    pub on_error: OnError,
 }
 
 /// What the memory store does with a new key when it is full.
@@ -186,6 +227,11 @@ pub struct StoreSettings {
     /// `store.sweep_interval`: the time in which the incremental sweep
     /// visits every shard once, dropping state that has become fresh.
     pub sweep_interval: Duration,
+    /// `store.on_error`: what checks answer when the store fails, unless
+    /// their policy says otherwise (inline policies always use this).
+    pub on_error: OnError,
+    /// `[store.redis]`: set when `store.backend = "redis"`.
+    pub redis: Option<RedisSettings>,
     memory: StoreConfig,
 }
 
@@ -246,6 +292,26 @@ pub struct Overrides {
     /// Whether requests may carry inline policies [default: true]
     #[arg(long, env = "QUOTAD_ALLOW_INLINE_POLICIES", value_name = "BOOL")]
     pub allow_inline_policies: Option<bool>,
+    /// The state backend [default: memory]
+    #[arg(long, env = "QUOTAD_BACKEND", value_enum)]
+    pub backend: Option<Backend>,
+    /// Redis URL for backend redis, e.g. redis://127.0.0.1:6379/0
+    #[arg(long, env = "QUOTAD_REDIS_URL", value_name = "URL")]
+    pub redis_url: Option<String>,
+    /// Redis Cluster seed nodes for backend redis, comma-separated URLs
+    #[arg(
+        long,
+        env = "QUOTAD_REDIS_CLUSTER_NODES",
+        value_name = "URLS",
+        value_delimiter = ','
+    )]
+    pub redis_cluster_nodes: Option<Vec<String>>,
+    /// Longest time one Redis call may take [default: 100ms]
+    #[arg(long, env = "QUOTAD_REDIS_TIMEOUT", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub redis_timeout: Option<Duration>,
+    /// What checks answer when the store fails, unless their policy says [default: error]
+    #[arg(long, env = "QUOTAD_ON_ERROR", value_enum)]
+    pub on_error: Option<OnError>,
 }
 
 /// A configuration that cannot be used. The message names the field.
@@ -405,7 +471,7 @@ impl Config {
     }
 
     /// `[policies.NAME]`, by name.
-    pub fn policies(&self) -> &BTreeMap<String, Policy> {
+    pub fn policies(&self) -> &BTreeMap<String, PolicySettings> {
         &self.policies
     }
 
@@ -450,6 +516,8 @@ impl Config {
                 "store.sweep_interval",
                 a.1.sweep_interval != b.1.sweep_interval,
             ),
+            ("store.on_error", a.1.on_error != b.1.on_error),
+            ("store.redis", a.1.redis != b.1.redis),
             (
                 "limits.allow_inline_policies",
                 a.2.allow_inline_policies != b.2.allow_inline_policies,
@@ -586,6 +654,16 @@ struct RawStore {
     on_full: Option<OnFullSetting>,
     max_key_bytes: Option<usize>,
     sweep_interval: Option<HumanDuration>,
+    on_error: Option<OnError>,
+    redis: Option<RawRedis>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    url: Option<String>,
+    cluster_nodes: Option<Vec<String>>,
+    timeout: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -601,6 +679,7 @@ struct RawPolicy {
     limit: u64,
     window: HumanDuration,
     burst: Option<u64>,
+    on_error: Option<OnError>,
 }
 
 impl RawConfig {
@@ -698,6 +777,41 @@ impl RawConfig {
             &["limits", "allow_inline_policies"],
             &mut replaced,
         );
+        let st = &mut self.store;
+        set(
+            &mut st.backend,
+            &o.backend,
+            &["store", "backend"],
+            &mut replaced,
+        );
+        set(
+            &mut st.on_error,
+            &o.on_error,
+            &["store", "on_error"],
+            &mut replaced,
+        );
+        if o.redis_url.is_some() || o.redis_cluster_nodes.is_some() || o.redis_timeout.is_some() {
+            let redis = st.redis.get_or_insert_with(RawRedis::default);
+            set(
+                &mut redis.url,
+                &o.redis_url,
+                &["store", "redis", "url"],
+                &mut replaced,
+            );
+            set(
+                &mut redis.cluster_nodes,
+                &o.redis_cluster_nodes,
+                &["store", "redis", "cluster_nodes"],
+                &mut replaced,
+            );
+            let timeout = o.redis_timeout.map(HumanDuration);
+            set(
+                &mut redis.timeout,
+                &timeout,
+                &["store", "redis", "timeout"],
+                &mut replaced,
+            );
+        }
         replaced
     }
 
@@ -763,13 +877,27 @@ impl RawConfig {
                 "sweep_interval must be longer than zero".to_owned(),
             ));
         }
+        let backend = st.backend.unwrap_or_default();
+        let redis = match (backend, st.redis) {
+            (Backend::Redis, Some(raw)) => Some(raw.validate(&invalid)?),
+            (Backend::Redis, None) => {
+                return Err(invalid(
+                    &["store", "backend"],
+                    "\"redis\" needs a [store.redis] section with url or cluster_nodes".to_owned(),
+                ));
+            }
+            (Backend::Memory, _) => None,
+        };
+        let on_error = st.on_error.unwrap_or_default();
         let store = StoreSettings {
-            backend: st.backend.unwrap_or_default(),
+            backend,
             max_keys,
             shards,
             on_full,
             max_key_bytes,
             sweep_interval,
+            on_error,
+            redis,
             memory,
         };
 
@@ -786,8 +914,9 @@ impl RawConfig {
                     origin: locate(&["policies", &name]),
                 });
             }
+            let on_error = raw.on_error.unwrap_or(on_error);
             let policy = raw.validate(&name, &invalid)?;
-            policies.insert(name, policy);
+            policies.insert(name, PolicySettings { policy, on_error });
         }
 
         Ok(Config {
@@ -857,6 +986,57 @@ impl RawTls {
                 )
             })?;
         Ok(tls)
+    }
+}
+
+impl RawRedis {
+    fn validate(
+        self,
+        invalid: &dyn Fn(&[&str], String) -> ConfigError,
+    ) -> Result<RedisSettings, ConfigError> {
+        let check_url = |url: &str, field: &'static str| {
+            redis::IntoConnectionInfo::into_connection_info(url)
+                .map(|_| ())
+                .map_err(|e| invalid(&["store", "redis", field], format!("{url:?}: {e}")))
+        };
+        let target = match (self.url, self.cluster_nodes) {
+            (Some(url), None) => {
+                check_url(&url, "url")?;
+                RedisTarget::Standalone(url)
+            }
+            (None, Some(nodes)) if !nodes.is_empty() => {
+                for node in &nodes {
+                    check_url(node, "cluster_nodes")?;
+                }
+                RedisTarget::Cluster(nodes)
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    &["store", "redis", "cluster_nodes"],
+                    "must name at least one node".to_owned(),
+                ));
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    &["store", "redis"],
+                    "set url or cluster_nodes, not both".to_owned(),
+                ));
+            }
+            (None, None) => {
+                return Err(invalid(
+                    &["store", "redis"],
+                    "set url (standalone) or cluster_nodes (Redis Cluster)".to_owned(),
+                ));
+            }
+        };
+        let timeout = self.timeout.map_or(DEFAULT_REDIS_TIMEOUT, |t| t.0);
+        if timeout.is_zero() {
+            return Err(invalid(
+                &["store", "redis", "timeout"],
+                "timeout must be longer than zero".to_owned(),
+            ));
+        }
+        Ok(RedisSettings { target, timeout })
     }
 }
 
@@ -940,7 +1120,7 @@ mod tests {
         assert_eq!(config.store().memory_config().on_full(), OnFull::Evict);
         assert_eq!(config.store().max_key_bytes, 64);
         assert!(!config.limits().allow_inline_policies);
-        let api = config.policies()["api"];
+        let api = config.policies()["api"].policy;
         assert_eq!(api.window_ms(), 60_000);
         assert_eq!(api.burst(), 20);
     }
@@ -995,10 +1175,16 @@ mod tests {
             "{message}"
         );
 
-        let message = error("[store]\nbackend = \"redis\"\n");
+        let message = error("[store]\nbackend = \"memcached\"\n");
         assert!(
-            message.starts_with("store.backend: unknown variant `redis`"),
+            message.starts_with("store.backend: unknown variant `memcached`"),
             "{message}"
+        );
+
+        let message = error("[store]\nbackend = \"redis\"\n");
+        assert_eq!(
+            message,
+            "store.backend: \"redis\" needs a [store.redis] section with url or cluster_nodes (line 2)"
         );
 
         let message = error("[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 5\n");

@@ -77,12 +77,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-pub use config::{Backend, Config, ConfigError, Overrides};
+pub use config::{Backend, Config, ConfigError, OnError, Overrides, PolicySettings};
 
 use crate::admin::AdminState;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
 use crate::service::{QuotaService, RequestLimits};
+use crate::store::redis::RedisBackend;
 use crate::store::{MemoryBackend, StateStore};
 
 /// The bound sockets the server accepts on. `main` binds them from the
@@ -135,6 +136,9 @@ pub enum Error {
     /// A server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] JoinError),
+    /// The state store could not be reached at start (Redis).
+    #[error("{0}")]
+    Store(#[source] store::StoreError),
 }
 
 /// Serves the gRPC API and the admin HTTP server on `listeners` until
@@ -165,6 +169,25 @@ pub async fn run(
             let sweep_interval = settings.sweep_interval;
             background.spawn(|stop| Arc::clone(&store).sweep(sweep_interval, stop));
             serve(config, listeners, shutdown, store, metrics, &mut background).await
+        }
+        Backend::Redis => {
+            let settings = config
+                .store()
+                .redis
+                .as_ref()
+                .expect("a validated redis backend has [store.redis]");
+            let store = RedisBackend::connect(settings)
+                .await
+                .map_err(Error::Store)?;
+            serve(
+                config,
+                listeners,
+                shutdown,
+                Arc::new(store),
+                metrics,
+                &mut background,
+            )
+            .await
         }
     };
     background.stop().await;
@@ -198,6 +221,7 @@ async fn serve<S: StateStore>(
         RequestLimits {
             max_key_bytes: config.store().max_key_bytes,
             allow_inline_policies: config.limits().allow_inline_policies,
+            on_error: config.store().on_error,
         },
     );
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -211,9 +211,9 @@ async fn policies_lists_the_named_policies_as_json() {
         json,
         serde_json::json!({
             "policies": {
-                "api": {"algorithm": "fixed_window", "limit": 10, "window_ms": 60_000, "burst": null},
-                "burst": {"algorithm": "token_bucket", "limit": 10, "window_ms": 1_000, "burst": 20},
-                "per_day": {"algorithm": "sliding_window", "limit": 1, "window_ms": 86_400_000, "burst": null},
+                "api": {"algorithm": "fixed_window", "limit": 10, "window_ms": 60_000, "burst": null, "on_error": "error"},
+                "burst": {"algorithm": "token_bucket", "limit": 10, "window_ms": 1_000, "burst": 20, "on_error": "error"},
+                "per_day": {"algorithm": "sliding_window", "limit": 1, "window_ms": 86_400_000, "burst": null, "on_error": "error"},
             }
         })
     );

@@ -8,14 +8,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use quotad_core::Policy;
 
+use crate::config::PolicySettings;
 use crate::metrics::{DecisionCounters, Metrics};
 
 /// A configured policy with its decision counters.
 #[derive(Debug)]
 pub(crate) struct NamedPolicy {
-    pub(crate) policy: Policy,
+    pub(crate) settings: PolicySettings,
     pub(crate) decisions: Arc<DecisionCounters>,
 }
 
@@ -26,15 +26,15 @@ pub(crate) struct PolicySet {
 }
 
 impl PolicySet {
-    pub(crate) fn new(policies: &BTreeMap<String, Policy>, metrics: &Metrics) -> Self {
+    pub(crate) fn new(policies: &BTreeMap<String, PolicySettings>, metrics: &Metrics) -> Self {
         let by_name = policies
             .iter()
-            .map(|(name, policy)| {
-                let decisions = metrics.named_policy(name, policy.algorithm());
+            .map(|(name, settings)| {
+                let decisions = metrics.named_policy(name, settings.policy.algorithm());
                 (
                     Arc::from(name.as_str()),
                     NamedPolicy {
-                        policy: *policy,
+                        settings: *settings,
                         decisions,
                     },
                 )
@@ -50,15 +50,18 @@ impl PolicySet {
     }
 
     /// Every policy, sorted by name.
-    pub(crate) fn sorted(&self) -> BTreeMap<&str, Policy> {
-        self.by_name.iter().map(|(k, v)| (&**k, v.policy)).collect()
+    pub(crate) fn sorted(&self) -> BTreeMap<&str, PolicySettings> {
+        self.by_name
+            .iter()
+            .map(|(k, v)| (&**k, v.settings))
+            .collect()
     }
 
     /// The policies as a plain map, for comparing sets.
-    pub(crate) fn policies(&self) -> BTreeMap<String, Policy> {
+    pub(crate) fn policies(&self) -> BTreeMap<String, PolicySettings> {
         self.by_name
             .iter()
-            .map(|(k, v)| (k.to_string(), v.policy))
+            .map(|(k, v)| (k.to_string(), v.settings))
             .collect()
     }
 }

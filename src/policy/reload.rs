@@ -22,11 +22,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::Policy;
 use tokio_util::sync::CancellationToken;
 
 use super::{PolicyRegistry, PolicySet};
-use crate::config::{Config, Overrides};
+use crate::config::{Config, Overrides, PolicySettings};
 use crate::metrics::Metrics;
 
 /// The contents of the file as last read, or why it could not be read.
@@ -137,8 +136,8 @@ impl Reloader {
 
 /// The names in `policies` for which `pick` holds, for the reload log.
 fn names_where(
-    policies: &BTreeMap<String, Policy>,
-    pick: impl Fn(&str, &Policy) -> bool,
+    policies: &BTreeMap<String, PolicySettings>,
+    pick: impl Fn(&str, &PolicySettings) -> bool,
 ) -> Vec<&str> {
     policies
         .iter()

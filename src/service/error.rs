@@ -25,7 +25,9 @@ pub(crate) enum ServiceError {
         "{field}: inline policies are disabled on this server (limits.allow_inline_policies = false); name a configured policy"
     )]
     InlineDisabled { field: String },
-    /// The store failed: UNAVAILABLE.
+    /// The store failed: UNAVAILABLE when it is down or slow (and the
+    /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
+    /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
     #[error("{0}")]
     Store(#[from] StoreError),
 }
@@ -79,7 +81,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
         ServiceError::UnknownPolicy { .. } => Status::not_found(message),
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
-        ServiceError::Store(_) => Status::unavailable(message),
+        ServiceError::Store(StoreError::Unavailable(_)) => Status::unavailable(message),
+        ServiceError::Store(StoreError::CrossSlot) => Status::failed_precondition(message),
+        ServiceError::Store(StoreError::Backend(_)) => Status::internal(message),
     }
 }
 

@@ -19,21 +19,24 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use metrics::Counter;
-use quotad_core::{CheckItem, Policy};
+use quotad_core::{CheckItem, Decision, Policy, Reason};
 use quotad_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use self::error::{ServiceError, to_status};
 use self::request::{BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace};
+use crate::config::OnError;
 use crate::metrics::{DecisionCounters, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
-use crate::store::StateStore;
+use crate::store::{StateStore, StoreError};
 
 /// What the service enforces on every request, from the configuration.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RequestLimits {
     pub(crate) max_key_bytes: usize,
     pub(crate) allow_inline_policies: bool,
+    /// `store.on_error`, for inline policies.
+    pub(crate) on_error: OnError,
 }
 
 /// The Quota service over a store `S`.
@@ -60,6 +63,7 @@ struct StoreOps {
 struct Target<'a> {
     namespace: Cow<'a, str>,
     policy: Policy,
+    on_error: OnError,
     decisions: &'a DecisionCounters,
 }
 
@@ -67,6 +71,39 @@ impl<'a> Target<'a> {
     fn item<'k>(&'k self, key: &'k str, cost: u64) -> Result<CheckItem<'k>, ServiceError> {
         Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
     }
+
+    /// What a check answers when the store failed: as the policy's
+    /// `on_error` says, a decision whose reason tells what happened, or the
+    /// error itself. Only an unavailable store is subject to `on_error`.
+    fn on_store_error(&self, error: &StoreError) -> Result<Decision, ServiceError> {
+        let allowed = match (error, self.on_error) {
+            (StoreError::Unavailable(_), OnError::FailOpen) => true,
+            (StoreError::Unavailable(_), OnError::FailClosed) => false,
+            _ => return Err(error.clone().into()),
+        };
+        Ok(Decision {
+            allowed,
+            limit: self.policy.capacity(),
+            remaining: 0,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            reason: if allowed {
+                Reason::FailOpen
+            } else {
+                Reason::FailClosed
+            },
+        })
+    }
+}
+
+/// Applies each target's `on_error` to a failed store call: the decisions,
+/// or the error if any target wants it passed on.
+fn on_store_error(
+    targets: &[Target<'_>],
+    error: StoreError,
+) -> Result<Vec<Decision>, ServiceError> {
+    tracing::warn!(%error, "store call failed; applying on_error");
+    targets.iter().map(|t| t.on_store_error(&error)).collect()
 }
 
 impl<S: StateStore> QuotaService<S> {
@@ -118,7 +155,8 @@ impl<S: StateStore> QuotaService<S> {
                 })?;
                 Ok(Target {
                     namespace: Cow::Borrowed(stored),
-                    policy: named.policy,
+                    policy: named.settings.policy,
+                    on_error: named.settings.on_error,
                     decisions: &named.decisions,
                 })
             }
@@ -131,6 +169,7 @@ impl<S: StateStore> QuotaService<S> {
                 Ok(Target {
                     namespace: Cow::Owned(inline_namespace(policy)),
                     policy: *policy,
+                    on_error: self.limits.on_error,
                     decisions: self.metrics.inline_policy(policy.algorithm()),
                 })
             }
@@ -146,7 +185,10 @@ impl<S: StateStore> QuotaService<S> {
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.check.increment(1);
-        let decision = self.store.check_one(&item).await?;
+        let decision = match self.store.check_one(&item).await {
+            Ok(decision) => decision,
+            Err(error) => first(on_store_error(std::slice::from_ref(&target), error)?),
+        };
         target.decisions.record(&decision);
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
@@ -176,7 +218,10 @@ impl<S: StateStore> QuotaService<S> {
             .map(|(i, (spec, target))| target.item(&spec.key, spec.cost).map_err(|e| e.at_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         self.store_ops.check_batch.increment(1);
-        let decisions = self.store.check(&items, batch.mode).await?;
+        let decisions = match self.store.check(&items, batch.mode).await {
+            Ok(decisions) => decisions,
+            Err(error) => on_store_error(&targets, error)?,
+        };
         for (target, decision) in targets.iter().zip(&decisions) {
             target.decisions.record(decision);
         }
@@ -191,7 +236,10 @@ impl<S: StateStore> QuotaService<S> {
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.peek.increment(1);
-        let decision = self.store.peek(&item).await?;
+        let decision = match self.store.peek(&item).await {
+            Ok(decision) => decision,
+            Err(error) => first(on_store_error(std::slice::from_ref(&target), error)?),
+        };
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
         })
@@ -228,6 +276,13 @@ impl<S: StateStore> QuotaService<S> {
             status
         })
     }
+}
+
+fn first(decisions: Vec<Decision>) -> Decision {
+    decisions
+        .into_iter()
+        .next()
+        .expect("one decision per target")
 }
 
 #[tonic::async_trait]

@@ -7,9 +7,11 @@
 //! statically dispatched, with no per-call boxing.
 //!
 //! - [`memory`]: the embedded default, quotad-core's sharded `MemoryStore`.
-//! - A `redis` backend (Lua scripts, Redis server time) goes beside it.
+//! - [`redis`]: Redis standalone or Cluster, one Lua script per transition,
+//!   Redis server time.
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 
@@ -21,9 +23,20 @@ pub use memory::MemoryBackend;
 /// A store that could not make a decision. A denial is never an error.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum StoreError {
-    /// The backend cannot be reached or did not answer in time.
+    /// The backend cannot be reached or did not answer in time. The
+    /// policy's `on_error` decides what the check answers.
     #[error("state store unavailable: {0}")]
     Unavailable(String),
+    /// An all-or-nothing batch whose keys live in different Redis Cluster
+    /// slots: it cannot be one atomic script.
+    #[error(
+        "the keys of an ALL_OR_NOTHING batch must share a Redis Cluster slot; keys under one rate-limit key share it already, and other keys can be co-located with a common hash tag, e.g. {{team-7}}alice and {{team-7}}bob"
+    )]
+    CrossSlot,
+    /// The backend answered something quotad cannot use (a bug, not an
+    /// outage).
+    #[error("state store error: {0}")]
+    Backend(String),
 }
 
 /// Counts a store reports for the metrics; `None` where a backend cannot

@@ -195,7 +195,9 @@ impl RedisBackend {
         match self.connection {
             Connection::Standalone(_) => self.eval(Mode::Check, items).await,
             Connection::Cluster(_) => {
-                let calls = items.iter().map(|item| self.eval(Mode::Check, std::slice::from_ref(item)));
+                let calls = items
+                    .iter()
+                    .map(|item| self.eval(Mode::Check, std::slice::from_ref(item)));
                 let answers = futures_util::future::join_all(calls).await;
                 answers
                     .into_iter()

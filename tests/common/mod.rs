@@ -5,6 +5,8 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub(crate) mod redis;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

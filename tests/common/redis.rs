@@ -82,7 +82,10 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("redis-server on port {} did not answer PING within 10 s", self.port);
+        panic!(
+            "redis-server on port {} did not answer PING within 10 s",
+            self.port
+        );
     }
 
     /// Stops the server (SIGKILL: as abrupt as a crash).

@@ -22,7 +22,9 @@ fn policy_strategy(algorithm: Algorithm) -> impl Strategy<Value = Policy> {
     } else {
         Just(None).boxed()
     };
-    (1u64..=20, 1u64..=5_000, burst).prop_map(move |(limit, window, burst)| {
+    // Small even windows make exact halves (the estimate's rounding) common.
+    let window = prop_oneof![prop::sample::select(vec![2u64, 4, 10]), 1u64..=5_000];
+    (1u64..=20, window, burst).prop_map(move |(limit, window, burst)| {
         Policy::try_new(algorithm, limit, Duration::from_millis(window), burst)
             .expect("generated within the rules")
     })
@@ -35,6 +37,7 @@ fn traffic(policy: &Policy) -> impl Strategy<Value = Vec<Request>> + use<> {
     let step = prop_oneof![
         3 => Just(0u64),
         4 => 0..=window / 4 + 1,
+        1 => Just(window / 2),
         1 => 0..=window * 2,
     ];
     let cost = prop_oneof![4 => Just(1u64), 2 => 1..=capacity, 1 => 1..=capacity + 2];

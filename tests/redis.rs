@@ -1,0 +1,478 @@
+//! The Redis backend against real Redis servers started by the tests:
+//! identical decisions to the memory store, one budget across quotad
+//! replicas (standalone and Cluster), all-or-nothing batches, and what
+//! happens when Redis fails.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{TestServer, check, eventually, named, peek};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestRunner};
+use quotad::Config;
+use quotad::store::redis::{RedisBackend, RedisSettings, RedisTarget};
+use quotad::store::{MemoryBackend, StateStore};
+use quotad_client::{Check, Client};
+use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, FakeClock, OnFull, Policy, StoreConfig};
+use quotad_proto::v1 as pb;
+use tonic::Code;
+
+const START: u64 = 1_767_268_800_000;
+
+fn settings(target: RedisTarget) -> RedisSettings {
+    RedisSettings {
+        target,
+        timeout: Duration::from_secs(2),
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Check { key: usize, cost: u64 },
+    Peek { key: usize, cost: u64 },
+    AllOrNothing(Vec<(usize, u64)>),
+    Independent(Vec<(usize, u64)>),
+}
+
+fn policy_strategy() -> impl Strategy<Value = Policy> {
+    (
+        prop::sample::select(Algorithm::ALL.to_vec()),
+        1u64..=20,
+        // Small even windows make exact halves (rounding) common.
+        prop_oneof![
+            prop::sample::select(vec![2u64, 4, 10, 1_000]),
+            1u64..=5_000,
+            Just(86_400_000u64)
+        ],
+        prop::option::of(1u64..=30),
+    )
+        .prop_map(|(algorithm, limit, window, burst)| {
+            let burst = burst.filter(|_| algorithm.is_bucket());
+            Policy::try_new(algorithm, limit, Duration::from_millis(window), burst)
+                .expect("generated within the rules")
+        })
+}
+
+fn ops(policy: Policy) -> impl Strategy<Value = Vec<(u64, Op)>> {
+    let window = policy.window_ms().min(10_000);
+    let cost = 1..=policy.capacity() + 2;
+    let item = (0usize..3, cost.clone());
+    let op = prop_oneof![
+        4 => item.clone().prop_map(|(key, cost)| Op::Check { key, cost }),
+        1 => item.clone().prop_map(|(key, cost)| Op::Peek { key, cost }),
+        1 => prop::collection::vec(item.clone(), 1..4).prop_map(Op::AllOrNothing),
+        1 => prop::collection::vec(item, 1..4).prop_map(Op::Independent),
+    ];
+    let step = prop_oneof![
+        3 => Just(0u64),
+        4 => 0..=window / 4 + 1,
+        1 => Just(window / 2),
+        1 => 0..=window * 2
+    ];
+    prop::collection::vec((step, op), 1..40)
+}
+
+#[test]
+fn memory_and_redis_decide_identically_for_every_algorithm() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let clock = Arc::new(FakeClock::new(START));
+    let redis_store = runtime
+        .block_on(RedisBackend::connect(&settings(RedisTarget::Standalone(
+            redis.url(),
+        ))))
+        .expect("connect to the test Redis")
+        .with_test_clock(clock.clone());
+    let memory = MemoryBackend::new(
+        StoreConfig::try_new(100_000, 16, OnFull::Deny).expect("valid"),
+        clock.clone(),
+    );
+    let cases = AtomicU64::new(0);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let strategy = policy_strategy().prop_flat_map(|p| (Just(p), ops(p)));
+    runner
+        .run(&strategy, |(policy, ops)| {
+            // A policy name of its own per case: no state from other cases.
+            let name = format!("case{}", cases.fetch_add(1, Ordering::Relaxed));
+            let keys = ["alice", "bob", "{team}carol"];
+            let item = |key: usize, cost: u64| {
+                CheckItem::new(&name, policy, keys[key], cost).expect("valid item")
+            };
+            clock.set(START);
+            for (step, op) in ops {
+                clock.advance(Duration::from_millis(step));
+                let (from_memory, from_redis) = runtime.block_on(async {
+                    match &op {
+                        Op::Check { key, cost } => {
+                            let i = item(*key, *cost);
+                            (
+                                vec![memory.check_one(&i).await.expect("memory")],
+                                vec![redis_store.check_one(&i).await.expect("redis")],
+                            )
+                        }
+                        Op::Peek { key, cost } => {
+                            let i = item(*key, *cost);
+                            (
+                                vec![memory.peek(&i).await.expect("memory")],
+                                vec![redis_store.peek(&i).await.expect("redis")],
+                            )
+                        }
+                        Op::AllOrNothing(items) | Op::Independent(items) => {
+                            let mode = match op {
+                                Op::AllOrNothing(_) => BatchMode::AllOrNothing,
+                                _ => BatchMode::Independent,
+                            };
+                            let items: Vec<_> = items.iter().map(|&(k, c)| item(k, c)).collect();
+                            (
+                                memory.check(&items, mode).await.expect("memory"),
+                                redis_store.check(&items, mode).await.expect("redis"),
+                            )
+                        }
+                    }
+                });
+                prop_assert_eq!(
+                    from_memory,
+                    from_redis,
+                    "{:?} at {} under {:?}",
+                    op,
+                    clock.now_ms(),
+                    policy
+                );
+            }
+            Ok(())
+        })
+        .expect("the backends agree");
+}
+
+const REPLICA_CONFIG: &str = r#"
+[store]
+backend = "redis"
+
+[store.redis]
+REDIS_TARGET
+timeout = "2s"
+
+[policies.orders]
+algorithm = "token_bucket"
+limit = 25
+window = "1d"
+
+[policies.per_second]
+algorithm = "fixed_window"
+limit = 5
+window = "1s"
+
+[policies.per_day]
+algorithm = "token_bucket"
+limit = 2
+window = "1d"
+"#;
+
+fn replica_config(target: &str) -> Config {
+    Config::from_toml(&REPLICA_CONFIG.replace("REDIS_TARGET", target)).expect("valid config")
+}
+
+/// Three quotad replicas on one Redis (or Cluster) take 150 concurrent
+/// checks of one key, spread over them: exactly the budget is admitted.
+async fn replicas_admit_exactly_the_limit(target: &str) {
+    let servers = [
+        TestServer::start(replica_config(target)).await,
+        TestServer::start(replica_config(target)).await,
+        TestServer::start(replica_config(target)).await,
+    ];
+    let clients: Vec<Client> = servers
+        .iter()
+        .map(|s| {
+            Client::builder(format!("http://{}", s.grpc_addr))
+                .deadline(Duration::from_secs(10))
+                .build()
+                .expect("valid address")
+        })
+        .collect();
+    for run in 0..5 {
+        let key = format!("customer-{run}-{}", std::process::id());
+        let calls: Vec<_> = (0..150)
+            .map(|i| {
+                let client = clients[i % clients.len()].clone();
+                let check = Check::named("orders", key.clone());
+                tokio::spawn(async move { client.check(&check).await })
+            })
+            .collect();
+        let mut admitted = 0;
+        for call in calls {
+            let decision = call.await.expect("no panic").expect("quotad answers");
+            admitted += u32::from(decision.allowed);
+        }
+        assert_eq!(admitted, 25, "run {run}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_one_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    replicas_admit_exactly_the_limit(&format!("url = {:?}", redis.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_a_redis_cluster_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start();
+    replicas_admit_exactly_the_limit(&format!("cluster_nodes = {:?}", cluster.urls())).await;
+}
+
+fn batch(items: &[(&str, &str)]) -> pb::CheckBatchRequest {
+    pb::CheckBatchRequest {
+        items: items
+            .iter()
+            .map(|(key, policy)| named(key, policy, None))
+            .collect(),
+        mode: pb::BatchMode::AllOrNothing.into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_on_one_key_is_atomic_on_a_cluster_and_spares_the_other_budget() {
+    let cluster = RedisCluster::start();
+    let server = TestServer::start(replica_config(&format!(
+        "cluster_nodes = {:?}",
+        cluster.urls()
+    )))
+    .await;
+    let mut client = server.client().await;
+    let both = batch(&[("alice", "per_second"), ("alice", "per_day")]);
+    for _ in 0..2 {
+        let d = client
+            .check_batch(both.clone())
+            .await
+            .expect("one slot: allowed")
+            .into_inner()
+            .decisions;
+        assert!(d.iter().all(|d| d.allowed));
+    }
+    // The day budget (2) is spent: the batch is refused as a whole...
+    let d = client
+        .check_batch(both)
+        .await
+        .expect("answered")
+        .into_inner()
+        .decisions;
+    assert_eq!(d[0].reason(), pb::Reason::BatchRejected);
+    assert_eq!(d[1].reason(), pb::Reason::LimitExceeded);
+    // ...and the per-second budget was not touched by the refused batch.
+    let second = peek(&mut client, named("alice", "per_second", None)).await;
+    assert!(second.remaining >= 3, "{second:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_across_cluster_slots_is_refused_with_a_clear_error() {
+    let cluster = RedisCluster::start();
+    let slot = |key: &str| {
+        cluster.nodes[0].cli(&["cluster", "keyslot", &format!("quotad:per_day|{{{key}}}")])
+    };
+    let (a, b) = ("alice", "bob");
+    assert_ne!(slot(a), slot(b), "the test needs keys in two slots");
+    let server = TestServer::start(replica_config(&format!(
+        "cluster_nodes = {:?}",
+        cluster.urls()
+    )))
+    .await;
+    let mut client = server.client().await;
+    let status = client
+        .check_batch(batch(&[(a, "per_day"), (b, "per_day")]))
+        .await
+        .expect_err("two slots cannot be one script");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains("hash tag"),
+        "{}",
+        status.message()
+    );
+    // A common hash tag puts them in one slot.
+    let tagged = client
+        .check_batch(batch(&[
+            ("{team-7}alice", "per_day"),
+            ("{team-7}bob", "per_day"),
+        ]))
+        .await
+        .expect("one slot")
+        .into_inner()
+        .decisions;
+    assert!(tagged.iter().all(|d| d.allowed));
+    // Nothing was consumed by the refused batch.
+    assert_eq!(
+        peek(&mut client, named(a, "per_day", None)).await.remaining,
+        2
+    );
+}
+
+const FAULT_CONFIG: &str = r#"
+[store]
+backend = "redis"
+on_error = "fail_closed"
+
+[store.redis]
+url = "REDIS_URL"
+timeout = "200ms"
+
+[policies.open]
+algorithm = "token_bucket"
+limit = 1000
+window = "1d"
+on_error = "fail_open"
+
+[policies.closed]
+algorithm = "token_bucket"
+limit = 1000
+window = "1d"
+
+[policies.strict]
+algorithm = "token_bucket"
+limit = 1000
+window = "1d"
+on_error = "error"
+"#;
+
+/// Asks all three policies, each call bounded so a hang fails the test.
+async fn ask_all(
+    client: &mut quotad_proto::v1::quota_client::QuotaClient<tonic::transport::Channel>,
+) -> (
+    Result<pb::Decision, Code>,
+    Result<pb::Decision, Code>,
+    Result<pb::Decision, Code>,
+) {
+    let one = |policy: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let call = client.check(named("k", policy, None));
+            match tokio::time::timeout(Duration::from_secs(5), call).await {
+                Ok(Ok(r)) => Ok(r.into_inner().decision.expect("a decision")),
+                Ok(Err(status)) => Err(status.code()),
+                Err(_) => panic!("{policy}: no answer within 5 s: quotad hung on a dead Redis"),
+            }
+        }
+    };
+    (one("open").await, one("closed").await, one("strict").await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_answers_per_on_error_and_quotad_recovers_without_a_restart() {
+    let mut redis = RedisServer::start();
+    let config =
+        Config::from_toml(&FAULT_CONFIG.replace("REDIS_URL", &redis.url())).expect("valid config");
+    let server = TestServer::start(config).await;
+    let mut client = server.client().await;
+
+    let (open, closed, strict) = ask_all(&mut client).await;
+    for d in [open, closed, strict] {
+        assert_eq!(d.expect("Redis is up").reason(), pb::Reason::WithinLimit);
+    }
+
+    redis.stop();
+    for _ in 0..3 {
+        let (open, closed, strict) = ask_all(&mut client).await;
+        let open = open.expect("fail_open answers");
+        assert!(open.allowed);
+        assert_eq!(open.reason(), pb::Reason::FailOpen);
+        let closed = closed.expect("fail_closed answers");
+        assert!(!closed.allowed);
+        assert_eq!(closed.reason(), pb::Reason::FailClosed);
+        assert_eq!(
+            strict.expect_err("error passes the failure on"),
+            Code::Unavailable
+        );
+    }
+
+    redis.restart();
+    eventually(Duration::from_secs(20), "quotad uses Redis again", || {
+        let mut client = client.clone();
+        async move {
+            matches!(
+                client.check(named("k", "strict", None)).await,
+                Ok(r) if r.get_ref().decision.as_ref().is_some_and(|d| d.reason() == pb::Reason::WithinLimit)
+            )
+        }
+    })
+    .await;
+
+    // The restarted Redis has no scripts loaded: NOSCRIPT is handled.
+    assert_eq!(redis.cli(&["script", "flush"]).trim(), "OK");
+    let d = check(&mut client, named("k", "closed", None)).await;
+    assert_eq!(d.reason(), pb::Reason::WithinLimit);
+    assert_eq!(d.remaining, 999);
+}
+
+#[tokio::test]
+async fn a_redis_that_cannot_be_reached_at_start_stops_the_server_with_a_clear_error() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    drop(redis);
+    let config = Config::from_toml(&FAULT_CONFIG.replace("REDIS_URL", &url)).expect("valid");
+    let mut server = TestServer::start(config).await;
+    let error = server.join().await.expect_err("no Redis, no server");
+    assert!(error.to_string().contains("redis"), "{error}");
+}
+
+#[test]
+fn a_redis_backend_needs_a_target_and_says_so() {
+    let error = Config::from_toml("[store]\nbackend = \"redis\"\n")
+        .expect_err("no [store.redis]")
+        .to_string();
+    assert!(error.starts_with("store.backend: "), "{error}");
+    let error = Config::from_toml(
+        "[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"redis://a:1\"\ncluster_nodes = [\"redis://b:1\"]\n",
+    )
+    .expect_err("both")
+    .to_string();
+    assert!(error.contains("not both"), "{error}");
+    let error =
+        Config::from_toml("[store]\nbackend = \"redis\"\n[store.redis]\nurl = \"http://x\"\n")
+            .expect_err("not a redis URL")
+            .to_string();
+    assert!(error.starts_with("store.redis.url: "), "{error}");
+}
+
+#[test]
+fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
+    // The largest limit a one-day window allows: every intermediate value
+    // in Lua is then at most 2^53, where doubles are still exact.
+    let window = 86_400_000;
+    let limit = quotad_core::MAX_EXACT / window;
+    let policy = Policy::try_new(
+        Algorithm::SlidingWindow,
+        limit,
+        Duration::from_millis(window),
+        None,
+    )
+    .expect("at the bound");
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let clock = Arc::new(FakeClock::new(START + window / 2));
+    let store = runtime
+        .block_on(RedisBackend::connect(&settings(RedisTarget::Standalone(
+            redis.url(),
+        ))))
+        .expect("connect")
+        .with_test_clock(clock.clone());
+    let memory = MemoryBackend::new(
+        StoreConfig::try_new(100, 1, OnFull::Deny).expect("valid"),
+        clock.clone(),
+    );
+    for cost in [limit - 1, 1, 1, limit / 3] {
+        let item = CheckItem::new("big", policy, "k", cost).expect("valid");
+        let (a, b) = runtime.block_on(async {
+            (
+                memory.check_one(&item).await.expect("memory"),
+                store.check_one(&item).await.expect("redis"),
+            )
+        });
+        assert_eq!(a, b, "cost {cost}");
+        clock.advance(Duration::from_millis(window / 3));
+    }
+}
