@@ -476,3 +476,25 @@ fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
         clock.advance(Duration::from_millis(window / 3));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_expires_in_redis_when_it_would_be_fresh_again() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(replica_config(&format!("url = {:?}", redis.url()))).await;
+    let mut client = server.client().await;
+    let d = check(&mut client, named("ttl-key", "per_second", None)).await;
+    assert!(d.allowed);
+    let ttl: u64 = redis
+        .cli(&["pttl", "quotad:per_second|{ttl-key}"])
+        .trim()
+        .parse()
+        .expect("a TTL in ms");
+    // The TTL is the time until the window ends, as the decision says
+    // (less the time the two calls took).
+    assert!(ttl <= d.reset_after_ms && ttl > 0, "ttl {ttl} vs {d:?}");
+    // A key whose state is fresh again holds nothing in Redis.
+    assert_eq!(redis.cli(&["exists", "quotad:per_second|{never-used}"]).trim(), "0");
+    let p = peek(&mut client, named("never-used", "per_second", None)).await;
+    assert!(p.allowed);
+    assert_eq!(redis.cli(&["exists", "quotad:per_second|{never-used}"]).trim(), "0");
+}
