@@ -493,8 +493,18 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     // (less the time the two calls took).
     assert!(ttl <= d.reset_after_ms && ttl > 0, "ttl {ttl} vs {d:?}");
     // A key whose state is fresh again holds nothing in Redis.
-    assert_eq!(redis.cli(&["exists", "quotad:per_second|{never-used}"]).trim(), "0");
+    assert_eq!(
+        redis
+            .cli(&["exists", "quotad:per_second|{never-used}"])
+            .trim(),
+        "0"
+    );
     let p = peek(&mut client, named("never-used", "per_second", None)).await;
     assert!(p.allowed);
-    assert_eq!(redis.cli(&["exists", "quotad:per_second|{never-used}"]).trim(), "0");
+    assert_eq!(
+        redis
+            .cli(&["exists", "quotad:per_second|{never-used}"])
+            .trim(),
+        "0"
+    );
 }

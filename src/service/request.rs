@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use quotad_core::{Algorithm, BatchMode, Decision, Policy, Reason};
+use quotad_core::{Algorithm, BatchMode, Decision, Policy};
+use quotad_proto::convert::{self, UnknownValue};
 use quotad_proto::v1 as pb;
 
 use super::error::ServiceError;
@@ -83,16 +84,9 @@ impl TryFrom<pb::CheckBatchRequest> for BatchSpec {
     type Error = ServiceError;
 
     fn try_from(request: pb::CheckBatchRequest) -> Result<Self, Self::Error> {
-        let mode = match pb::BatchMode::try_from(request.mode) {
-            Ok(pb::BatchMode::Independent) => BatchMode::Independent,
-            Ok(pb::BatchMode::AllOrNothing) => BatchMode::AllOrNothing,
-            Err(_) => {
-                return Err(ServiceError::invalid(
-                    "mode",
-                    format!("unknown batch mode {}", request.mode),
-                ));
-            }
-        };
+        let mode = convert::batch_mode(request.mode).map_err(|_| {
+            ServiceError::invalid("mode", format!("unknown batch mode {}", request.mode))
+        })?;
         let count = request.items.len();
         if count == 0 {
             return Err(ServiceError::invalid("items", "must hold at least 1 item"));
@@ -153,18 +147,10 @@ fn inline(policy: &pb::Policy) -> Result<PolicyRef, ServiceError> {
 
 fn algorithm(value: i32) -> Result<Algorithm, ServiceError> {
     const FIELD: &str = "inline_policy.algorithm";
-    match pb::Algorithm::try_from(value) {
-        Ok(pb::Algorithm::FixedWindow) => Ok(Algorithm::FixedWindow),
-        Ok(pb::Algorithm::SlidingWindow) => Ok(Algorithm::SlidingWindow),
-        Ok(pb::Algorithm::TokenBucket) => Ok(Algorithm::TokenBucket),
-        Ok(pb::Algorithm::LeakyBucket) => Ok(Algorithm::LeakyBucket),
-        Ok(pb::Algorithm::SlidingLog) => Ok(Algorithm::SlidingLog),
-        Ok(pb::Algorithm::Unspecified) => Err(ServiceError::invalid(FIELD, "must be set")),
-        Err(_) => Err(ServiceError::invalid(
-            FIELD,
-            format!("unknown algorithm {value}"),
-        )),
-    }
+    convert::algorithm(value).map_err(|e| match e {
+        UnknownValue::Unspecified => ServiceError::invalid(FIELD, "must be set"),
+        UnknownValue::Unknown(v) => ServiceError::invalid(FIELD, format!("unknown algorithm {v}")),
+    })
 }
 
 /// The state namespace of an inline policy: every parameter, so that two
@@ -182,23 +168,7 @@ pub(crate) fn inline_namespace(policy: &Policy) -> String {
 
 /// The protobuf decision.
 pub(crate) fn decision_to_pb(decision: &Decision) -> pb::Decision {
-    let reason = match decision.reason {
-        Reason::WithinLimit => pb::Reason::WithinLimit,
-        Reason::LimitExceeded => pb::Reason::LimitExceeded,
-        Reason::CostExceedsCapacity => pb::Reason::CostExceedsCapacity,
-        Reason::Capacity => pb::Reason::Capacity,
-        Reason::BatchRejected => pb::Reason::BatchRejected,
-        Reason::FailOpen => pb::Reason::FailOpen,
-        Reason::FailClosed => pb::Reason::FailClosed,
-    };
-    pb::Decision {
-        allowed: decision.allowed,
-        limit: decision.limit,
-        remaining: decision.remaining,
-        retry_after_ms: decision.retry_after_ms,
-        reset_after_ms: decision.reset_after_ms,
-        reason: reason.into(),
-    }
+    decision.into()
 }
 
 #[cfg(test)]

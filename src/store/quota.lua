@@ -330,8 +330,13 @@ end
 
 local mode = ARGV[1]
 local now
+-- With an injected clock (tests), real time runs ahead of it, so a TTL
+-- measured on the injected clock would expire state early; a minute of
+-- slack keeps it. Stale state is harmless: it reads as fresh.
+local ttl_slack = 0
 if ARGV[2] ~= '' then
   now = tonumber(ARGV[2])
+  ttl_slack = 60000
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
@@ -379,7 +384,7 @@ elseif mode ~= 'peek' then
   for _, key in ipairs(order) do
     local st = states[key]
     if st then
-      redis.call('SET', key, encode(st.kind, st), 'PX', max(resets[key], 1))
+      redis.call('SET', key, encode(st.kind, st), 'PX', max(resets[key], 1) + ttl_slack)
     elseif raw[key] then
       redis.call('DEL', key)
     end

@@ -19,7 +19,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, Reason};
+use quotad_core::{BatchMode, CheckItem, Clock, Decision};
+use quotad_proto::convert;
+use quotad_proto::v1 as pb;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -158,7 +160,7 @@ impl RedisBackend {
             let policy = item.policy();
             invocation
                 .key(redis_key(item.name(), item.key()))
-                .arg(algorithm_code(policy.algorithm()))
+                .arg(pb::Algorithm::from(policy.algorithm()) as i32)
                 .arg(policy.limit())
                 .arg(policy.window_ms())
                 .arg(policy.burst())
@@ -267,16 +269,6 @@ fn redis_key(name: &str, key: &str) -> String {
     k
 }
 
-fn algorithm_code(a: Algorithm) -> u8 {
-    match a {
-        Algorithm::FixedWindow => 1,
-        Algorithm::SlidingWindow => 2,
-        Algorithm::TokenBucket => 3,
-        Algorithm::LeakyBucket => 4,
-        Algorithm::SlidingLog => 5,
-    }
-}
-
 fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, StoreError> {
     if reply.len() != items * 6 {
         return Err(StoreError::Backend(format!(
@@ -287,17 +279,12 @@ fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, StoreError> {
     reply
         .chunks_exact(6)
         .map(|d| {
-            let reason = match d[5] {
-                1 => Reason::WithinLimit,
-                2 => Reason::LimitExceeded,
-                3 => Reason::CostExceedsCapacity,
-                5 => Reason::BatchRejected,
-                other => {
-                    return Err(StoreError::Backend(format!(
-                        "the script answered reason {other}"
-                    )));
-                }
-            };
+            let reason = i32::try_from(d[5])
+                .ok()
+                .and_then(|code| convert::reason(code).ok())
+                .ok_or_else(|| {
+                    StoreError::Backend(format!("the script answered reason {}", d[5]))
+                })?;
             Ok(Decision {
                 allowed: d[0] == 1,
                 limit: d[1],
@@ -336,7 +323,7 @@ mod tests {
         assert!(decisions(&[1, 10, 9, 0, 100], 1).is_err());
         assert!(decisions(&[1, 10, 9, 0, 100, 9], 1).is_err());
         let d = decisions(&[0, 10, 0, 30, 30, 2], 1).expect("well formed");
-        assert_eq!(d[0].reason, Reason::LimitExceeded);
+        assert_eq!(d[0].reason, quotad_core::Reason::LimitExceeded);
         assert!(!d[0].allowed);
     }
 }

@@ -10,8 +10,6 @@ use thiserror::Error;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::convert;
-
 /// The default deadline for one call, connection included.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
 
@@ -105,7 +103,7 @@ impl Check {
             cost: Some(self.cost),
             policy: Some(match &self.policy {
                 PolicyRef::Named(name) => pb::check_request::Policy::PolicyName(name.clone()),
-                PolicyRef::Inline(p) => pb::check_request::Policy::InlinePolicy(convert::policy(p)),
+                PolicyRef::Inline(p) => pb::check_request::Policy::InlinePolicy(p.into()),
             }),
         }
     }
@@ -229,7 +227,7 @@ impl Client {
             .call(|r| async move { rpc.check(r).await }, request)
             .await
         {
-            Ok(answer) => convert::decision(answer.decision),
+            Ok(answer) => decision(answer.decision),
             Err(status) => self.unavailable(status, 1).map(first),
         }
     }
@@ -247,11 +245,7 @@ impl Client {
         let mut rpc = self.rpc.clone();
         let request = pb::CheckBatchRequest {
             items: checks.iter().map(Check::to_proto).collect(),
-            mode: match mode {
-                BatchMode::Independent => pb::BatchMode::Independent,
-                BatchMode::AllOrNothing => pb::BatchMode::AllOrNothing,
-            }
-            .into(),
+            mode: pb::BatchMode::from(mode).into(),
         };
         match self
             .call(|r| async move { rpc.check_batch(r).await }, request)
@@ -260,7 +254,7 @@ impl Client {
             Ok(answer) => answer
                 .decisions
                 .into_iter()
-                .map(|d| convert::decision(Some(d)))
+                .map(|d| decision(Some(d)))
                 .collect(),
             Err(status) => self.unavailable(status, checks.len()),
         }
@@ -278,7 +272,7 @@ impl Client {
             .call(|r| async move { rpc.peek(r).await }, request)
             .await
         {
-            Ok(answer) => convert::decision(answer.decision),
+            Ok(answer) => decision(answer.decision),
             Err(status) => self.unavailable(status, 1).map(first),
         }
     }
@@ -295,7 +289,7 @@ impl Client {
             key: key.to_owned(),
             policy: Some(match policy {
                 PolicyRef::Named(name) => pb::reset_request::Policy::PolicyName(name.clone()),
-                PolicyRef::Inline(p) => pb::reset_request::Policy::InlinePolicy(convert::policy(p)),
+                PolicyRef::Inline(p) => pb::reset_request::Policy::InlinePolicy(p.into()),
             }),
         };
         self.call(|r| async move { rpc.reset(r).await }, request)
@@ -343,6 +337,12 @@ impl Client {
         tracing::warn!(code = %status.code(), outcome = %reason, "quotad unavailable");
         Ok(vec![failure_decision(reason); count])
     }
+}
+
+/// The domain decision of an answer.
+fn decision(d: Option<pb::Decision>) -> Result<Decision, Error> {
+    let d = d.ok_or(Error::BadResponse("decision missing"))?;
+    Decision::try_from(&d).map_err(|_| Error::BadResponse("unknown reason"))
 }
 
 fn first(decisions: Vec<Decision>) -> Decision {

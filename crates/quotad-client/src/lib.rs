@@ -22,7 +22,6 @@
 //! ```
 
 mod client;
-mod convert;
 mod layer;
 
 pub use client::{Check, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};

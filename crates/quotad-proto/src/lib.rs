@@ -3,12 +3,16 @@
 //! tonic and prost generate the messages, the `Quota` client and the `Quota`
 //! server trait from `proto/quotad/v1/quota.proto`, whose comments are the
 //! API's documentation. The server and `quotad-client` share this crate and
-//! convert to domain types at their own edges; nothing here validates.
+//! convert to domain types at their own edges through [`convert`]; policy
+//! rules are validated by quotad-core, not here.
 //!
 //! - [`v1`]: messages and enums, [`v1::quota_client::QuotaClient`] and
 //!   [`v1::quota_server::Quota`] / [`v1::quota_server::QuotaServer`].
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server
 //!   reflection.
+//! - [`convert`]: the one mapping between wire and domain types
+//!   (quotad-core's `Algorithm`, `Reason`, `Decision`, `Policy`,
+//!   `BatchMode`).
 //!
 //! # Example
 //!
@@ -49,6 +53,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+pub mod convert;
 
 /// The `quotad.v1` package: messages, enums, client and server.
 ///

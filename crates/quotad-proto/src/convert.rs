@@ -1,0 +1,196 @@
+//! Conversions between the wire types and quotad-core's domain types: the
+//! one mapping of algorithms, reasons, decisions and batch modes, shared by
+//! the server, the client and the Redis backend.
+//!
+//! Domain to wire never fails. Wire to domain fails on enum values this
+//! version does not know (a newer peer) and on `*_UNSPECIFIED`.
+
+use quotad_core::{Algorithm, BatchMode, Decision, Policy, Reason};
+use thiserror::Error;
+
+use crate::v1 as pb;
+
+/// A wire value with no domain meaning.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum UnknownValue {
+    /// The enum value is `*_UNSPECIFIED` (0): not set.
+    #[error("not set")]
+    Unspecified,
+    /// The enum value is not one this version knows.
+    #[error("unknown value {0}")]
+    Unknown(i32),
+}
+
+impl From<Algorithm> for pb::Algorithm {
+    fn from(a: Algorithm) -> Self {
+        match a {
+            Algorithm::FixedWindow => pb::Algorithm::FixedWindow,
+            Algorithm::SlidingWindow => pb::Algorithm::SlidingWindow,
+            Algorithm::TokenBucket => pb::Algorithm::TokenBucket,
+            Algorithm::LeakyBucket => pb::Algorithm::LeakyBucket,
+            Algorithm::SlidingLog => pb::Algorithm::SlidingLog,
+        }
+    }
+}
+
+/// The algorithm of a wire enum value (`pb::Algorithm as i32`).
+///
+/// # Errors
+///
+/// [`UnknownValue`] for `ALGORITHM_UNSPECIFIED` or an unknown number.
+pub fn algorithm(value: i32) -> Result<Algorithm, UnknownValue> {
+    match pb::Algorithm::try_from(value) {
+        Ok(pb::Algorithm::FixedWindow) => Ok(Algorithm::FixedWindow),
+        Ok(pb::Algorithm::SlidingWindow) => Ok(Algorithm::SlidingWindow),
+        Ok(pb::Algorithm::TokenBucket) => Ok(Algorithm::TokenBucket),
+        Ok(pb::Algorithm::LeakyBucket) => Ok(Algorithm::LeakyBucket),
+        Ok(pb::Algorithm::SlidingLog) => Ok(Algorithm::SlidingLog),
+        Ok(pb::Algorithm::Unspecified) => Err(UnknownValue::Unspecified),
+        Err(_) => Err(UnknownValue::Unknown(value)),
+    }
+}
+
+impl From<Reason> for pb::Reason {
+    fn from(r: Reason) -> Self {
+        match r {
+            Reason::WithinLimit => pb::Reason::WithinLimit,
+            Reason::LimitExceeded => pb::Reason::LimitExceeded,
+            Reason::CostExceedsCapacity => pb::Reason::CostExceedsCapacity,
+            Reason::Capacity => pb::Reason::Capacity,
+            Reason::BatchRejected => pb::Reason::BatchRejected,
+            Reason::FailOpen => pb::Reason::FailOpen,
+            Reason::FailClosed => pb::Reason::FailClosed,
+        }
+    }
+}
+
+/// The reason of a wire enum value (`pb::Reason as i32`).
+///
+/// # Errors
+///
+/// [`UnknownValue`] for `REASON_UNSPECIFIED` or an unknown number.
+pub fn reason(value: i32) -> Result<Reason, UnknownValue> {
+    match pb::Reason::try_from(value) {
+        Ok(pb::Reason::WithinLimit) => Ok(Reason::WithinLimit),
+        Ok(pb::Reason::LimitExceeded) => Ok(Reason::LimitExceeded),
+        Ok(pb::Reason::CostExceedsCapacity) => Ok(Reason::CostExceedsCapacity),
+        Ok(pb::Reason::Capacity) => Ok(Reason::Capacity),
+        Ok(pb::Reason::BatchRejected) => Ok(Reason::BatchRejected),
+        Ok(pb::Reason::FailOpen) => Ok(Reason::FailOpen),
+        Ok(pb::Reason::FailClosed) => Ok(Reason::FailClosed),
+        Ok(pb::Reason::Unspecified) => Err(UnknownValue::Unspecified),
+        Err(_) => Err(UnknownValue::Unknown(value)),
+    }
+}
+
+impl From<&Decision> for pb::Decision {
+    fn from(d: &Decision) -> Self {
+        pb::Decision {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ms: d.retry_after_ms,
+            reset_after_ms: d.reset_after_ms,
+            reason: pb::Reason::from(d.reason).into(),
+        }
+    }
+}
+
+impl TryFrom<&pb::Decision> for Decision {
+    type Error = UnknownValue;
+
+    fn try_from(d: &pb::Decision) -> Result<Self, Self::Error> {
+        Ok(Decision {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ms: d.retry_after_ms,
+            reset_after_ms: d.reset_after_ms,
+            reason: reason(d.reason)?,
+        })
+    }
+}
+
+impl From<&Policy> for pb::Policy {
+    fn from(p: &Policy) -> Self {
+        pb::Policy {
+            algorithm: pb::Algorithm::from(p.algorithm()).into(),
+            limit: p.limit(),
+            window_ms: p.window_ms(),
+            burst: p.algorithm().is_bucket().then_some(p.burst()),
+        }
+    }
+}
+
+impl From<BatchMode> for pb::BatchMode {
+    fn from(m: BatchMode) -> Self {
+        match m {
+            BatchMode::Independent => pb::BatchMode::Independent,
+            BatchMode::AllOrNothing => pb::BatchMode::AllOrNothing,
+        }
+    }
+}
+
+/// The batch mode of a wire enum value (`pb::BatchMode as i32`).
+///
+/// # Errors
+///
+/// [`UnknownValue::Unknown`] for an unknown number.
+pub fn batch_mode(value: i32) -> Result<BatchMode, UnknownValue> {
+    match pb::BatchMode::try_from(value) {
+        Ok(pb::BatchMode::Independent) => Ok(BatchMode::Independent),
+        Ok(pb::BatchMode::AllOrNothing) => Ok(BatchMode::AllOrNothing),
+        Err(_) => Err(UnknownValue::Unknown(value)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_algorithm_round_trips() {
+        for a in Algorithm::ALL {
+            assert_eq!(algorithm(pb::Algorithm::from(a).into()), Ok(a));
+        }
+        assert_eq!(algorithm(0), Err(UnknownValue::Unspecified));
+        assert_eq!(algorithm(99), Err(UnknownValue::Unknown(99)));
+    }
+
+    #[test]
+    fn every_reason_round_trips() {
+        for r in [
+            Reason::WithinLimit,
+            Reason::LimitExceeded,
+            Reason::CostExceedsCapacity,
+            Reason::Capacity,
+            Reason::BatchRejected,
+            Reason::FailOpen,
+            Reason::FailClosed,
+        ] {
+            assert_eq!(reason(pb::Reason::from(r).into()), Ok(r));
+        }
+        assert_eq!(reason(0), Err(UnknownValue::Unspecified));
+    }
+
+    #[test]
+    fn a_decision_round_trips() {
+        let d = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 0,
+            retry_after_ms: 1_500,
+            reset_after_ms: 30_000,
+            reason: Reason::LimitExceeded,
+        };
+        assert_eq!(Decision::try_from(&pb::Decision::from(&d)), Ok(d));
+    }
+
+    #[test]
+    fn batch_modes_round_trip() {
+        for m in [BatchMode::Independent, BatchMode::AllOrNothing] {
+            assert_eq!(batch_mode(pb::BatchMode::from(m).into()), Ok(m));
+        }
+        assert_eq!(batch_mode(7), Err(UnknownValue::Unknown(7)));
+    }
+}
