@@ -1,10 +1,14 @@
 //! The `quotad` binary: parses the command line, builds a validated
 //! [`quotad::Config`], binds the listeners and runs the server until
-//! SIGTERM or SIGINT.
+//! SIGTERM or SIGINT. It is also a client (`check`, `peek`, `demo`; see
+//! the `cli` module).
 //!
 //! Exit codes: 0 after a graceful shutdown (or a valid config for
-//! `validate-config`), 2 for an invalid config or command line (nothing has
-//! been bound then), 1 for any other failure.
+//! `validate-config`, or an answer from quotad), 2 for an invalid config or
+//! command line (nothing has been bound or sent then), 1 for any other
+//! failure.
+
+mod cli;
 
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -40,6 +44,13 @@ enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// Ask a running quotad for decisions (each one consumes budget).
+    Check(cli::CheckArgs),
+    /// Ask a running quotad what a check would answer, consuming nothing.
+    Peek(cli::PeekArgs),
+    /// Show the window-boundary attack on fixed_window vs sliding_window,
+    /// live (starts its own quotad unless --addr is given).
+    Demo(cli::DemoArgs),
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -56,10 +67,18 @@ const EXIT_INVALID_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // The client commands print their own output; only problems are logged.
+    let client = matches!(
+        cli.command,
+        Some(Command::Check(_) | Command::Peek(_) | Command::Demo(_))
+    );
+    init_tracing(if client { "warn" } else { "info" });
     match cli.command {
         Some(Command::ValidateConfig { file }) => validate_config(&file),
         Some(Command::Serve(args)) => serve(*args),
+        Some(Command::Check(args)) => cli::execute(|out| cli::check(args, out)),
+        Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
+        Some(Command::Demo(args)) => cli::execute(|out| cli::demo(args, out)),
         None => serve(cli.serve),
     }
 }
@@ -142,9 +161,10 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'stati
     }
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr; `RUST_LOG` filters (default `default_level`).
+fn init_tracing(default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

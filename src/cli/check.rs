@@ -1,0 +1,217 @@
+//! `quotad check` and `quotad peek`: one decision a line.
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::builder::NonEmptyStringValueParser;
+use quotad_client::{Check, Decision, Reason};
+
+use super::{DEFAULT_ADDR, Failure, client, endpoint, failure, human};
+
+/// What to ask: a key under a named policy, at a quotad.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Target {
+    /// quotad's gRPC address (`http://host:port` or `host:port`)
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_ADDR)]
+    addr: String,
+    /// The named policy to count under
+    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+    policy: String,
+    /// The key to count: a user, an API key, an IP address
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    key: String,
+    /// Units each check asks for
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
+    cost: u64,
+    /// Longest wait for each answer, connecting included
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+/// The most checks one `quotad check` makes.
+const MAX_COUNT: u64 = 100_000;
+
+/// A whole number of at least 1.
+fn at_least_one(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number: {e}")),
+    }
+}
+
+/// A `--count` from 1 to [`MAX_COUNT`].
+fn count(value: &str) -> Result<u64, String> {
+    match at_least_one(value)? {
+        n if n > MAX_COUNT => Err(format!("must be at most {MAX_COUNT}")),
+        n => Ok(n),
+    }
+}
+
+/// `quotad check`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    #[command(flatten)]
+    target: Target,
+    /// How many checks to make, one after another (at most 100,000)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = count)]
+    count: u64,
+}
+
+/// `quotad peek`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct PeekArgs {
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Checks (and consumes) `--count` times, printing each decision.
+///
+/// # Errors
+///
+/// [`Failure`] when quotad cannot be reached or refuses the request; the
+/// decisions made before it are printed.
+pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Failure> {
+    let Target {
+        addr,
+        policy,
+        key,
+        cost,
+        timeout,
+    } = args.target;
+    let uri = endpoint(&addr)?;
+    let client = client(&uri, timeout)?;
+    let request = Check::named(policy, key).cost(cost);
+    let width = args.count.to_string().len();
+    let (mut allowed, mut denied) = (0_u64, 0_u64);
+    for n in 1..=args.count {
+        let decision = client
+            .check(&request)
+            .await
+            .map_err(|error| failure(&uri, error))?;
+        if decision.allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+        writeln!(
+            out,
+            "#{n:<width$}  {}",
+            describe(&decision, cost, Verb::Checked)
+        )?;
+    }
+    if args.count > 1 {
+        writeln!(
+            out,
+            "{} checks: {allowed} allowed, {denied} denied",
+            args.count
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints what a check would answer now, consuming nothing.
+///
+/// # Errors
+///
+/// As [`check`].
+pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Failure> {
+    let Target {
+        addr,
+        policy,
+        key,
+        cost,
+        timeout,
+    } = args.target;
+    let uri = endpoint(&addr)?;
+    let client = client(&uri, timeout)?;
+    let decision = client
+        .peek(&Check::named(policy, key).cost(cost))
+        .await
+        .map_err(|error| failure(&uri, error))?;
+    writeln!(out, "peek  {}", describe(&decision, cost, Verb::Peeked))?;
+    Ok(())
+}
+
+/// Whether the decision was made (`check`) or only looked at (`peek`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verb {
+    Checked,
+    Peeked,
+}
+
+/// One decision on one line: the outcome, the budget left, when to retry,
+/// when the key is back to a full budget, and why.
+fn describe(d: &Decision, cost: u64, verb: Verb) -> String {
+    let outcome = match (verb, d.allowed) {
+        (Verb::Checked, true) => "allowed",
+        (Verb::Checked, false) => "denied ",
+        (Verb::Peeked, true) => "would be allowed",
+        (Verb::Peeked, false) => "would be denied ",
+    };
+    let mut line = format!("{outcome}  remaining {}/{}", d.remaining, d.limit);
+    if !d.allowed {
+        if d.reason == Reason::CostExceedsCapacity {
+            line.push_str(&format!("  cost {cost} can never fit"));
+        } else if d.retry_after_ms > 0 {
+            line.push_str(&format!("  retry in {}", human(d.retry_after_ms)));
+        }
+    }
+    if d.reset_after_ms > 0 {
+        line.push_str(&format!("  reset in {}", human(d.reset_after_ms)));
+    }
+    line.push_str(&format!("  ({})", d.reason));
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(allowed: bool, remaining: u64, retry: u64, reset: u64, reason: Reason) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining,
+            retry_after_ms: retry,
+            reset_after_ms: reset,
+            reason,
+        }
+    }
+
+    #[test]
+    fn an_allowed_decision_shows_the_budget_left_and_the_reset() {
+        let d = decision(true, 9, 0, 1_998, Reason::WithinLimit);
+        assert_eq!(
+            describe(&d, 1, Verb::Checked),
+            "allowed  remaining 9/10  reset in 1s 998ms  (within_limit)"
+        );
+    }
+
+    #[test]
+    fn a_denied_decision_shows_when_to_retry() {
+        let d = decision(false, 0, 1_850, 1_850, Reason::LimitExceeded);
+        assert_eq!(
+            describe(&d, 1, Verb::Checked),
+            "denied   remaining 0/10  retry in 1s 850ms  reset in 1s 850ms  (limit_exceeded)"
+        );
+    }
+
+    #[test]
+    fn a_cost_above_the_capacity_is_shown_as_never_fitting() {
+        let d = decision(false, 10, 0, 0, Reason::CostExceedsCapacity);
+        assert_eq!(
+            describe(&d, 20, Verb::Checked),
+            "denied   remaining 10/10  cost 20 can never fit  (cost_exceeds_capacity)"
+        );
+    }
+
+    #[test]
+    fn a_peek_says_what_would_happen() {
+        let d = decision(true, 10, 0, 0, Reason::WithinLimit);
+        assert_eq!(
+            describe(&d, 1, Verb::Peeked),
+            "would be allowed  remaining 10/10  (within_limit)"
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! The client commands of the `quotad` binary: `check`, `peek` and `demo`.
+//! They talk to a quotad through `quotad-client`, like any application
+//! would, and print each decision on one line.
+//!
+//! Exit codes: 0 when quotad answered (a denial is an answer), 1 when it
+//! could not be reached or refused the request (unknown policy, bad key),
+//! 2 for bad input on the command line (nothing is sent then).
+//!
+//! This module belongs to the binary, not to the server library.
+
+mod check;
+mod demo;
+
+use std::error::Error as _;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use quotad_client::{Client, Error as ClientError};
+use tonic::{Code, Status};
+
+pub(crate) use check::{CheckArgs, PeekArgs, check, peek};
+pub(crate) use demo::{DemoArgs, demo};
+
+/// Where `check`, `peek` and `demo --addr` look for quotad by default.
+pub(crate) const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
+
+/// Bad input on the command line: exit code 2, as clap uses.
+const EXIT_USAGE: u8 = 2;
+
+/// Why a client command could not do its job; printed as `error: ...`.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Failure {
+    /// The command line is wrong; nothing was sent (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// quotad could not be reached, refused the request, or the output
+    /// could not be written (exit 1).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(error: std::io::Error) -> Self {
+        Failure::Failed(format!("cannot write the output: {error}"))
+    }
+}
+
+/// Runs a client command on its own runtime and turns its outcome into
+/// the process exit code.
+pub(crate) fn execute<F>(command: impl FnOnce(std::io::Stdout) -> F) -> ExitCode
+where
+    F: Future<Output = Result<(), Failure>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Stdout is line-buffered, so each decision shows as soon as it is
+    // printed.
+    match runtime.block_on(command(std::io::stdout())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            let _ = std::io::stdout().flush();
+            eprintln!("error: {failure}");
+            match failure {
+                Failure::Usage(_) => ExitCode::from(EXIT_USAGE),
+                Failure::Failed(_) => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+/// The URI for `--addr`: `host:port` means `http://host:port`.
+///
+/// # Errors
+///
+/// [`Failure::Usage`] for a scheme other than `http` (this client speaks
+/// plaintext gRPC only).
+fn endpoint(addr: &str) -> Result<String, Failure> {
+    let uri = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    if uri.starts_with("http://") {
+        Ok(uri)
+    } else {
+        Err(Failure::Usage(format!(
+            "--addr {addr}: only plaintext http:// addresses are supported by the command line client"
+        )))
+    }
+}
+
+/// A client of the quotad at `uri` whose calls give up after `timeout`.
+fn client(uri: &str, timeout: Duration) -> Result<Client, Failure> {
+    Client::builder(uri)
+        .deadline(timeout)
+        .build()
+        .map_err(|error| failure(uri, error))
+}
+
+/// What a client error means for the person at the terminal.
+fn failure(uri: &str, error: ClientError) -> Failure {
+    match error {
+        ClientError::InvalidAddress(message) => Failure::Usage(format!("--addr: {message}")),
+        ClientError::Unavailable(status) => Failure::Failed(format!(
+            "cannot reach quotad at {uri}: {}",
+            status_detail(&status)
+        )),
+        ClientError::Rejected(status) => Failure::Failed(format!(
+            "quotad refused the request ({}): {}",
+            code_name(status.code()),
+            status.message()
+        )),
+        ClientError::BadResponse(what) => {
+            Failure::Failed(format!("unexpected answer from quotad at {uri}: {what}"))
+        }
+    }
+}
+
+/// The status message and its causes: tonic's "tcp connect error" alone
+/// does not say that the connection was refused.
+fn status_detail(status: &Status) -> String {
+    let mut detail = status.message().to_owned();
+    let mut source = status.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // tonic wraps the cause in a bare "transport error", which says nothing.
+        if text != "transport error" && !detail.contains(&text) {
+            detail.push_str(": ");
+            detail.push_str(&text);
+        }
+        source = cause.source();
+    }
+    detail
+}
+
+/// The canonical gRPC name of `code`, as grpcurl and the docs print it.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A duration in milliseconds for people: `1s 850ms`, `59s`, `1h 2m`.
+/// Exact, never rounded, so a retry time is never shown as shorter than
+/// it is.
+fn human(ms: u64) -> String {
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_host_and_port_means_plaintext_http() {
+        assert_eq!(
+            endpoint("127.0.0.1:50051").expect("valid"),
+            "http://127.0.0.1:50051"
+        );
+        assert_eq!(
+            endpoint("http://quotad:50051").expect("valid"),
+            "http://quotad:50051"
+        );
+        assert!(matches!(
+            endpoint("https://quotad:50051"),
+            Err(Failure::Usage(_))
+        ));
+    }
+
+    #[test]
+    fn durations_are_printed_exactly_in_human_units() {
+        assert_eq!(human(0), "0s");
+        assert_eq!(human(850), "850ms");
+        assert_eq!(human(1_850), "1s 850ms");
+        assert_eq!(human(30_000), "30s");
+        assert_eq!(human(3_723_000), "1h 2m 3s");
+    }
+
+    #[test]
+    fn refusals_name_the_grpc_code_and_the_servers_message() {
+        let error =
+            ClientError::Rejected(Status::not_found("policy_name: no policy named \"nope\""));
+        assert_eq!(
+            failure("http://x", error).to_string(),
+            "quotad refused the request (NOT_FOUND): policy_name: no policy named \"nope\""
+        );
+    }
+}
