@@ -1,30 +1,32 @@
 #!/usr/bin/env bash
 # Reproduces the gRPC rows of BENCHMARKS.md in one bounded command:
 #
-#   scripts/bench.sh                        # ~2 min after the build; prints a markdown table
+#   scripts/bench.sh                        # ~75 s after the build; prints a markdown table
 #   DURATION=5 WARMUP=1 scripts/bench.sh    # a quicker, noisier pass
 #
 # What it does, all on 127.0.0.1:
 #   1. builds the release binaries: quotad, loadgen, noop-server;
 #   2. starts noop-server (quotad's API answering at once: the floor) and runs
 #      loadgen against it: unary Check closed loop at CONCURRENCY over
-#      CONNECTIONS, then CheckBatch(BATCH_SIZE), then stops it;
+#      CONNECTIONS, then CheckBatch(BATCH_SIZE);
 #   3. starts quotad with a temporary config (policy `bench`: a fixed window
 #      no run can exhaust; policy `budget`: 1,000 per day) and runs the same
 #      two loads, then a correctness run (CORRECTNESS_REQUESTS checks on one
 #      hot key under `budget`: exactly 1,000 must be allowed);
 #   4. runs an open-loop load at half of quotad's unary peak (loadgen --rate,
 #      latency measured from each request's scheduled send time, so queueing
-#      is not hidden) against quotad, then against noop-server for the floor;
+#      is not hidden) against quotad, stops quotad, then runs the same rate
+#      against noop-server for the floor;
 #   5. prints a markdown table with quotad / noop ratios and the targets of
-#      issue 6. The servers run one at a time, so they never share the CPU
-#      with each other, only with loadgen.
+#      issue 6. Only one server is under load at a time (the other idles),
+#      and loadgen shares the 2 cores with it.
 #
-# Bounded: every loadgen run has a --duration (WARMUP + DURATION seconds,
-# 12 s by default; 8 runs), runs under `timeout`, and each server stops by
-# itself (noop-server --max-seconds; quotad under `timeout`) even if this
-# script is killed with SIGKILL. An EXIT trap stops the processes this script
-# started, by PID and nothing else. A cold release build takes minutes more.
+# Bounded: every loadgen run has a --duration (WARMUP + DURATION seconds, 12 s
+# by default; 6 timed runs and one short correctness run) and runs under
+# `timeout`; each server stops by itself (noop-server --max-seconds; quotad
+# under `timeout`) even if this script is killed with SIGKILL. An EXIT trap
+# stops the processes this script started, by PID and nothing else. A cold
+# release build takes minutes more.
 #
 # Settings (environment):
 #   DURATION=10 WARMUP=2          seconds measured / not measured, per run
@@ -79,15 +81,21 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Stops one server this script started and forgets its PID.
+# Drops a PID from STARTED once its process has been waited for.
+forget() {
+  local rest=() p
+  for p in "${STARTED[@]}"; do [[ $p == "$1" ]] || rest+=("$p"); done
+  STARTED=("${rest[@]}")
+}
+
+# Stops one server this script started.
 stop_server() {
-  local pid=$1 rest=() p
+  local pid=$1
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
-  for p in "${STARTED[@]}"; do [[ $p == "$pid" ]] || rest+=("$p"); done
-  STARTED=("${rest[@]}")
+  forget "$pid"
 }
 
 # Waits (at most 10 s) until FILE has a line matching the extended regex
@@ -105,17 +113,30 @@ wait_for_addr() {
   return 1
 }
 
+for setting in DURATION WARMUP CONCURRENCY CONNECTIONS BATCH_SIZE BATCH_CONCURRENCY \
+  LOADGEN_THREADS CORRECTNESS_REQUESTS; do
+  [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "bench.sh: $setting must be a whole number" >&2; exit 2; }
+done
 RUN_SECS=$((WARMUP + DURATION))
 # Hard bound per loadgen run: its own duration, one request timeout, slack.
 LOADGEN_LIMIT=$((RUN_SECS + 30))
+# Each server outlives every run this script could make, then stops by itself.
+SERVER_LIMIT=$((7 * LOADGEN_LIMIT + 60))
 
-# loadgen NAME ADDR ARGS... : one run, JSON report in $WORK/NAME.json.
+# loadgen NAME ADDR ARGS... : one run, JSON report in $WORK/NAME.json; its
+# exit status. Run in the background and waited for, so that SIGINT/SIGTERM
+# reach the trap at once instead of after the run.
 loadgen() {
-  local name=$1 addr=$2
+  local name=$1 addr=$2 pid status=0
   shift 2
   echo "bench.sh: $name" >&2
   timeout "$LOADGEN_LIMIT" target/release/loadgen --addr "http://$addr" \
-    --threads "$LOADGEN_THREADS" --json "$@" >"$WORK/$name.json"
+    --threads "$LOADGEN_THREADS" --json "$@" >"$WORK/$name.json" &
+  pid=$!
+  STARTED+=("$pid")
+  wait "$pid" || status=$?
+  forget "$pid"
+  return "$status"
 }
 
 # field NAME JQ_EXPR : a value from a report.
@@ -153,7 +174,7 @@ LOAD_BATCH=(--mode batch --batch-size "$BATCH_SIZE" --concurrency "$BATCH_CONCUR
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the floor: noop-server -------------------------------------------------
-target/release/noop-server --addr 127.0.0.1:0 --max-seconds 400 \
+target/release/noop-server --addr 127.0.0.1:0 --max-seconds "$SERVER_LIMIT" \
   >"$WORK/noop.out" 2>"$WORK/noop.err" &
 NOOP_PID=$!
 STARTED+=("$NOOP_PID")
@@ -164,7 +185,7 @@ loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
 
 # --- quotad -----------------------------------------------------------------
 # `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
-NO_COLOR=1 RUST_LOG=warn,quotad=info timeout 400 target/release/quotad serve \
+NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
   --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
   >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
 QUOTAD_PID=$!
@@ -225,7 +246,9 @@ $(row "CheckBatch($BATCH_SIZE), c=$BATCH_CONCURRENCY over $CONNECTIONS conns" qu
 $(row "unary at $HALF req/s (half of quotad's peak), open loop" noop noop_half)
 $(row "unary at $HALF req/s (half of quotad's peak), open loop" quotad quotad_half)
 
-Open-loop latencies count from each request's scheduled send time.
+Open-loop latencies count from each request's scheduled send time. Of that,
+the time before a request left loadgen (send lag: a busy worker, timer slack,
+loadgen's own CPU) was at p99 $(fmt0 noop_half .send_lag.p99_us) µs against noop and $(fmt0 quotad_half .send_lag.p99_us) µs against quotad.
 
 | target (issue 6) | measured | met? |
 |---|---:|---|

@@ -174,8 +174,9 @@ pub struct LoadConfig {
     /// Traffic sent before measuring starts, and left out of the report.
     pub warmup: Duration,
     /// Open loop: send this many requests per second on a fixed schedule
-    /// and measure latency from each request's scheduled send time, so a
-    /// slow server cannot hide its queueing (no coordinated omission).
+    /// and measure latency from each request's scheduled send time (or its
+    /// actual send, if that was earlier), so a slow server cannot hide its
+    /// queueing (no coordinated omission).
     /// `None` is a closed loop: each of `concurrency` workers sends its next
     /// request when the last one is answered.
     pub rate: Option<f64>,

@@ -27,6 +27,8 @@ pub(crate) enum Outcome {
 #[derive(Debug)]
 pub(crate) struct Tally {
     latency_ns: Histogram<u64>,
+    /// Open loop only: how late each measured request was sent.
+    send_lag_ns: Option<Histogram<u64>>,
     requests: u64,
     allowed: u64,
     denied: u64,
@@ -37,11 +39,23 @@ pub(crate) struct Tally {
     last_done: Option<Instant>,
 }
 
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3)
+        .expect("1 ns to 60 s with 3 significant figures are valid bounds")
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
 impl Tally {
-    pub(crate) fn new() -> Self {
+    /// An empty tally; `open_loop` also tracks how late requests are sent.
+    pub(crate) fn new(open_loop: bool) -> Self {
         Self {
-            latency_ns: Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3)
-                .expect("1 <= 60 s in ns and 3 significant figures are valid bounds"),
+            latency_ns: histogram(),
+            send_lag_ns: open_loop.then(histogram),
             requests: 0,
             allowed: 0,
             denied: 0,
@@ -55,8 +69,7 @@ impl Tally {
 
     /// Counts a measured request that took `latency` and finished at `done`.
     pub(crate) fn record(&mut self, latency: Duration, done: Instant, outcome: Outcome) {
-        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.latency_ns.saturating_record(nanos.max(1));
+        self.latency_ns.saturating_record(nanos(latency));
         self.requests += 1;
         self.last_done = Some(self.last_done.map_or(done, |last| last.max(done)));
         match outcome {
@@ -75,11 +88,26 @@ impl Tally {
         }
     }
 
+    /// Counts how late an open-loop request was sent: the part of its
+    /// latency spent before it left the load generator.
+    pub(crate) fn record_send_lag(&mut self, lag: Duration) {
+        if let Some(h) = &mut self.send_lag_ns {
+            h.saturating_record(nanos(lag));
+        }
+    }
+
     /// Adds `other` into this tally.
     pub(crate) fn merge(&mut self, other: &Self) {
         self.latency_ns
             .add(&other.latency_ns)
             .expect("tallies share their histogram bounds");
+        match (&mut self.send_lag_ns, &other.send_lag_ns) {
+            (Some(mine), Some(theirs)) => mine
+                .add(theirs)
+                .expect("tallies share their histogram bounds"),
+            (mine @ None, Some(theirs)) => *mine = Some(theirs.clone()),
+            (_, None) => {}
+        }
         self.requests += other.requests;
         self.allowed += other.allowed;
         self.denied += other.denied;
@@ -107,7 +135,8 @@ pub enum LatencyOrigin {
     /// From the moment the request was sent (closed loop).
     Send,
     /// From the moment the schedule said to send it (open loop, `rate`): a
-    /// request that waited for a free worker counts the wait.
+    /// request that waited for a free worker counts the wait. A request
+    /// the pacer released early counts from its actual send.
     ScheduledSend,
 }
 
@@ -128,6 +157,33 @@ pub struct Latency {
     pub p999_us: f64,
     /// The slowest request.
     pub max_us: f64,
+}
+
+impl Latency {
+    fn from_histogram(h: &Histogram<u64>) -> Self {
+        #[allow(clippy::cast_precision_loss)]
+        let us = |ns: u64| ns as f64 / 1_000.0;
+        if h.is_empty() {
+            return Self {
+                min_us: 0.0,
+                mean_us: 0.0,
+                p50_us: 0.0,
+                p90_us: 0.0,
+                p99_us: 0.0,
+                p999_us: 0.0,
+                max_us: 0.0,
+            };
+        }
+        Self {
+            min_us: us(h.min()),
+            mean_us: h.mean() / 1_000.0,
+            p50_us: us(h.value_at_quantile(0.50)),
+            p90_us: us(h.value_at_quantile(0.90)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            max_us: us(h.max()),
+        }
+    }
 }
 
 /// The outcome of a load run, counting only the measured phase (after the
@@ -173,6 +229,11 @@ pub struct Report {
     pub latency_from: LatencyOrigin,
     /// Latency percentiles of every measured request, failed ones included.
     pub latency: Latency,
+    /// Open loop only: how late requests left the load generator after
+    /// their scheduled time (waiting for a free worker, the pacer's timer
+    /// slack, the generator's own CPU). Included in `latency`; when it is
+    /// close to `latency`, the generator, not the server, is the limit.
+    pub send_lag: Option<Latency>,
     /// Requests sent during the warmup, not counted above.
     pub warmup_requests: u64,
     /// Open loop only: scheduled requests never sent because the run's
@@ -224,30 +285,8 @@ impl Report {
                 0.0
             }
         };
-        let h = &tally.latency_ns;
-        #[allow(clippy::cast_precision_loss)]
-        let us = |ns: u64| ns as f64 / 1_000.0;
-        let latency = if h.is_empty() {
-            Latency {
-                min_us: 0.0,
-                mean_us: 0.0,
-                p50_us: 0.0,
-                p90_us: 0.0,
-                p99_us: 0.0,
-                p999_us: 0.0,
-                max_us: 0.0,
-            }
-        } else {
-            Latency {
-                min_us: us(h.min()),
-                mean_us: h.mean() / 1_000.0,
-                p50_us: us(h.value_at_quantile(0.50)),
-                p90_us: us(h.value_at_quantile(0.90)),
-                p99_us: us(h.value_at_quantile(0.99)),
-                p999_us: us(h.value_at_quantile(0.999)),
-                max_us: us(h.max()),
-            }
-        };
+        let latency = Latency::from_histogram(&tally.latency_ns);
+        let send_lag = tally.send_lag_ns.as_ref().map(Latency::from_histogram);
         Self {
             mode: info.mode.to_string(),
             batch_size: info.mode.items(),
@@ -272,6 +311,7 @@ impl Report {
                 LatencyOrigin::Send
             },
             latency,
+            send_lag,
             warmup_requests: tally.warmup,
             missed: tally.missed,
         }
@@ -321,7 +361,7 @@ mod tests {
     #[test]
     fn merged_tallies_count_decisions_and_errors_by_code() {
         let start = Instant::now();
-        let mut a = Tally::new();
+        let mut a = Tally::new(false);
         a.record(
             Duration::from_micros(100),
             start + Duration::from_millis(500),
@@ -335,7 +375,7 @@ mod tests {
             start + Duration::from_millis(900),
             Outcome::Failed(Code::NotFound),
         );
-        let mut b = Tally::new();
+        let mut b = Tally::new(false);
         b.record(
             Duration::from_micros(200),
             start + Duration::from_secs(1),
@@ -366,7 +406,7 @@ mod tests {
     #[test]
     fn an_empty_run_reports_zeroes() {
         let start = Instant::now();
-        let report = Report::new(info(start), &Tally::new());
+        let report = Report::new(info(start), &Tally::new(false));
         assert_eq!(report.requests, 0);
         assert!(report.requests_per_sec.abs() < f64::EPSILON);
         assert!(report.latency.p99_us.abs() < f64::EPSILON);

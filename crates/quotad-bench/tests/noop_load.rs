@@ -54,6 +54,7 @@ async fn counts_every_unary_request_as_one_allowed_decision() {
     assert_eq!(report.allowed, 2_000);
     assert_eq!(report.denied, 0);
     assert_eq!(report.latency_from, LatencyOrigin::Send);
+    assert_eq!(report.send_lag, None);
     assert!(report.latency.p50_us > 0.0);
 }
 
@@ -88,6 +89,7 @@ async fn an_open_loop_run_sends_exactly_the_requests_asked_for() {
     assert_eq!(report.allowed, 300);
     assert_eq!(report.missed, 0);
     assert_eq!(report.latency_from, LatencyOrigin::ScheduledSend);
+    assert!(report.send_lag.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

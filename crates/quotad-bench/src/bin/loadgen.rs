@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 /// Load generator for quotad's gRPC API.
 #[derive(Debug, Parser)]
-#[command(name = "loadgen", version, about)]
+#[command(name = "loadgen", version)]
 #[command(group(ArgGroup::new("policy_source").required(true).args(["policy", "inline"])))]
 #[command(group(ArgGroup::new("bound").required(true).multiple(true).args(["duration", "requests"])))]
 struct Cli {
@@ -254,6 +254,13 @@ fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()
         "latency us (from {:?}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
         report.latency_from, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us, l.mean_us
     )?;
+    if let Some(l) = &report.send_lag {
+        writeln!(
+            out,
+            "send lag us (part of the latency): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
+        )?;
+    }
     out.flush()
 }
 

@@ -22,7 +22,7 @@ const DRAIN: Duration = Duration::from_secs(5);
 
 /// A no-op quotad.v1.Quota server: every check is allowed at once.
 #[derive(Debug, Parser)]
-#[command(name = "noop-server", version, about)]
+#[command(name = "noop-server", version)]
 struct Cli {
     /// The address to listen on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
