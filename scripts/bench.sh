@@ -34,11 +34,16 @@
 #   BATCH_SIZE=100 BATCH_CONCURRENCY=8
 #   KEYS=uniform:100000           loadgen --keys for the throughput runs
 #   LOADGEN_THREADS=1             loadgen runtime threads (the box has 2 cores)
+#   SERVER_THREADS=1              worker threads of both servers, the same for
+#                                 each: with loadgen on one core, one each
+#                                 (two workers on the shared cores were
+#                                 measured slower and with a worse p99)
 #   CORRECTNESS_REQUESTS=5000
 #   SKIP_BUILD=1                  use the binaries already in target/release
 #   OUT=DIR                       keep every JSON report and server log in DIR
 #
-# Requires: cargo, jq. The Redis rows of BENCHMARKS.md are not produced here.
+# Requires: cargo, jq; for the Redis rows redis-server, redis-cli and
+# redis-benchmark (skipped, with a message, when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +55,7 @@ BATCH_SIZE=${BATCH_SIZE:-100}
 BATCH_CONCURRENCY=${BATCH_CONCURRENCY:-8}
 KEYS=${KEYS:-uniform:100000}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
+SERVER_THREADS=${SERVER_THREADS:-1}
 CORRECTNESS_REQUESTS=${CORRECTNESS_REQUESTS:-5000}
 BUDGET=1000
 
@@ -114,7 +120,7 @@ wait_for_addr() {
 }
 
 for setting in DURATION WARMUP CONCURRENCY CONNECTIONS BATCH_SIZE BATCH_CONCURRENCY \
-  LOADGEN_THREADS CORRECTNESS_REQUESTS; do
+  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS; do
   [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "bench.sh: $setting must be a whole number" >&2; exit 2; }
 done
 RUN_SECS=$((WARMUP + DURATION))
@@ -141,6 +147,7 @@ loadgen() {
 
 # field NAME JQ_EXPR : a value from a report.
 field() { jq -r "$2" "$WORK/$1.json"; }
+fmt0() { jq -r "$2 | floor" "$WORK/$1.json"; }
 
 if [[ -z ${SKIP_BUILD:-} ]]; then
   cargo build --release --quiet -p quotad --bin quotad
@@ -158,10 +165,10 @@ algorithm = "fixed_window"
 limit = 1000000000000
 window = "1s"
 
-# Correctness under load: a known budget on a hot key. The window is an
-# epoch-aligned day, so a run that straddles 00:00 UTC could see two.
+# Correctness under load: a known budget on a hot key. An exact sliding
+# log over a day: no window boundary can hand out a second budget.
 [policies.budget]
-algorithm = "fixed_window"
+algorithm = "sliding_log"
 limit = $BUDGET
 window = "1d"
 EOF
@@ -175,7 +182,7 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the floor: noop-server -------------------------------------------------
 target/release/noop-server --addr 127.0.0.1:0 --max-seconds "$SERVER_LIMIT" \
-  >"$WORK/noop.out" 2>"$WORK/noop.err" &
+  --threads "$SERVER_THREADS" >"$WORK/noop.out" 2>"$WORK/noop.err" &
 NOOP_PID=$!
 STARTED+=("$NOOP_PID")
 NOOP_ADDR=$(wait_for_addr "$WORK/noop.out" "$NOOP_PID" 's/^listening ([0-9.:]+)$/\1/p')
@@ -187,7 +194,7 @@ loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
 # `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
 NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
   --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
-  >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
+  --worker-threads "$SERVER_THREADS" >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
 QUOTAD_PID=$!
 STARTED+=("$QUOTAD_PID")
 QUOTAD_ADDR=$(wait_for_addr "$WORK/quotad.err" "$QUOTAD_PID" 's/.*grpc_addr=([0-9.:]+).*/\1/p')
@@ -211,10 +218,63 @@ stop_server "$QUOTAD_PID"
 # The floor at the same rate, on the same noop-server (idle while quotad ran).
 loadgen noop_half "$NOOP_ADDR" --policy bench "${LOAD_UNARY[@]}" --rate "$HALF"
 stop_server "$NOOP_PID"
+
+# --- the Redis backend (when redis-server and redis-benchmark exist) ---------
+# quotad on a Redis of its own, next to redis-benchmark running quotad's own
+# script by EVALSHA on that Redis: the floor for any Redis-backed decision.
+REDIS_ROWS=""
+if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  REDIS_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  timeout "$SERVER_LIMIT" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
+    --appendonly no >"$WORK/redis.out" 2>&1 &
+  REDIS_PID=$!
+  STARTED+=("$REDIS_PID")
+  for _ in $(seq 100); do
+    [[ $(redis-cli -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && break
+    sleep 0.1
+  done
+  NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
+    --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
+    --worker-threads "$SERVER_THREADS" --backend redis \
+    --redis-url "redis://127.0.0.1:$REDIS_PORT/" --redis-timeout 1s \
+    >"$WORK/quotad-redis.out" 2>"$WORK/quotad-redis.err" &
+  QUOTAD_REDIS_PID=$!
+  STARTED+=("$QUOTAD_REDIS_PID")
+  QUOTAD_REDIS_ADDR=$(wait_for_addr "$WORK/quotad-redis.err" "$QUOTAD_REDIS_PID" 's/.*grpc_addr=([0-9.:]+).*/\1/p')
+  loadgen redis_unary "$QUOTAD_REDIS_ADDR" --policy bench "${LOAD_UNARY[@]}"
+  REDIS_CORRECT=yes
+  loadgen redis_budget "$QUOTAD_REDIS_ADDR" --policy budget --keys hot \
+    --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" \
+    --requests "$CORRECTNESS_REQUESTS" --expect-allowed "$BUDGET" || REDIS_CORRECT=no
+  stop_server "$QUOTAD_REDIS_PID"
+
+  SHA=$(redis-cli -p "$REDIS_PORT" script load "$(cat src/store/quota.lua)")
+  REDIS_REQUESTS=$(( $(field redis_unary .requests_per_sec | cut -d. -f1) * DURATION ))
+  [[ $REDIS_REQUESTS -gt 10000 ]] || REDIS_REQUESTS=10000
+  timeout $((DURATION * 5 + 30)) redis-benchmark -p "$REDIS_PORT" -c "$CONCURRENCY" \
+    -n "$REDIS_REQUESTS" -r 100000 --csv \
+    EVALSHA "$SHA" 1 "quotad:bench|{key:__rand_int__}" check "" \
+    1 1000000000000 1000 1000000000000 1 >"$WORK/redis-benchmark.csv"
+  stop_server "$REDIS_PID"
+  # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+  IFS=, read -r _ RB_RPS _ _ RB_P50 _ RB_P99 _ < <(tail -n 1 "$WORK/redis-benchmark.csv" | tr -d '"')
+  us() { jq -n "$1 * 1000 | floor"; }
+  REDIS_RATIO=$(jq -n "$(field redis_unary .requests_per_sec) / $RB_RPS * 100 | round / 100")
+  REDIS_ROWS="
+## Redis backend: quotad next to EVALSHA of its script
+
+| run | requests/s | p50 µs | p99 µs | errors |
+|---|---:|---:|---:|---:|
+| quotad on Redis, unary Check, c=$CONCURRENCY over $CONNECTIONS conns | $(fmt0 redis_unary .requests_per_sec) | $(fmt0 redis_unary .latency.p50_us) | $(fmt0 redis_unary .latency.p99_us) | $(field redis_unary .errors) |
+| redis-benchmark EVALSHA quota.lua, c=$CONCURRENCY, random keys | ${RB_RPS%.*} | $(us "$RB_P50") | $(us "$RB_P99") | — |
+
+quotad on Redis / EVALSHA floor: $REDIS_RATIO x. Hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks through quotad on Redis: $(field redis_budget .allowed) allowed ($REDIS_CORRECT)."
+else
+  echo "bench.sh: redis-server or redis-benchmark missing; skipping the Redis rows" >&2
+fi
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- the table --------------------------------------------------------------
-fmt0() { jq -r "$2 | floor" "$WORK/$1.json"; }
 row() { # label server report
   printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" \
     "$(fmt0 "$3" .requests_per_sec)" "$(fmt0 "$3" .decisions_per_sec)" \
@@ -234,7 +294,7 @@ cat <<EOF
 
 Date: $(date -u '+%Y-%m-%d %H:%M UTC'). Machine: $(nproc) cores, $(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1).
 Load average before / after: $LOAD_BEFORE / $LOAD_AFTER.
-loadgen: $LOADGEN_THREADS runtime thread(s), on the same box as the server; keys $KEYS;
+loadgen: $LOADGEN_THREADS runtime thread(s), on the same box as the server; servers: $SERVER_THREADS worker thread(s) each; keys $KEYS;
 closed-loop runs measure ${DURATION} s after a ${WARMUP} s warmup.
 
 | run | server | requests/s | decisions/s | p50 µs | p99 µs | p99.9 µs | errors |
@@ -257,4 +317,5 @@ loadgen's own CPU) was at p99 $(fmt0 noop_half .send_lag.p99_us) µs against noo
 | p99 at half of peak <= 1 ms | $HALF_P99 µs | $(met "$HALF_P99 <= 1000") |
 | hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks at c=$CONCURRENCY: allowed = $BUDGET | $(field quotad_budget .allowed) allowed, $(field quotad_budget .denied) denied, $(field quotad_budget .errors) errors | $CORRECT |
 EOF
+echo "$REDIS_ROWS"
 if [[ $KEEP_WORK == 1 ]]; then echo; echo "Reports and logs: $WORK"; fi

@@ -94,6 +94,9 @@ pub struct ServerSettings {
     /// `server.config_poll_interval`: how often the config file is re-read
     /// for policy changes; zero turns polling off (SIGHUP still reloads).
     pub config_poll_interval: Duration,
+    /// `server.worker_threads`: async runtime threads; `None` is one per
+    /// core. A sidecar, or a box shared with its clients, wants fewer.
+    pub worker_threads: Option<usize>,
 }
 
 /// `[server.tls]`: the certificate files, read and checked at load time.
@@ -271,6 +274,9 @@ pub struct Overrides {
     /// PEM CA certificates that client certificates must chain to (mTLS)
     #[arg(long, env = "QUOTAD_TLS_CLIENT_CA", value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Async runtime worker threads [default: one per core]
+    #[arg(long, env = "QUOTAD_WORKER_THREADS", value_name = "N")]
+    pub worker_threads: Option<usize>,
     /// How often the config file is re-read for policy changes; 0s disables [default: 1s]
     #[arg(long, env = "QUOTAD_CONFIG_POLL_INTERVAL", value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub config_poll_interval: Option<Duration>,
@@ -504,6 +510,10 @@ impl Config {
                 "server.config_poll_interval",
                 a.0.config_poll_interval != b.0.config_poll_interval,
             ),
+            (
+                "server.worker_threads",
+                a.0.worker_threads != b.0.worker_threads,
+            ),
             ("store.backend", a.1.backend != b.1.backend),
             ("store.max_keys", a.1.max_keys != b.1.max_keys),
             ("store.shards", a.1.shards != b.1.shards),
@@ -635,6 +645,7 @@ struct RawServer {
     admin_addr: Option<SocketAddr>,
     tls: Option<RawTls>,
     config_poll_interval: Option<HumanDuration>,
+    worker_threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -709,6 +720,12 @@ impl RawConfig {
             &mut s.admin_addr,
             &o.admin_addr,
             &["server", "admin_addr"],
+            &mut replaced,
+        );
+        set(
+            &mut s.worker_threads,
+            &o.worker_threads,
+            &["server", "worker_threads"],
             &mut replaced,
         );
         let poll = o.config_poll_interval.map(HumanDuration);
@@ -844,7 +861,14 @@ impl RawConfig {
                 .server
                 .config_poll_interval
                 .map_or(DEFAULT_CONFIG_POLL_INTERVAL, |d| d.0),
+            worker_threads: self.server.worker_threads,
         };
+        if server.worker_threads == Some(0) {
+            return Err(invalid(
+                &["server", "worker_threads"],
+                "worker_threads must be at least 1 (leave it out for one per core)".to_owned(),
+            ));
+        }
         if server.grpc_addr == server.admin_addr && server.grpc_addr.port() != 0 {
             return Err(invalid(
                 &["server", "admin_addr"],
@@ -1244,6 +1268,17 @@ mod tests {
         assert_eq!(
             error("[store]\nsweep_interval = \"0s\"\n"),
             "store.sweep_interval: sweep_interval must be longer than zero (line 2)"
+        );
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_per_core_and_must_be_positive() {
+        assert_eq!(Config::default().server().worker_threads, None);
+        let config = Config::from_toml("[server]\nworker_threads = 1\n").expect("valid");
+        assert_eq!(config.server().worker_threads, Some(1));
+        assert_eq!(
+            error("[server]\nworker_threads = 0\n"),
+            "server.worker_threads: worker_threads must be at least 1 (leave it out for one per core) (line 2)"
         );
     }
 

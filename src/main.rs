@@ -125,7 +125,11 @@ fn config_error(file: Option<&Path>, error: &ConfigError) -> ExitCode {
 }
 
 fn serve_config(config: Config) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = config.server().worker_threads {
+        runtime.worker_threads(threads);
+    }
+    let runtime = runtime
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

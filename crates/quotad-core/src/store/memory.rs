@@ -144,9 +144,8 @@ struct Pending<'a> {
 impl MemoryStore {
     /// An empty store reading time from `clock`.
     ///
-    /// Each shard's table is allocated for its full share of `max_keys` at
-    /// once: address space for the bound is reserved up front, and pages
-    /// become resident as keys arrive.
+    /// Each shard's table grows with its keys, never past its share of
+    /// `max_keys`.
     pub fn new(config: StoreConfig, clock: Arc<dyn Clock>) -> Self {
         let per_shard = config.max_keys() / config.shards();
         let hasher = KeyHasher::default();

@@ -80,6 +80,9 @@ struct Slot {
 #[derive(Debug)]
 pub(super) struct Shard {
     map: IndexMap<StoreKey, Slot, KeyHasher>,
+    /// The most keys this shard may hold; its table never grows past room
+    /// for exactly this many.
+    limit: usize,
     /// No entry becomes fresh before this instant (a lower bound), so a
     /// purge before it would find nothing.
     next_expiry: u64,
@@ -88,11 +91,11 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    /// A shard with room for `capacity` keys allocated up front, so it never
-    /// grows (and never doubles its allocation) while filling.
-    pub(super) fn new(capacity: usize, hasher: KeyHasher) -> Self {
+    /// An empty shard that will hold at most `limit` keys.
+    pub(super) fn new(limit: usize, hasher: KeyHasher) -> Self {
         Self {
-            map: IndexMap::with_capacity_and_hasher(capacity, hasher),
+            map: IndexMap::with_hasher(hasher),
+            limit,
             next_expiry: u64::MAX,
             cursor: 0,
         }
@@ -144,6 +147,7 @@ impl Shard {
 
     /// Adds a key that has no entry yet. The caller has made room.
     pub(super) fn insert(&mut self, hash: u64, name: &str, key: &str, state: State, fresh_at: u64) {
+        self.grow();
         self.next_expiry = self.next_expiry.min(fresh_at);
         let slot = Slot {
             fresh_at,
@@ -161,6 +165,20 @@ impl Shard {
                 o.insert(slot);
             }
         }
+    }
+
+    /// Makes room for one more entry: doubling, as usual, but never past
+    /// `limit`, so a full shard holds no unused slots (left alone, the entry
+    /// list would grow to the index table's size, up to 1.75x the keys). A
+    /// table that grows with its keys also stays small, and cache-resident,
+    /// when far fewer keys than `max_keys` are live.
+    fn grow(&mut self) {
+        let len = self.map.len();
+        if len < self.map.capacity() {
+            return;
+        }
+        let target = (len * 2).clamp(16, self.limit.max(len + 1));
+        self.map.reserve_exact(target - len);
     }
 
     /// Drops every entry that is fresh by `now`, if any can be. Returns how
