@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use quotad_client::{Client, Error as ClientError};
-use tonic::{Code, Status};
+use tonic::Status;
 
 pub(crate) use check::{CheckArgs, PeekArgs, check, peek};
 pub(crate) use demo::{DemoArgs, demo};
@@ -117,7 +117,7 @@ fn failure(uri: &str, error: ClientError) -> Failure {
         )),
         ClientError::Rejected(status) => Failure::Failed(format!(
             "quotad refused the request ({}): {}",
-            code_name(status.code()),
+            quotad_proto::convert::code_name(status.code()),
             status.message()
         )),
         ClientError::BadResponse(what) => {
@@ -141,29 +141,6 @@ fn status_detail(status: &Status) -> String {
         source = cause.source();
     }
     detail
-}
-
-/// The canonical gRPC name of `code`, as grpcurl and the docs print it.
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
 }
 
 /// A duration in milliseconds for people: `1s 850ms`, `59s`, `1h 2m`.

@@ -267,7 +267,7 @@ impl Report {
             .filter(|(_, count)| **count > 0)
             .map(|(code, count)| {
                 let code = Code::from_i32(i32::try_from(code).unwrap_or(2));
-                (code_name(code).to_owned(), *count)
+                (quotad_proto::convert::code_name(code).to_owned(), *count)
             })
             .chain(
                 (tally.malformed > 0).then(|| ("MALFORMED_RESPONSE".to_owned(), tally.malformed)),
@@ -315,29 +315,6 @@ impl Report {
             warmup_requests: tally.warmup,
             missed: tally.missed,
         }
-    }
-}
-
-/// The canonical name of a gRPC status code.
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
