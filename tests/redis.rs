@@ -508,3 +508,26 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
         "0"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_value_in_redis_is_an_internal_error_not_an_outage_to_fail_open_on() {
+    let redis = RedisServer::start();
+    let config =
+        Config::from_toml(&FAULT_CONFIG.replace("REDIS_URL", &redis.url())).expect("valid config");
+    let server = TestServer::start(config).await;
+    let mut client = server.client().await;
+    assert_eq!(
+        redis
+            .cli(&["set", "quotad:open|{corrupt}", "T not numbers"])
+            .trim(),
+        "OK"
+    );
+    let status = client
+        .check(named("corrupt", "open", None))
+        .await
+        .expect_err("a script error is not a decision, even failing open");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    // Other keys are unaffected.
+    let d = check(&mut client, named("fine", "open", None)).await;
+    assert_eq!(d.reason(), pb::Reason::WithinLimit);
+}

@@ -66,7 +66,7 @@ impl From<InvalidItem> for ServiceError {
     // quotad-core still surfaces as the right field.
     fn from(error: InvalidItem) -> Self {
         let field = match error {
-            InvalidItem::ZeroCost => "cost",
+            InvalidItem::ZeroCost | InvalidItem::CostTooLarge => "cost",
             InvalidItem::EmptyKey => "key",
             InvalidItem::PolicyName => "policy_name",
         };
@@ -81,7 +81,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
         ServiceError::UnknownPolicy { .. } => Status::not_found(message),
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
-        ServiceError::Store(StoreError::Unavailable(_)) => Status::unavailable(message),
+        ServiceError::Store(StoreError::Unavailable(_) | StoreError::Partial(_)) => {
+            Status::unavailable(message)
+        }
         ServiceError::Store(StoreError::CrossSlot) => Status::failed_precondition(message),
         ServiceError::Store(StoreError::Backend(_)) => Status::internal(message),
     }

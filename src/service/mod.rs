@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use metrics::Counter;
-use quotad_core::{CheckItem, Decision, Policy, Reason};
+use quotad_core::{BatchMode, CheckItem, Decision, Policy, Reason};
 use quotad_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -97,13 +97,33 @@ impl<'a> Target<'a> {
 }
 
 /// Applies each target's `on_error` to a failed store call: the decisions,
-/// or the error if any target wants it passed on.
+/// or the error if any target wants it passed on. An all-or-nothing batch
+/// stays all or nothing: one item failing closed denies every item.
 fn on_store_error(
     targets: &[Target<'_>],
     error: StoreError,
+    mode: BatchMode,
 ) -> Result<Vec<Decision>, ServiceError> {
     tracing::warn!(%error, "store call failed; applying on_error");
-    targets.iter().map(|t| t.on_store_error(&error)).collect()
+    let mut decisions = match error {
+        // Decided items stand; each failed one gets its own on_error.
+        StoreError::Partial(results) => targets
+            .iter()
+            .zip(results)
+            .map(|(t, r)| r.or_else(|e| t.on_store_error(&e)))
+            .collect::<Result<Vec<_>, _>>()?,
+        error => targets
+            .iter()
+            .map(|t| t.on_store_error(&error))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    if mode == BatchMode::AllOrNothing && decisions.iter().any(|d| !d.allowed) {
+        for d in &mut decisions {
+            d.allowed = false;
+            d.reason = Reason::FailClosed;
+        }
+    }
+    Ok(decisions)
 }
 
 impl<S: StateStore> QuotaService<S> {
@@ -187,7 +207,11 @@ impl<S: StateStore> QuotaService<S> {
         self.store_ops.check.increment(1);
         let decision = match self.store.check_one(&item).await {
             Ok(decision) => decision,
-            Err(error) => first(on_store_error(std::slice::from_ref(&target), error)?),
+            Err(error) => first(on_store_error(
+                std::slice::from_ref(&target),
+                error,
+                BatchMode::Independent,
+            )?),
         };
         target.decisions.record(&decision);
         Ok(pb::CheckResponse {
@@ -220,7 +244,7 @@ impl<S: StateStore> QuotaService<S> {
         self.store_ops.check_batch.increment(1);
         let decisions = match self.store.check(&items, batch.mode).await {
             Ok(decisions) => decisions,
-            Err(error) => on_store_error(&targets, error)?,
+            Err(error) => on_store_error(&targets, error, batch.mode)?,
         };
         for (target, decision) in targets.iter().zip(&decisions) {
             target.decisions.record(decision);
@@ -238,7 +262,11 @@ impl<S: StateStore> QuotaService<S> {
         self.store_ops.peek.increment(1);
         let decision = match self.store.peek(&item).await {
             Ok(decision) => decision,
-            Err(error) => first(on_store_error(std::slice::from_ref(&target), error)?),
+            Err(error) => first(on_store_error(
+                std::slice::from_ref(&target),
+                error,
+                BatchMode::Independent,
+            )?),
         };
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
@@ -317,5 +345,75 @@ impl<S: StateStore> pb::quota_server::Quota for QuotaService<S> {
     ) -> Result<Response<pb::ResetResponse>, Status> {
         self.observe(Method::Reset, self.reset_one(request.into_inner()))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use quotad_core::Algorithm;
+
+    use super::*;
+
+    fn decided(allowed: bool) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining: 3,
+            retry_after_ms: 0,
+            reset_after_ms: 1_000,
+            reason: if allowed {
+                Reason::WithinLimit
+            } else {
+                Reason::LimitExceeded
+            },
+        }
+    }
+
+    #[test]
+    fn store_failures_follow_each_targets_on_error_and_keep_what_was_decided() {
+        let metrics = Metrics::new().expect("metrics");
+        let counters = metrics.named_policy("p", Algorithm::FixedWindow);
+        let policy = Policy::try_new(Algorithm::FixedWindow, 10, Duration::from_secs(1), None)
+            .expect("valid");
+        let target = |on_error| Target {
+            namespace: Cow::Borrowed("p"),
+            policy,
+            on_error,
+            decisions: &counters,
+        };
+        let targets = [
+            target(OnError::FailOpen),
+            target(OnError::FailClosed),
+            target(OnError::FailOpen),
+        ];
+        let down = || StoreError::Unavailable("down".to_owned());
+
+        let each = on_store_error(&targets, down(), BatchMode::Independent).expect("answers");
+        let reasons: Vec<Reason> = each.iter().map(|d| d.reason).collect();
+        assert_eq!(
+            reasons,
+            [Reason::FailOpen, Reason::FailClosed, Reason::FailOpen]
+        );
+
+        let all = on_store_error(&targets, down(), BatchMode::AllOrNothing).expect("answers");
+        assert!(
+            all.iter()
+                .all(|d| !d.allowed && d.reason == Reason::FailClosed)
+        );
+
+        // A partly failed independent batch: decided items stand.
+        let partial = StoreError::Partial(vec![Ok(decided(true)), Err(down()), Ok(decided(false))]);
+        let mixed = on_store_error(&targets, partial, BatchMode::Independent).expect("answers");
+        assert_eq!(mixed[0], decided(true));
+        assert_eq!(mixed[1].reason, Reason::FailClosed);
+        assert_eq!(mixed[2], decided(false));
+
+        // `error` passes the failure on; a bug in the store is never failed open.
+        let strict = [target(OnError::Error)];
+        assert!(on_store_error(&strict, down(), BatchMode::Independent).is_err());
+        let bug = StoreError::Backend("bad reply".to_owned());
+        assert!(on_store_error(&targets[..1], bug, BatchMode::Independent).is_err());
     }
 }

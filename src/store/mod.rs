@@ -37,6 +37,11 @@ pub enum StoreError {
     /// outage).
     #[error("state store error: {0}")]
     Backend(String),
+    /// Some items of an independent batch were decided (and consumed) and
+    /// others failed; one result per item, in order. Each failed item gets
+    /// its own policy's `on_error`, and the decided ones stand.
+    #[error("{} of {} batch items failed", .0.iter().filter(|r| r.is_err()).count(), .0.len())]
+    Partial(Vec<Result<Decision, StoreError>>),
 }
 
 /// Counts a store reports for the metrics; `None` where a backend cannot

@@ -181,13 +181,7 @@ impl RedisBackend {
         tokio::time::timeout(self.timeout, invocation.invoke_async(connection))
             .await
             .map_err(|_| timed_out(self.timeout))?
-            .map_err(|e| {
-                if e.code() == Some("CROSSSLOT") {
-                    StoreError::CrossSlot
-                } else {
-                    unavailable(e)
-                }
-            })
+            .map_err(classify)
     }
 
     /// On a Cluster, independent items may live in different slots, so each
@@ -299,6 +293,29 @@ fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, StoreError> {
 
 fn unavailable(e: RedisError) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
+}
+
+/// An outage (the policy's `on_error` applies) or a fault that retrying
+/// and failing open would only hide: a script error, a wrong type, a reply
+/// quotad cannot read (INTERNAL).
+fn classify(e: RedisError) -> StoreError {
+    if e.code() == Some("CROSSSLOT") {
+        return StoreError::CrossSlot;
+    }
+    let outage = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.code(),
+            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
+        );
+    if outage {
+        unavailable(e)
+    } else {
+        StoreError::Backend(format!("redis: {e}"))
+    }
 }
 
 fn timed_out(after: Duration) -> StoreError {

@@ -23,7 +23,7 @@ use quotad_core::{Decision, Reason};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client::{Check, Client};
+use crate::client::{Check, Client, Error};
 
 type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
@@ -95,24 +95,31 @@ fn peer_ip(parts: &Parts) -> Option<IpAddr> {
 
 /// The right-most `X-Forwarded-For` hop that is not a trusted proxy; the
 /// peer itself when the peer is not trusted or the header says nothing
-/// usable. Left-most entries are whatever the client wrote, so they are
-/// never believed over a trusted hop.
+/// usable. Hops are read from the right, the end the trusted proxies wrote,
+/// and reading stops at the first that is not an address: everything left of
+/// it came from the client and is never believed over a trusted hop.
 fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let hops: Vec<IpAddr> = headers
+    let hops: Vec<&str> = headers
         .get_all("x-forwarded-for")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map_while(|hop| hop.trim().parse::<IpAddr>().ok())
         .collect();
-    hops.into_iter()
-        .rev()
-        .find(|ip| !is_trusted(ip))
-        .map_or(peer, |ip| ip.to_canonical())
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+            break;
+        };
+        client = ip.to_canonical();
+        if !is_trusted(&client) {
+            break;
+        }
+    }
+    client
 }
 
 struct Settings {
@@ -251,11 +258,15 @@ where
             let decision = match settings.client.check(&check).await {
                 Ok(decision) => decision,
                 Err(error) => {
-                    tracing::error!(policy = %settings.policy, %error, "rate-limit check failed");
-                    return Ok(plain(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "rate limiter unavailable\n",
-                    ));
+                    tracing::warn!(policy = %settings.policy, %error, "rate-limit check failed");
+                    // quotad refusing the request (a bad key or cost from
+                    // this app's extractors) is this server's fault, not an
+                    // outage.
+                    let status = match error {
+                        Error::Rejected(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                        _ => StatusCode::SERVICE_UNAVAILABLE,
+                    };
+                    return Ok(plain(status, "rate limiter unavailable\n"));
                 }
             };
             match decision.reason {
@@ -376,6 +387,27 @@ mod tests {
     fn forwarded_for_from_a_trusted_proxy_gives_the_right_most_untrusted_hop() {
         // The client forged the first entry; the proxies appended the rest.
         let parts = parts_from("10.0.0.2:5000", Some("1.2.3.4, 198.51.100.7, 10.0.0.1"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(key.as_deref(), Some("198.51.100.7"));
+    }
+
+    #[test]
+    fn a_forged_left_most_entry_cannot_hide_the_hops_the_proxies_wrote() {
+        let parts = parts_from("10.0.0.2:5000", Some("garbage, 198.51.100.7"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(key.as_deref(), Some("198.51.100.7"));
+        let parts = parts_from("10.0.0.2:5000", Some("unknown, 10.0.0.9"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(
+            key.as_deref(),
+            Some("10.0.0.9"),
+            "the last trusted hop, not the proxy"
+        );
+    }
+
+    #[test]
+    fn mapped_ipv6_hops_are_matched_against_ipv4_proxies() {
+        let parts = parts_from("10.0.0.2:5000", Some("198.51.100.7, ::ffff:10.0.0.1"));
         let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
         assert_eq!(key.as_deref(), Some("198.51.100.7"));
     }

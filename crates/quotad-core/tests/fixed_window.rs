@@ -127,6 +127,17 @@ fn cost_zero_is_an_error_and_creates_no_state() {
 }
 
 #[test]
+fn a_cost_above_2_pow_53_is_an_error_every_backend_could_not_compute_exactly() {
+    let policy = per_minute(10);
+    let too_big = quotad_core::MAX_EXACT + 1;
+    assert_eq!(
+        CheckItem::new("api", policy, "alice", too_big).err(),
+        Some(InvalidItem::CostTooLarge)
+    );
+    assert!(CheckItem::new("api", policy, "alice", quotad_core::MAX_EXACT).is_ok());
+}
+
+#[test]
 fn an_empty_key_or_a_bad_policy_name_is_an_error() {
     let policy = per_minute(10);
     assert_eq!(

@@ -155,3 +155,90 @@ fn the_sweep_drops_fresh_state_one_shard_at_a_time() {
     assert_eq!(dropped, 500);
     assert_eq!(store.live_keys(), 0);
 }
+
+#[test]
+fn a_tiny_table_holds_exactly_max_keys() {
+    for max_keys in [1, 2, 15, 16, 17] {
+        let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+        let config = StoreConfig::try_new(max_keys, 64, OnFull::Deny).expect("valid config");
+        let store = MemoryStore::new(config, clock);
+        let policy = per(Duration::from_secs(3_600));
+        for i in 0..max_keys + 3 {
+            let key = format!("key-{i}");
+            let d = store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+            assert_eq!(d.allowed, i < max_keys, "max_keys {max_keys}, key {i}");
+        }
+        assert_eq!(store.live_keys(), max_keys);
+    }
+}
+
+/// A full one-shard store of 16 keys under `policy`, each with 1 unit used.
+fn full_store(on_full: OnFull, policy: Policy) -> MemoryStore {
+    let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+    let config = StoreConfig::try_new(16, 1, on_full).expect("valid config");
+    let store = MemoryStore::new(config, clock);
+    for i in 0..16 {
+        let key = format!("key-{i}");
+        assert!(
+            store
+                .check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"))
+                .allowed
+        );
+    }
+    store
+}
+
+#[test]
+fn a_rejected_all_or_nothing_batch_evicts_nothing() {
+    let policy = per(Duration::from_secs(3_600));
+    let store = full_store(OnFull::Evict, policy);
+    let items = [
+        CheckItem::new("api", policy, "newcomer", 1).expect("valid"),
+        CheckItem::new("api", policy, "key-0", 101).expect("valid"),
+    ];
+    let d = store.check(&items, BatchMode::AllOrNothing);
+    assert_eq!(d[1].reason, Reason::CostExceedsCapacity);
+    assert_eq!(d[0].reason, Reason::BatchRejected);
+    assert_eq!(store.evictions(), 0);
+    assert_eq!(store.live_keys(), 16);
+    for i in 0..16 {
+        let key = format!("key-{i}");
+        let item = CheckItem::new("api", policy, &key, 1).expect("valid");
+        assert_eq!(store.peek(&item).remaining, 99, "{key} kept its state");
+    }
+}
+
+#[test]
+fn an_all_or_nothing_batch_never_evicts_its_own_keys_nor_overfills() {
+    let policy = per(Duration::from_secs(3_600));
+    let store = full_store(OnFull::Evict, policy);
+    let keys: Vec<String> = (0..16)
+        .map(|i| format!("key-{i}"))
+        .chain((0..8).map(|i| format!("new-{i}")))
+        .collect();
+    let items: Vec<CheckItem<'_>> = keys
+        .iter()
+        .map(|k| CheckItem::new("api", policy, k, 1).expect("valid"))
+        .collect();
+    let d = store.check(&items, BatchMode::AllOrNothing);
+    assert!(
+        d.iter().all(|d| !d.allowed),
+        "no room without evicting the batch itself"
+    );
+    assert!(d[16..].iter().all(|d| d.reason == Reason::Capacity));
+    assert_eq!(store.evictions(), 0);
+    assert_eq!(store.live_keys(), 16);
+
+    // With strangers to evict, the batch commits, within the bound.
+    let small: Vec<CheckItem<'_>> = items[14..18].to_vec();
+    let d = store.check(&small, BatchMode::AllOrNothing);
+    assert!(d.iter().all(|d| d.allowed));
+    assert_eq!(store.evictions(), 2);
+    assert_eq!(store.live_keys(), 16);
+    for item in &small {
+        assert_eq!(
+            store.peek(item).remaining,
+            98 + u64::from(item.key().starts_with("new"))
+        );
+    }
+}

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use thiserror::Error;
 
-use crate::policy::Policy;
+use crate::policy::{MAX_EXACT, Policy};
 
 /// How the items of a batch relate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -31,6 +31,9 @@ pub enum InvalidItem {
     /// `cost` is zero.
     #[error("cost must be at least 1")]
     ZeroCost,
+    /// `cost` is above 2^53, past what every backend computes exactly.
+    #[error("cost must be at most 2^53")]
+    CostTooLarge,
     /// `key` is empty.
     #[error("key must not be empty")]
     EmptyKey,
@@ -46,8 +49,8 @@ impl<'a> CheckItem<'a> {
     ///
     /// # Errors
     ///
-    /// [`InvalidItem`] when `cost` is 0, `key` is empty, or `name` is empty
-    /// or contains NUL.
+    /// [`InvalidItem`] when `cost` is 0 or above 2^53, `key` is empty, or
+    /// `name` is empty or contains NUL.
     pub fn new(
         name: &'a str,
         policy: Policy,
@@ -55,6 +58,9 @@ impl<'a> CheckItem<'a> {
         cost: u64,
     ) -> Result<Self, InvalidItem> {
         let cost = NonZeroU64::new(cost).ok_or(InvalidItem::ZeroCost)?;
+        if cost.get() > MAX_EXACT {
+            return Err(InvalidItem::CostTooLarge);
+        }
         if key.is_empty() {
             return Err(InvalidItem::EmptyKey);
         }

@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
 use super::item::{BatchMode, CheckItem};
-use super::shard::{KeyHasher, Shard, key_hash};
+use super::shard::{KeyHasher, Shard, StoreKey, key_hash};
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
@@ -253,7 +253,7 @@ impl MemoryStore {
         }
         let (state, decision) = algorithm::decide(item.policy(), None, now, item.cost());
         if let Some(state) = state {
-            if !self.make_room(&mut shard, 1, now) {
+            if !self.make_room(&mut shard, &|_| 1, now, &|_| false) {
                 return capacity_denial(item.policy());
             }
             shard.insert(hash, name, key, state, fresh_at(now, &decision));
@@ -310,19 +310,27 @@ impl MemoryStore {
             slot_of_item.push(p);
         }
 
-        // New keys need room in their shard before anything is committed.
-        let mut new_keys = vec![0usize; order.len()];
-        for p in &pending {
-            if p.original.is_none() && p.state.is_some() {
-                new_keys[guard_of(p.shard)] += 1;
-            }
-        }
-        for (g, &needed) in new_keys.iter().enumerate() {
-            if needed > 0 && !self.make_room(&mut guards[g], needed, now) {
-                for (i, item) in items.iter().enumerate() {
-                    let p = &pending[slot_of_item[i]];
-                    if p.original.is_none() && guard_of(p.shard) == g {
-                        decisions[i] = capacity_denial(item.policy());
+        // Only a batch whose every item fits may make room, so a rejected
+        // batch changes nothing, not even by evicting someone else's state;
+        // and it never evicts its own keys.
+        if decisions.iter().all(|d| d.allowed) {
+            for (g, guard) in guards.iter_mut().enumerate() {
+                let shard = order[g];
+                let members: Vec<&Pending<'_>> =
+                    pending.iter().filter(|p| p.shard == shard).collect();
+                let needed = |s: &Shard| {
+                    members
+                        .iter()
+                        .filter(|p| p.state.is_some() && s.find(p.hash, p.name, p.key).is_none())
+                        .count()
+                };
+                let protect = |k: &StoreKey| members.iter().any(|p| k.is(p.name, p.key));
+                if !self.make_room(guard, &needed, now, &protect) {
+                    for (i, item) in items.iter().enumerate() {
+                        let p = &pending[slot_of_item[i]];
+                        if p.shard == shard && guard.find(p.hash, p.name, p.key).is_none() {
+                            decisions[i] = capacity_denial(item.policy());
+                        }
                     }
                 }
             }
@@ -354,23 +362,35 @@ impl MemoryStore {
         decisions
     }
 
-    /// Makes room for `needed` new keys in `shard`: first by dropping state
-    /// that is already fresh, then as `on_full` says. Returns false when the
-    /// new keys must be denied.
-    fn make_room(&self, shard: &mut Shard, needed: usize, now: u64) -> bool {
-        let free = |s: &Shard| self.per_shard.saturating_sub(s.len());
-        if free(shard) >= needed {
+    /// Makes room for the new keys `needed` counts in `shard`: first by
+    /// dropping state that is already fresh, then as `on_full` says,
+    /// evicting only keys `protect` does not cover. Returns false, having
+    /// evicted nothing, when the new keys must be denied.
+    fn make_room(
+        &self,
+        shard: &mut Shard,
+        needed: &dyn Fn(&Shard) -> usize,
+        now: u64,
+        protect: &dyn Fn(&StoreKey) -> bool,
+    ) -> bool {
+        let short = |s: &Shard| needed(s).saturating_sub(self.per_shard.saturating_sub(s.len()));
+        if short(shard) == 0 {
             return true;
         }
+        // Dropping fresh-equivalent state changes no decision; needed is
+        // counted again after, as it may have dropped a key about to be
+        // written.
         let dropped = shard.purge_expired(now);
         self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
-        if free(shard) >= needed {
+        let missing = short(shard);
+        if missing == 0 {
             return true;
         }
-        if needed > self.per_shard || self.config.on_full() == OnFull::Deny {
+        if self.config.on_full() == OnFull::Deny || shard.count_unprotected(protect) < missing {
             return false;
         }
-        while free(shard) < needed && shard.evict_one() {
+        for _ in 0..missing {
+            shard.evict_one(protect);
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
         true

@@ -35,7 +35,8 @@ impl StoreKey {
         StoreKey(k)
     }
 
-    fn is(&self, name: &str, key: &str) -> bool {
+    /// Whether this is the key of `(name, key)`.
+    pub(super) fn is(&self, name: &str, key: &str) -> bool {
         let s = self.0.as_bytes();
         s.len() == name.len() + 1 + key.len()
             && s.starts_with(name.as_bytes())
@@ -177,7 +178,8 @@ impl Shard {
         if len < self.map.capacity() {
             return;
         }
-        let target = (len * 2).clamp(16, self.limit.max(len + 1));
+        let cap = self.limit.max(len + 1);
+        let target = (len * 2).max(16).min(cap);
         self.map.reserve_exact(target - len);
     }
 
@@ -200,21 +202,28 @@ impl Shard {
         before - self.map.len()
     }
 
-    /// Evicts the live entry closest to fresh among a sample, which for one
-    /// policy is the one least recently used (the way Redis samples for
-    /// LRU). Returns whether an entry was evicted.
-    pub(super) fn evict_one(&mut self) -> bool {
+    /// How many entries `protect` does not cover.
+    pub(super) fn count_unprotected(&self, protect: &dyn Fn(&StoreKey) -> bool) -> usize {
+        self.map.keys().filter(|k| !protect(k)).count()
+    }
+
+    /// Evicts the entry closest to fresh among a sample of those `protect`
+    /// does not cover, which for one policy is the one least recently used
+    /// (the way Redis samples for LRU). Returns whether an entry was
+    /// evicted.
+    pub(super) fn evict_one(&mut self, protect: &dyn Fn(&StoreKey) -> bool) -> bool {
         let len = self.map.len();
-        if len == 0 {
-            return false;
-        }
-        let start = self.cursor % len;
-        let victim = (0..EVICTION_SAMPLE.min(len))
+        let start = self.cursor % len.max(1);
+        let victim = (0..len)
             .map(|i| (start + i) % len)
-            .min_by_key(|&i| self.map.get_index(i).map_or(u64::MAX, |(_, s)| s.fresh_at))
-            .unwrap_or(start);
+            .filter_map(|i| {
+                let (key, slot) = self.map.get_index(i)?;
+                (!protect(key)).then_some((i, slot.fresh_at))
+            })
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|&(_, fresh_at)| fresh_at);
         self.cursor = start + EVICTION_SAMPLE;
-        self.map.swap_remove_index(victim).is_some()
+        victim.is_some_and(|(i, _)| self.map.swap_remove_index(i).is_some())
     }
 }
 
