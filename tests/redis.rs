@@ -268,6 +268,14 @@ async fn all_or_nothing_on_one_key_is_atomic_on_a_cluster_and_spares_the_other_b
     // ...and the per-second budget was not touched by the refused batch.
     let second = peek(&mut client, named("alice", "per_second", None)).await;
     assert!(second.remaining >= 3, "{second:?}");
+    // A key starting with `}` still keeps its policies in one slot.
+    let odd = client
+        .check_batch(batch(&[("}odd", "per_second"), ("}odd", "per_day")]))
+        .await
+        .expect("one slot")
+        .into_inner()
+        .decisions;
+    assert!(odd.iter().all(|d| d.allowed), "{odd:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,8 @@
 //! is called by SHA and loaded again transparently after `SCRIPT FLUSH` or a
 //! restart (NOSCRIPT).
 //!
-//! Keys are `quotad:<policy>|{<key>}`. The braces make the rate-limit key the
+//! Keys are `quotad:<policy>|{<key>}` (a key starting with `}` is written in
+//! hex, `|h{...}`, so its tag is never empty). The braces make the rate-limit key the
 //! Redis Cluster hash tag, so one key under several policies (say per second
 //! and per day) lives in one slot and an `ALL_OR_NOTHING` batch over them is
 //! one atomic script. Keys of different users live in different slots; a
@@ -252,13 +253,23 @@ impl StateStore for RedisBackend {
 }
 
 /// `quotad:<policy>|{<key>}`: policy names hold no `|`, and the key is the
-/// Cluster hash tag.
+/// Cluster hash tag. A key that starts with `}` would make that tag empty
+/// (Redis then hashes the whole name, and the key's policies could land in
+/// different slots), so it is written in hex instead: `quotad:<policy>|h{<hex>}`.
 fn redis_key(name: &str, key: &str) -> String {
-    let mut k = String::with_capacity(name.len() + key.len() + 10);
+    use std::fmt::Write as _;
+    let mut k = String::with_capacity(name.len() + 2 * key.len() + 12);
     k.push_str("quotad:");
     k.push_str(name);
-    k.push_str("|{");
-    k.push_str(key);
+    if key.starts_with('}') {
+        k.push_str("|h{");
+        for byte in key.bytes() {
+            let _ = write!(k, "{byte:02x}");
+        }
+    } else {
+        k.push_str("|{");
+        k.push_str(key);
+    }
     k.push('}');
     k
 }
@@ -329,6 +340,8 @@ mod tests {
     #[test]
     fn the_key_is_the_cluster_hash_tag() {
         assert_eq!(redis_key("per_day", "alice"), "quotad:per_day|{alice}");
+        assert_eq!(redis_key("per_day", "}x"), "quotad:per_day|h{7d78}");
+        assert_ne!(redis_key("p", "}x"), redis_key("p", "h{7d78"));
         assert_eq!(
             redis_key("inline:fixed_window:1:2:1", "{team}bob"),
             "quotad:inline:fixed_window:1:2:1|{{team}bob}"
