@@ -134,6 +134,13 @@ impl ClientBuilder {
         self
     }
 
+    fn endpoint(&self) -> Result<Endpoint, Error> {
+        Ok(Endpoint::from_shared(self.address.clone())
+            .map_err(|e| Error::InvalidAddress(format!("{}: {e}", self.address)))?
+            .connect_timeout(self.deadline)
+            .tcp_nodelay(true))
+    }
+
     /// A client that connects on first use and reconnects by itself, so it
     /// can be made before quotad is up and outlives quotad restarts.
     ///
@@ -141,10 +148,7 @@ impl ClientBuilder {
     ///
     /// [`Error::InvalidAddress`] when the address is not a URI.
     pub fn build(self) -> Result<Client, Error> {
-        let endpoint = Endpoint::from_shared(self.address.clone())
-            .map_err(|e| Error::InvalidAddress(format!("{}: {e}", self.address)))?
-            .connect_timeout(self.deadline)
-            .tcp_nodelay(true);
+        let endpoint = self.endpoint()?;
         Ok(Client {
             rpc: QuotaClient::new(endpoint.connect_lazy()),
             deadline: self.deadline,
@@ -198,11 +202,8 @@ impl Client {
     /// connection could be made.
     pub async fn connect(address: impl Into<String>) -> Result<Self, Error> {
         let builder = Self::builder(address);
-        let endpoint = Endpoint::from_shared(builder.address.clone())
-            .map_err(|e| Error::InvalidAddress(format!("{}: {e}", builder.address)))?
-            .connect_timeout(builder.deadline)
-            .tcp_nodelay(true);
-        let channel = endpoint
+        let channel = builder
+            .endpoint()?
             .connect()
             .await
             .map_err(|e| Error::Unavailable(Status::unavailable(e.to_string())))?;
@@ -251,6 +252,9 @@ impl Client {
             .call(|r| async move { rpc.check_batch(r).await }, request)
             .await
         {
+            Ok(answer) if answer.decisions.len() != checks.len() => Err(Error::BadResponse(
+                "the number of decisions differs from the number of checks",
+            )),
             Ok(answer) => answer
                 .decisions
                 .into_iter()
