@@ -49,6 +49,12 @@ fn on_full_deny_refuses_new_keys_with_reason_capacity_but_serves_existing_ones()
     }
     let (key, d) = denied.expect("a new key is refused once full");
     assert_eq!(d.reason, Reason::Capacity);
+    let peeked = store.peek(&CheckItem::new("api", policy, &key, 1).expect("valid"));
+    assert_eq!(
+        peeked.reason,
+        Reason::Capacity,
+        "peek says what check would"
+    );
     assert_eq!(store.evictions(), 0);
     let again = store.check_one(&CheckItem::new("api", policy, &key, 1).expect("valid"));
     assert_eq!(

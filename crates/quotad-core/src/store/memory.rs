@@ -195,9 +195,22 @@ impl MemoryStore {
         let now = self.clock.now_ms();
         let (name, key) = (item.name(), item.key());
         let hash = key_hash(&self.hasher, name, key);
-        let shard = self.lock(self.shard_of(hash));
-        let state = shard.find(hash, name, key).and_then(|i| shard.state(i));
-        algorithm::peek(item.policy(), state, now, item.cost())
+        let mut shard = self.lock(self.shard_of(hash));
+        if let Some(i) = shard.find(hash, name, key) {
+            return algorithm::peek(item.policy(), shard.state(i), now, item.cost());
+        }
+        let decision = algorithm::peek(item.policy(), None, now, item.cost());
+        // A new key that a check would refuse for want of room: say so.
+        // Dropping fresh-equivalent state to find out changes no decision.
+        let full = self.per_shard.saturating_sub(shard.len()) == 0;
+        if decision.allowed && full && self.config.on_full() == OnFull::Deny {
+            let dropped = shard.purge_expired(now);
+            self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+            if self.per_shard.saturating_sub(shard.len()) == 0 {
+                return capacity_denial(item.policy());
+            }
+        }
+        decision
     }
 
     /// Forgets the state of `key` under the policy `name`. Returns whether
