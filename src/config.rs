@@ -252,6 +252,10 @@ pub struct LimitSettings {
     /// `limits.allow_inline_policies`: whether requests may carry their own
     /// policy instead of naming a configured one.
     pub allow_inline_policies: bool,
+    /// `limits.allow_reset`: whether `Reset` is served. Anyone who can call
+    /// `Check` can call `Reset`; turn it off where clients are not trusted
+    /// to leave their own budgets alone.
+    pub allow_reset: bool,
 }
 
 /// Settings given as flags or environment variables; each one set replaces
@@ -298,6 +302,9 @@ pub struct Overrides {
     /// Whether requests may carry inline policies [default: true]
     #[arg(long, env = "QUOTAD_ALLOW_INLINE_POLICIES", value_name = "BOOL")]
     pub allow_inline_policies: Option<bool>,
+    /// Whether the Reset RPC is served [default: true]
+    #[arg(long, env = "QUOTAD_ALLOW_RESET", value_name = "BOOL")]
+    pub allow_reset: Option<bool>,
     /// The state backend [default: memory]
     #[arg(long, env = "QUOTAD_BACKEND", value_enum)]
     pub backend: Option<Backend>,
@@ -532,6 +539,7 @@ impl Config {
                 "limits.allow_inline_policies",
                 a.2.allow_inline_policies != b.2.allow_inline_policies,
             ),
+            ("limits.allow_reset", a.2.allow_reset != b.2.allow_reset),
         ]
         .into_iter()
         .filter_map(|(field, changed)| changed.then_some(field))
@@ -681,6 +689,7 @@ struct RawRedis {
 #[serde(deny_unknown_fields)]
 struct RawLimits {
     allow_inline_policies: Option<bool>,
+    allow_reset: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -792,6 +801,12 @@ impl RawConfig {
             &mut self.limits.allow_inline_policies,
             &o.allow_inline_policies,
             &["limits", "allow_inline_policies"],
+            &mut replaced,
+        );
+        set(
+            &mut self.limits.allow_reset,
+            &o.allow_reset,
+            &["limits", "allow_reset"],
             &mut replaced,
         );
         let st = &mut self.store;
@@ -927,6 +942,7 @@ impl RawConfig {
 
         let limits = LimitSettings {
             allow_inline_policies: self.limits.allow_inline_policies.unwrap_or(true),
+            allow_reset: self.limits.allow_reset.unwrap_or(true),
         };
 
         let mut policies = BTreeMap::new();

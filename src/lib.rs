@@ -221,6 +221,7 @@ async fn serve<S: StateStore>(
         RequestLimits {
             max_key_bytes: config.store().max_key_bytes,
             allow_inline_policies: config.limits().allow_inline_policies,
+            allow_reset: config.limits().allow_reset,
             on_error: config.store().on_error,
         },
     );

@@ -417,3 +417,35 @@ async fn inline_policies_fail_the_precondition_when_disabled() {
         "named policies still work"
     );
 }
+
+#[tokio::test]
+async fn reset_is_permission_denied_when_disabled_and_changes_nothing() {
+    let config = format!("[limits]\nallow_reset = false\n{CONFIG}");
+    let server = TestServer::start_toml(&config, Arc::new(FakeClock::new(NOON_30))).await;
+    let mut client = server.client().await;
+    let before = check(&mut client, valid()).await;
+    let status = call(
+        &mut client,
+        reset(
+            &valid().key,
+            valid().policy.map(|p| match p {
+                pb::check_request::Policy::PolicyName(n) => {
+                    pb::reset_request::Policy::PolicyName(n)
+                }
+                pb::check_request::Policy::InlinePolicy(p) => {
+                    pb::reset_request::Policy::InlinePolicy(p)
+                }
+            }),
+        ),
+    )
+    .await
+    .expect_err("reset is disabled");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("limits.allow_reset"),
+        "{}",
+        status.message()
+    );
+    let after = peek(&mut client, valid()).await;
+    assert_eq!(after.remaining, before.remaining, "the key kept its state");
+}

@@ -25,6 +25,9 @@ pub(crate) enum ServiceError {
         "{field}: inline policies are disabled on this server (limits.allow_inline_policies = false); name a configured policy"
     )]
     InlineDisabled { field: String },
+    /// `Reset` on a server that does not serve it: PERMISSION_DENIED.
+    #[error("Reset is disabled on this server (limits.allow_reset = false)")]
+    ResetDisabled,
     /// The store failed: UNAVAILABLE when it is down or slow (and the
     /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
     /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
@@ -56,7 +59,7 @@ impl ServiceError {
             ServiceError::InlineDisabled { field } => ServiceError::InlineDisabled {
                 field: prefix(field),
             },
-            store @ ServiceError::Store(_) => store,
+            other @ (ServiceError::Store(_) | ServiceError::ResetDisabled) => other,
         }
     }
 }
@@ -81,6 +84,7 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
         ServiceError::UnknownPolicy { .. } => Status::not_found(message),
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
+        ServiceError::ResetDisabled => Status::permission_denied(message),
         ServiceError::Store(StoreError::Unavailable(_) | StoreError::Partial(_)) => {
             Status::unavailable(message)
         }

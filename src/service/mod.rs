@@ -35,6 +35,7 @@ use crate::store::{StateStore, StoreError};
 pub(crate) struct RequestLimits {
     pub(crate) max_key_bytes: usize,
     pub(crate) allow_inline_policies: bool,
+    pub(crate) allow_reset: bool,
     /// `store.on_error`, for inline policies.
     pub(crate) on_error: OnError,
 }
@@ -277,6 +278,9 @@ impl<S: StateStore> QuotaService<S> {
         &self,
         request: pb::ResetRequest,
     ) -> Result<pb::ResetResponse, ServiceError> {
+        if !self.limits.allow_reset {
+            return Err(ServiceError::ResetDisabled);
+        }
         let spec = ResetSpec::try_from(request)?;
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
