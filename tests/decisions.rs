@@ -392,58 +392,40 @@ async fn health_reports_serving_and_reflection_lists_the_api_in_v1_and_v1alpha()
     );
 }
 
-async fn reflection_v1(server: &TestServer) -> Vec<String> {
-    use tonic_reflection::pb::v1::{
-        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-    };
-    let mut client = ServerReflectionClient::new(server.channel().await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .expect("reflection v1")
-        .into_inner();
-    let response = responses
-        .message()
-        .await
-        .expect("a response")
-        .expect("not empty");
-    match response.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            list.service.into_iter().map(|s| s.name).collect()
+/// Lists the services through one version of the reflection API; v1 and
+/// v1alpha are the same messages in two generated modules.
+macro_rules! list_services {
+    ($name:ident, $version:ident) => {
+        async fn $name(server: &TestServer) -> Vec<String> {
+            use tonic_reflection::pb::$version::{
+                ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+                server_reflection_request::MessageRequest,
+                server_reflection_response::MessageResponse,
+            };
+            let mut client = ServerReflectionClient::new(server.channel().await);
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut responses = client
+                .server_reflection_info(tokio_stream::iter([request]))
+                .await
+                .expect(stringify!(reflection $version))
+                .into_inner();
+            let response = responses
+                .message()
+                .await
+                .expect("a response")
+                .expect("not empty");
+            match response.message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    list.service.into_iter().map(|s| s.name).collect()
+                }
+                other => panic!("unexpected reflection response {other:?}"),
+            }
         }
-        other => panic!("unexpected reflection response {other:?}"),
-    }
+    };
 }
 
-async fn reflection_v1alpha(server: &TestServer) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::{
-        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-    };
-    let mut client = ServerReflectionClient::new(server.channel().await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut responses = client
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .expect("reflection v1alpha")
-        .into_inner();
-    let response = responses
-        .message()
-        .await
-        .expect("a response")
-        .expect("not empty");
-    match response.message_response {
-        Some(MessageResponse::ListServicesResponse(list)) => {
-            list.service.into_iter().map(|s| s.name).collect()
-        }
-        other => panic!("unexpected reflection response {other:?}"),
-    }
-}
+list_services!(reflection_v1, v1);
+list_services!(reflection_v1alpha, v1alpha);
