@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, TestServer, check, inline, named, peek, policy};
+use common::{NOON_30, TestServer, check, check_batch, inline, named, peek, policy};
 use quotad_core::FakeClock;
 use quotad_proto::v1 as pb;
 
@@ -121,19 +121,15 @@ async fn all_or_nothing_leaves_the_per_second_budget_untouched_when_the_day_is_s
                 .allowed
         );
     }
-    let batch = pb::CheckBatchRequest {
-        items: vec![
+    let decisions = check_batch(
+        &mut client,
+        vec![
             named("tenant", "per_second", None),
             named("tenant", "per_day", None),
         ],
-        mode: pb::BatchMode::AllOrNothing.into(),
-    };
-    let decisions = client
-        .check_batch(batch)
-        .await
-        .expect("batch")
-        .into_inner()
-        .decisions;
+        pb::BatchMode::AllOrNothing,
+    )
+    .await;
     assert_eq!(decisions.len(), 2);
     assert!(!decisions[0].allowed);
     assert_eq!(decisions[0].reason(), pb::Reason::BatchRejected);
@@ -155,19 +151,15 @@ async fn an_independent_batch_consumes_every_item_that_fits() {
     for _ in 0..3 {
         check(&mut client, named("tenant", "per_day", None)).await;
     }
-    let batch = pb::CheckBatchRequest {
-        items: vec![
+    let decisions = check_batch(
+        &mut client,
+        vec![
             named("tenant", "per_second", None),
             named("tenant", "per_day", None),
         ],
-        mode: pb::BatchMode::Independent.into(),
-    };
-    let decisions = client
-        .check_batch(batch)
-        .await
-        .expect("batch")
-        .into_inner()
-        .decisions;
+        pb::BatchMode::Independent,
+    )
+    .await;
     assert!(decisions[0].allowed);
     assert!(!decisions[1].allowed);
     let per_second = peek(&mut client, named("tenant", "per_second", None)).await;
@@ -178,19 +170,15 @@ async fn an_independent_batch_consumes_every_item_that_fits() {
 async fn an_all_or_nothing_batch_that_fits_consumes_from_every_item() {
     let (_clock, server) = server_at(NOON_30).await;
     let mut client = server.client().await;
-    let batch = pb::CheckBatchRequest {
-        items: vec![
+    let decisions = check_batch(
+        &mut client,
+        vec![
             named("t", "per_second", Some(2)),
             named("t", "per_day", None),
         ],
-        mode: pb::BatchMode::AllOrNothing.into(),
-    };
-    let decisions = client
-        .check_batch(batch)
-        .await
-        .expect("batch")
-        .into_inner()
-        .decisions;
+        pb::BatchMode::AllOrNothing,
+    )
+    .await;
     assert!(decisions.iter().all(|d| d.allowed));
     assert_eq!(decisions[0].remaining, 3);
     assert_eq!(decisions[1].remaining, 2);

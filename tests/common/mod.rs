@@ -283,6 +283,23 @@ pub(crate) async fn check(
         .expect("a decision")
 }
 
+/// Checks a batch of `items` in `mode` and returns its decisions.
+pub(crate) async fn check_batch(
+    client: &mut QuotaClient<Channel>,
+    items: Vec<pb::CheckRequest>,
+    mode: pb::BatchMode,
+) -> Vec<pb::Decision> {
+    client
+        .check_batch(pb::CheckBatchRequest {
+            items,
+            mode: mode.into(),
+        })
+        .await
+        .expect("the batch is answered")
+        .into_inner()
+        .decisions
+}
+
 /// Peeks `request` and returns its decision.
 pub(crate) async fn peek(
     client: &mut QuotaClient<Channel>,
