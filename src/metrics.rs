@@ -152,11 +152,7 @@ impl Metrics {
 
     /// The decision counters shared by every inline policy of `algorithm`.
     pub(crate) fn inline_policy(&self, algorithm: Algorithm) -> &Arc<DecisionCounters> {
-        let index = Algorithm::ALL
-            .iter()
-            .position(|a| *a == algorithm)
-            .expect("Algorithm::ALL lists every algorithm");
-        &self.inline[index]
+        &self.inline[algorithm as usize]
     }
 
     /// Records how long a request took.
@@ -208,21 +204,7 @@ pub(crate) struct DecisionCounters {
     policy: String,
     algorithm: Algorithm,
     /// Indexed by reason, then by `allowed`.
-    slots: [[OnceLock<Counter>; 2]; REASONS],
-}
-
-const REASONS: usize = 7;
-
-fn reason_index(reason: Reason) -> usize {
-    match reason {
-        Reason::WithinLimit => 0,
-        Reason::LimitExceeded => 1,
-        Reason::CostExceedsCapacity => 2,
-        Reason::Capacity => 3,
-        Reason::BatchRejected => 4,
-        Reason::FailOpen => 5,
-        Reason::FailClosed => 6,
-    }
+    slots: [[OnceLock<Counter>; 2]; Reason::ALL.len()],
 }
 
 impl DecisionCounters {
@@ -237,7 +219,7 @@ impl DecisionCounters {
 
     /// Counts one decision.
     pub(crate) fn record(&self, decision: &Decision) {
-        let slot = &self.slots[reason_index(decision.reason)][usize::from(decision.allowed)];
+        let slot = &self.slots[decision.reason as usize][usize::from(decision.allowed)];
         slot.get_or_init(|| {
             let outcome = if decision.allowed {
                 "allowed"

@@ -5,14 +5,12 @@
 use std::time::Duration;
 
 use quotad_core::{Algorithm, BatchMode, Decision, Policy};
+use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::convert::{self, UnknownValue};
 use quotad_proto::v1 as pb;
 
 use super::error::ServiceError;
 use crate::policy::{policy_error_field, validate_policy_name};
-
-/// The most items a `CheckBatch` may carry.
-pub(crate) const MAX_BATCH_ITEMS: usize = 1_000;
 
 /// The policy a request is decided under.
 #[derive(Clone, Debug, PartialEq, Eq)]

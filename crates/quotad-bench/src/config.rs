@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::v1::{Algorithm, Policy, check_request};
 use rand::Rng as _;
 
@@ -15,9 +16,6 @@ pub const MAX_DURATION: Duration = Duration::from_secs(300);
 
 /// The most requests a run may keep in flight.
 const MAX_CONCURRENCY: usize = 1_024;
-
-/// The most items quotad accepts in one `CheckBatch`.
-const MAX_BATCH: usize = 1_000;
 
 /// Which RPC a run sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,10 +233,10 @@ impl LoadConfig {
             ));
         }
         if let Mode::Batch { size } = self.mode
-            && !(1..=MAX_BATCH).contains(&size)
+            && !(1..=MAX_BATCH_ITEMS).contains(&size)
         {
             return invalid(format!(
-                "batch size must be from 1 to {MAX_BATCH}, got {size}"
+                "batch size must be from 1 to {MAX_BATCH_ITEMS}, got {size}"
             ));
         }
         if self.cost == Some(0) {

@@ -24,6 +24,17 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order: `Reason::ALL[r as usize] == r`.
+    pub const ALL: [Reason; 7] = [
+        Reason::WithinLimit,
+        Reason::LimitExceeded,
+        Reason::CostExceedsCapacity,
+        Reason::Capacity,
+        Reason::BatchRejected,
+        Reason::FailOpen,
+        Reason::FailClosed,
+    ];
+
     /// The snake_case name used in metric labels and logs.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -61,4 +72,16 @@ pub struct Decision {
     pub reset_after_ms: u64,
     /// Why.
     pub reason: Reason,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_reason_at_its_own_index() {
+        for (i, reason) in Reason::ALL.into_iter().enumerate() {
+            assert_eq!(reason as usize, i, "{reason}");
+        }
+    }
 }

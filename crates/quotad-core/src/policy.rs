@@ -18,6 +18,11 @@ pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
 
 /// How a policy counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum Algorithm {
     /// A counter per epoch-aligned window. Cheap; allows up to 2x the limit
     /// across a window boundary.
@@ -36,7 +41,7 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm, in declaration order.
+    /// Every algorithm, in declaration order: `Algorithm::ALL[a as usize] == a`.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
@@ -341,6 +346,13 @@ mod tests {
         assert_eq!((p.limit(), p.capacity()), (7, 3));
         let p = Policy::try_new(Algorithm::FixedWindow, 7, ms(1000), None).expect("valid");
         assert_eq!(p.capacity(), 7);
+    }
+
+    #[test]
+    fn all_lists_every_algorithm_at_its_own_index() {
+        for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+            assert_eq!(algorithm as usize, i, "{algorithm}");
+        }
     }
 
     #[test]

@@ -56,6 +56,9 @@
 
 pub mod convert;
 
+/// The most items a `CheckBatch` may carry (the API's documented bound).
+pub const MAX_BATCH_ITEMS: usize = 1_000;
+
 /// The `quotad.v1` package: messages, enums, client and server.
 ///
 /// The generated code derives `Debug` everywhere and carries its own clippy

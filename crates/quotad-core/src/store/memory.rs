@@ -25,6 +25,11 @@ const MAX_SHARDS: usize = 1 << 16;
 
 /// What to do with a new key when its shard is full of live state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum OnFull {
     /// Deny the new key with reason [`Reason::Capacity`]; existing keys go on.
     #[default]
