@@ -21,9 +21,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::Serialize;
 
+use crate::backend::BackendStats;
 use crate::metrics::Metrics;
 use crate::policy::PolicyRegistry;
-use crate::store::StoreStats;
 
 /// What the admin handlers read.
 #[derive(Clone)]
@@ -31,7 +31,7 @@ pub(crate) struct AdminState {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) policies: Arc<PolicyRegistry>,
     pub(crate) ready: Arc<AtomicBool>,
-    pub(crate) store_stats: Arc<dyn Fn() -> StoreStats + Send + Sync>,
+    pub(crate) store_stats: Arc<dyn Fn() -> BackendStats + Send + Sync>,
 }
 
 impl std::fmt::Debug for AdminState {

@@ -38,8 +38,8 @@ use quotad_core::{Clock, OnFull, Policy, StoreConfig, StoreConfigError, SystemCl
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::backend::redis::{RedisSettings, RedisTarget};
 use crate::policy::{PolicyField, policy_error_field, validate_policy_name};
-use crate::store::redis::{RedisSettings, RedisTarget};
 
 /// Default gRPC listen address.
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:50051";

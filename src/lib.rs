@@ -55,13 +55,13 @@
 //! # }
 //! ```
 
+pub mod backend;
 pub mod config;
 pub mod policy;
-pub mod store;
 
 mod admin;
+mod api;
 mod metrics;
-mod service;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -80,11 +80,11 @@ use tonic::transport::server::TcpIncoming;
 pub use config::{Backend, Config, ConfigError, OnError, Overrides, PolicySettings};
 
 use crate::admin::AdminState;
+use crate::api::{QuotaService, RequestLimits};
+use crate::backend::redis::RedisBackend;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
-use crate::service::{QuotaService, RequestLimits};
-use crate::store::redis::RedisBackend;
-use crate::store::{MemoryBackend, StateStore};
+use quotad_core::MemoryStore;
 
 /// The bound sockets the server accepts on. `main` binds them from the
 /// config; tests bind `127.0.0.1:0`.
@@ -138,7 +138,7 @@ pub enum Error {
     Task(#[from] JoinError),
     /// The state store could not be reached at start (Redis).
     #[error("{0}")]
-    Store(#[source] store::StoreError),
+    Store(#[source] backend::BackendError),
 }
 
 /// Serves the gRPC API and the admin HTTP server on `listeners` until
@@ -162,12 +162,13 @@ pub async fn run(
     let result = match config.store().backend {
         Backend::Memory => {
             let settings = config.store();
-            let store = Arc::new(MemoryBackend::new(
+            let store = Arc::new(MemoryStore::new(
                 settings.memory_config(),
                 Arc::clone(config.clock()),
             ));
             let sweep_interval = settings.sweep_interval;
-            background.spawn(|stop| Arc::clone(&store).sweep(sweep_interval, stop));
+            let swept = Arc::clone(&store);
+            background.spawn(|stop| backend::memory::sweep(swept, sweep_interval, stop));
             serve(config, listeners, shutdown, store, metrics, &mut background).await
         }
         Backend::Redis => {
@@ -195,7 +196,7 @@ pub async fn run(
 }
 
 /// Runs both servers over `store` until `shutdown`.
-async fn serve<S: StateStore>(
+async fn serve<S: backend::Backend>(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,

@@ -27,7 +27,7 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder a
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusRecorder};
 use quotad_core::{Algorithm, Decision, Reason};
 
-use crate::store::StoreStats;
+use crate::backend::BackendStats;
 
 /// The label used for every inline policy, whatever its parameters.
 pub(crate) const INLINE_POLICY_LABEL: &str = "inline";
@@ -186,7 +186,7 @@ impl Metrics {
     }
 
     /// Publishes the store's counts (read when `/metrics` is scraped).
-    pub(crate) fn store_stats(&self, stats: StoreStats) {
+    pub(crate) fn store_stats(&self, stats: BackendStats) {
         if let Some(live) = stats.live_keys {
             self.live_keys.set(live as f64);
         }

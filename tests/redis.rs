@@ -14,10 +14,13 @@ use common::{TestServer, check, eventually, named, peek};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use quotad::Config;
-use quotad::store::redis::{RedisBackend, RedisSettings, RedisTarget};
-use quotad::store::{MemoryBackend, StateStore};
+use quotad::backend::Backend;
+use quotad::backend::redis::{RedisBackend, RedisSettings, RedisTarget};
 use quotad_client::{Check, Client};
-use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, FakeClock, OnFull, Policy, StoreConfig};
+use quotad_core::{
+    Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, MemoryStore, OnFull, Policy,
+    StoreConfig,
+};
 use quotad_proto::v1 as pb;
 use tonic::Code;
 
@@ -36,6 +39,11 @@ enum Op {
     Peek { key: usize, cost: u64 },
     AllOrNothing(Vec<(usize, u64)>),
     Independent(Vec<(usize, u64)>),
+}
+
+/// A batch's decisions, every item decided.
+fn decided(results: Vec<quotad::backend::ItemResult>) -> Vec<Decision> {
+    results.into_iter().map(|r| r.expect("decided")).collect()
 }
 
 fn policy_strategy() -> impl Strategy<Value = Policy> {
@@ -87,7 +95,7 @@ fn memory_and_redis_decide_identically_for_every_algorithm() {
         ))))
         .expect("connect to the test Redis")
         .with_test_clock(clock.clone());
-    let memory = MemoryBackend::new(
+    let memory = MemoryStore::new(
         StoreConfig::try_new(100_000, 16, OnFull::Deny).expect("valid"),
         clock.clone(),
     );
@@ -114,14 +122,14 @@ fn memory_and_redis_decide_identically_for_every_algorithm() {
                         Op::Check { key, cost } => {
                             let i = item(*key, *cost);
                             (
-                                vec![memory.check_one(&i).await.expect("memory")],
+                                vec![Backend::check_one(&memory, &i).await.expect("memory")],
                                 vec![redis_store.check_one(&i).await.expect("redis")],
                             )
                         }
                         Op::Peek { key, cost } => {
                             let i = item(*key, *cost);
                             (
-                                vec![memory.peek(&i).await.expect("memory")],
+                                vec![Backend::peek(&memory, &i).await.expect("memory")],
                                 vec![redis_store.peek(&i).await.expect("redis")],
                             )
                         }
@@ -132,8 +140,8 @@ fn memory_and_redis_decide_identically_for_every_algorithm() {
                             };
                             let items: Vec<_> = items.iter().map(|&(k, c)| item(k, c)).collect();
                             (
-                                memory.check(&items, mode).await.expect("memory"),
-                                redis_store.check(&items, mode).await.expect("redis"),
+                                decided(Backend::check(&memory, &items, mode).await),
+                                decided(redis_store.check(&items, mode).await),
                             )
                         }
                     }
@@ -468,7 +476,7 @@ fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
         ))))
         .expect("connect")
         .with_test_clock(clock.clone());
-    let memory = MemoryBackend::new(
+    let memory = MemoryStore::new(
         StoreConfig::try_new(100, 1, OnFull::Deny).expect("valid"),
         clock.clone(),
     );
@@ -476,7 +484,7 @@ fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
         let item = CheckItem::new("big", policy, "k", cost).expect("valid");
         let (a, b) = runtime.block_on(async {
             (
-                memory.check_one(&item).await.expect("memory"),
+                Backend::check_one(&memory, &item).await.expect("memory"),
                 store.check_one(&item).await.expect("redis"),
             )
         });

@@ -13,7 +13,7 @@
 //! Redis Cluster hash tag, so one key under several policies (say per second
 //! and per day) lives in one slot and an `ALL_OR_NOTHING` batch over them is
 //! one atomic script. Keys of different users live in different slots; a
-//! batch spanning slots is refused with [`StoreError::CrossSlot`]. To
+//! batch spanning slots is refused with [`BackendError::CrossSlot`]. To
 //! co-locate keys on purpose, give them a common tag of their own:
 //! `{team-7}alice` and `{team-7}bob` share the slot of `{team-7`.
 
@@ -28,7 +28,7 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script};
 
-use super::{StateStore, StoreError, StoreStats};
+use super::{Backend, BackendError, BackendStats, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
@@ -104,9 +104,9 @@ impl RedisBackend {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Unavailable`] when Redis cannot be reached within the
+    /// [`BackendError::Unavailable`] when Redis cannot be reached within the
     /// timeout.
-    pub async fn connect(settings: &RedisSettings) -> Result<Self, StoreError> {
+    pub async fn connect(settings: &RedisSettings) -> Result<Self, BackendError> {
         let connect = async {
             match &settings.target {
                 RedisTarget::Standalone(url) => {
@@ -150,7 +150,11 @@ impl RedisBackend {
     }
 
     /// Runs the script over `items` in one call.
-    async fn eval(&self, mode: Mode, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
+    async fn eval(
+        &self,
+        mode: Mode,
+        items: &[CheckItem<'_>],
+    ) -> Result<Vec<Decision>, BackendError> {
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(mode.as_arg());
         match &self.clock {
@@ -178,60 +182,60 @@ impl RedisBackend {
         &self,
         invocation: &redis::ScriptInvocation<'_>,
         connection: &mut C,
-    ) -> Result<Vec<u64>, StoreError> {
+    ) -> Result<Vec<u64>, BackendError> {
         tokio::time::timeout(self.timeout, invocation.invoke_async(connection))
             .await
             .map_err(|_| timed_out(self.timeout))?
             .map_err(classify)
     }
 
+    /// Runs the script over `items` in one call: every item decided, or
+    /// every item failed.
+    async fn eval_each(&self, mode: Mode, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
+        match self.eval(mode, items).await {
+            Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+            Err(error) => vec![Err(error); items.len()],
+        }
+    }
+
     /// On a Cluster, independent items may live in different slots, so each
     /// goes in its own call (all concurrently, over one multiplexed
-    /// connection); a standalone server takes the batch in one call.
-    async fn independent(&self, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
+    /// connection) and a node that is down fails only its own items; a
+    /// standalone server takes the batch in one call.
+    async fn independent(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
         match self.connection {
-            Connection::Standalone(_) => self.eval(Mode::Check, items).await,
+            Connection::Standalone(_) => self.eval_each(Mode::Check, items).await,
             Connection::Cluster(_) => {
-                let calls = items
-                    .iter()
-                    .map(|item| self.eval(Mode::Check, std::slice::from_ref(item)));
-                let answers = futures_util::future::join_all(calls).await;
-                answers
-                    .into_iter()
-                    .map(|a| a.map(|mut d| d.remove(0)))
-                    .collect()
+                let calls = items.iter().map(|item| self.check_one(item));
+                futures_util::future::join_all(calls).await
             }
         }
     }
 }
 
-impl StateStore for RedisBackend {
-    fn backend(&self) -> &'static str {
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
         "redis"
     }
 
-    async fn check_one(&self, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+    async fn check_one(&self, item: &CheckItem<'_>) -> ItemResult {
         let mut d = self.eval(Mode::Check, std::slice::from_ref(item)).await?;
         Ok(d.remove(0))
     }
 
-    async fn check(
-        &self,
-        items: &[CheckItem<'_>],
-        mode: BatchMode,
-    ) -> Result<Vec<Decision>, StoreError> {
+    async fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<ItemResult> {
         match mode {
             BatchMode::Independent => self.independent(items).await,
-            BatchMode::AllOrNothing => self.eval(Mode::AllOrNothing, items).await,
+            BatchMode::AllOrNothing => self.eval_each(Mode::AllOrNothing, items).await,
         }
     }
 
-    async fn peek(&self, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+    async fn peek(&self, item: &CheckItem<'_>) -> ItemResult {
         let mut d = self.eval(Mode::Peek, std::slice::from_ref(item)).await?;
         Ok(d.remove(0))
     }
 
-    async fn reset(&self, name: &str, key: &str) -> Result<(), StoreError> {
+    async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
         let mut del = redis::cmd("DEL");
         del.arg(redis_key(name, key));
         let call = async {
@@ -246,9 +250,9 @@ impl StateStore for RedisBackend {
             .map_err(unavailable)
     }
 
-    fn stats(&self) -> StoreStats {
+    fn stats(&self) -> BackendStats {
         // Redis expires state by TTL; quotad keeps no count of its own.
-        StoreStats::default()
+        BackendStats::default()
     }
 }
 
@@ -274,9 +278,9 @@ fn redis_key(name: &str, key: &str) -> String {
     k
 }
 
-fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, StoreError> {
+fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, BackendError> {
     if reply.len() != items * 6 {
-        return Err(StoreError::Backend(format!(
+        return Err(BackendError::Internal(format!(
             "the script answered {} numbers for {items} items",
             reply.len()
         )));
@@ -288,7 +292,7 @@ fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, StoreError> {
                 .ok()
                 .and_then(|code| convert::reason(code).ok())
                 .ok_or_else(|| {
-                    StoreError::Backend(format!("the script answered reason {}", d[5]))
+                    BackendError::Internal(format!("the script answered reason {}", d[5]))
                 })?;
             Ok(Decision {
                 allowed: d[0] == 1,
@@ -302,16 +306,16 @@ fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, StoreError> {
         .collect()
 }
 
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable(format!("redis: {e}"))
+fn unavailable(e: RedisError) -> BackendError {
+    BackendError::Unavailable(format!("redis: {e}"))
 }
 
 /// An outage (the policy's `on_error` applies) or a fault that retrying
 /// and failing open would only hide: a script error, a wrong type, a reply
 /// quotad cannot read (INTERNAL).
-fn classify(e: RedisError) -> StoreError {
+fn classify(e: RedisError) -> BackendError {
     if e.code() == Some("CROSSSLOT") {
-        return StoreError::CrossSlot;
+        return BackendError::CrossSlot;
     }
     let outage = e.is_io_error()
         || e.is_timeout()
@@ -325,12 +329,12 @@ fn classify(e: RedisError) -> StoreError {
     if outage {
         unavailable(e)
     } else {
-        StoreError::Backend(format!("redis: {e}"))
+        BackendError::Internal(format!("redis: {e}"))
     }
 }
 
-fn timed_out(after: Duration) -> StoreError {
-    StoreError::Unavailable(format!("redis did not answer within {after:?}"))
+fn timed_out(after: Duration) -> BackendError {
+    BackendError::Unavailable(format!("redis did not answer within {after:?}"))
 }
 
 #[cfg(test)]

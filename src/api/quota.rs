@@ -1,18 +1,16 @@
 //! The `quotad.v1.Quota` gRPC service.
 //!
 //! Every handler runs the same steps: convert the protobuf request to
-//! domain values ([`request`]), resolve each policy against one snapshot of
-//! the named policies and the server's limits, build every store item, and
-//! only then call the store, once. A request rejected at any step has
-//! touched no state. Errors become a gRPC status in one function
-//! ([`error::to_status`]); timings, errors and decisions go to the metrics.
+//! domain values ([`super::request`]), resolve each policy against one
+//! snapshot of the named policies and the server's limits, build every
+//! backend item, and only then call the backend, once. A request rejected at
+//! any step has touched no state. Errors become a gRPC status in one
+//! function ([`super::error::to_status`]); timings, errors and decisions go
+//! to the metrics.
 //!
 //! Decisions of `Check` and `CheckBatch` are counted in
 //! `quotad_decisions_total`; `Peek` consumes nothing and is not counted
 //! there.
-
-mod error;
-mod request;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -23,12 +21,14 @@ use quotad_core::{BatchMode, CheckItem, Decision, Policy, Reason};
 use quotad_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use self::error::{ServiceError, to_status};
-use self::request::{BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace};
+use super::error::{ServiceError, to_status};
+use super::request::{
+    BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
+};
+use crate::backend::{Backend, BackendError, ItemResult};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
-use crate::store::{StateStore, StoreError};
 
 /// What the service enforces on every request, from the configuration.
 #[derive(Clone, Copy, Debug)]
@@ -40,10 +40,10 @@ pub(crate) struct RequestLimits {
     pub(crate) on_error: OnError,
 }
 
-/// The Quota service over a store `S`.
+/// The Quota service over a backend `S`.
 #[derive(Debug)]
 pub(crate) struct QuotaService<S> {
-    store: Arc<S>,
+    backend: Arc<S>,
     policies: Arc<PolicyRegistry>,
     metrics: Arc<Metrics>,
     limits: RequestLimits,
@@ -73,13 +73,13 @@ impl<'a> Target<'a> {
         Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
     }
 
-    /// What a check answers when the store failed: as the policy's
+    /// What a check answers when the backend failed: as the policy's
     /// `on_error` says, a decision whose reason tells what happened, or the
-    /// error itself. Only an unavailable store is subject to `on_error`.
-    fn on_store_error(&self, error: &StoreError) -> Result<Decision, ServiceError> {
+    /// error itself. Only an unavailable backend is subject to `on_error`.
+    fn on_backend_error(&self, error: &BackendError) -> Result<Decision, ServiceError> {
         let allowed = match (error, self.on_error) {
-            (StoreError::Unavailable(_), OnError::FailOpen) => true,
-            (StoreError::Unavailable(_), OnError::FailClosed) => false,
+            (BackendError::Unavailable(_), OnError::FailOpen) => true,
+            (BackendError::Unavailable(_), OnError::FailClosed) => false,
             _ => return Err(error.clone().into()),
         };
         Ok(Decision {
@@ -97,28 +97,30 @@ impl<'a> Target<'a> {
     }
 }
 
-/// Applies each target's `on_error` to a failed store call: the decisions,
-/// or the error if any target wants it passed on. An all-or-nothing batch
-/// stays all or nothing: one item failing closed denies every item.
-fn on_store_error(
+/// The decisions for a batch's results: decided items stand, and each
+/// failed one gets its own target's `on_error` (or the error, if any such
+/// target wants it passed on). An all-or-nothing batch stays all or
+/// nothing: when it failed, one item failing closed denies every item.
+fn resolve_results(
     targets: &[Target<'_>],
-    error: StoreError,
+    results: Vec<ItemResult>,
     mode: BatchMode,
 ) -> Result<Vec<Decision>, ServiceError> {
-    tracing::warn!(%error, "store call failed; applying on_error");
-    let mut decisions = match error {
-        // Decided items stand; each failed one gets its own on_error.
-        StoreError::Partial(results) => targets
-            .iter()
-            .zip(results)
-            .map(|(t, r)| r.or_else(|e| t.on_store_error(&e)))
-            .collect::<Result<Vec<_>, _>>()?,
-        error => targets
-            .iter()
-            .map(|t| t.on_store_error(&error))
-            .collect::<Result<Vec<_>, _>>()?,
-    };
-    if mode == BatchMode::AllOrNothing && decisions.iter().any(|d| !d.allowed) {
+    let mut failed = false;
+    let mut decisions = targets
+        .iter()
+        .zip(results)
+        .map(|(target, result)| {
+            result.or_else(|error| {
+                if !failed {
+                    tracing::warn!(%error, "backend call failed; applying on_error");
+                }
+                failed = true;
+                target.on_backend_error(&error)
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if failed && mode == BatchMode::AllOrNothing && decisions.iter().any(|d| !d.allowed) {
         for d in &mut decisions {
             d.allowed = false;
             d.reason = Reason::FailClosed;
@@ -127,22 +129,22 @@ fn on_store_error(
     Ok(decisions)
 }
 
-impl<S: StateStore> QuotaService<S> {
+impl<S: Backend> QuotaService<S> {
     pub(crate) fn new(
-        store: Arc<S>,
+        backend: Arc<S>,
         policies: Arc<PolicyRegistry>,
         metrics: Arc<Metrics>,
         limits: RequestLimits,
     ) -> Self {
-        let backend = store.backend();
+        let name = backend.name();
         let store_ops = StoreOps {
-            check: metrics.store_operation(backend, "check"),
-            check_batch: metrics.store_operation(backend, "check_batch"),
-            peek: metrics.store_operation(backend, "peek"),
-            reset: metrics.store_operation(backend, "reset"),
+            check: metrics.store_operation(name, "check"),
+            check_batch: metrics.store_operation(name, "check_batch"),
+            peek: metrics.store_operation(name, "peek"),
+            reset: metrics.store_operation(name, "reset"),
         };
         QuotaService {
-            store,
+            backend,
             policies,
             metrics,
             limits,
@@ -206,14 +208,12 @@ impl<S: StateStore> QuotaService<S> {
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.check.increment(1);
-        let decision = match self.store.check_one(&item).await {
-            Ok(decision) => decision,
-            Err(error) => first(on_store_error(
-                std::slice::from_ref(&target),
-                error,
-                BatchMode::Independent,
-            )?),
-        };
+        let result = self.backend.check_one(&item).await;
+        let decision = first(resolve_results(
+            std::slice::from_ref(&target),
+            vec![result],
+            BatchMode::Independent,
+        )?);
         target.decisions.record(&decision);
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
@@ -243,10 +243,8 @@ impl<S: StateStore> QuotaService<S> {
             .map(|(i, (spec, target))| target.item(&spec.key, spec.cost).map_err(|e| e.at_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         self.store_ops.check_batch.increment(1);
-        let decisions = match self.store.check(&items, batch.mode).await {
-            Ok(decisions) => decisions,
-            Err(error) => on_store_error(&targets, error, batch.mode)?,
-        };
+        let results = self.backend.check(&items, batch.mode).await;
+        let decisions = resolve_results(&targets, results, batch.mode)?;
         for (target, decision) in targets.iter().zip(&decisions) {
             target.decisions.record(decision);
         }
@@ -261,14 +259,12 @@ impl<S: StateStore> QuotaService<S> {
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.peek.increment(1);
-        let decision = match self.store.peek(&item).await {
-            Ok(decision) => decision,
-            Err(error) => first(on_store_error(
-                std::slice::from_ref(&target),
-                error,
-                BatchMode::Independent,
-            )?),
-        };
+        let result = self.backend.peek(&item).await;
+        let decision = first(resolve_results(
+            std::slice::from_ref(&target),
+            vec![result],
+            BatchMode::Independent,
+        )?);
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
         })
@@ -285,7 +281,7 @@ impl<S: StateStore> QuotaService<S> {
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         self.store_ops.reset.increment(1);
-        self.store.reset(&target.namespace, &spec.key).await?;
+        self.backend.reset(&target.namespace, &spec.key).await?;
         Ok(pb::ResetResponse {})
     }
 
@@ -301,8 +297,8 @@ impl<S: StateStore> QuotaService<S> {
         self.metrics.request_duration(method, started.elapsed());
         result.map(Response::new).map_err(|error| {
             let status = to_status(&error);
-            if let ServiceError::Store(store) = &error {
-                tracing::warn!(method = method.as_str(), error = %store, "store call failed");
+            if let ServiceError::Backend(backend) = &error {
+                tracing::warn!(method = method.as_str(), error = %backend, "backend call failed");
             }
             self.metrics.request_error(method, status.code());
             status
@@ -318,7 +314,7 @@ fn first(decisions: Vec<Decision>) -> Decision {
 }
 
 #[tonic::async_trait]
-impl<S: StateStore> pb::quota_server::Quota for QuotaService<S> {
+impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
     async fn check(
         &self,
         request: Request<pb::CheckRequest>,
@@ -392,32 +388,39 @@ mod tests {
             target(OnError::FailClosed),
             target(OnError::FailOpen),
         ];
-        let down = || StoreError::Unavailable("down".to_owned());
+        let down = || BackendError::Unavailable("down".to_owned());
+        let all_down = |n: usize| vec![Err(down()); n];
 
-        let each = on_store_error(&targets, down(), BatchMode::Independent).expect("answers");
+        let each = resolve_results(&targets, all_down(3), BatchMode::Independent).expect("answers");
         let reasons: Vec<Reason> = each.iter().map(|d| d.reason).collect();
         assert_eq!(
             reasons,
             [Reason::FailOpen, Reason::FailClosed, Reason::FailOpen]
         );
 
-        let all = on_store_error(&targets, down(), BatchMode::AllOrNothing).expect("answers");
+        let all = resolve_results(&targets, all_down(3), BatchMode::AllOrNothing).expect("answers");
         assert!(
             all.iter()
                 .all(|d| !d.allowed && d.reason == Reason::FailClosed)
         );
 
         // A partly failed independent batch: decided items stand.
-        let partial = StoreError::Partial(vec![Ok(decided(true)), Err(down()), Ok(decided(false))]);
-        let mixed = on_store_error(&targets, partial, BatchMode::Independent).expect("answers");
+        let partial = vec![Ok(decided(true)), Err(down()), Ok(decided(false))];
+        let mixed = resolve_results(&targets, partial, BatchMode::Independent).expect("answers");
         assert_eq!(mixed[0], decided(true));
         assert_eq!(mixed[1].reason, Reason::FailClosed);
         assert_eq!(mixed[2], decided(false));
 
         // `error` passes the failure on; a bug in the store is never failed open.
         let strict = [target(OnError::Error)];
-        assert!(on_store_error(&strict, down(), BatchMode::Independent).is_err());
-        let bug = StoreError::Backend("bad reply".to_owned());
-        assert!(on_store_error(&targets[..1], bug, BatchMode::Independent).is_err());
+        assert!(resolve_results(&strict, all_down(1), BatchMode::Independent).is_err());
+        let bug = vec![Err(BackendError::Internal("bad reply".to_owned()))];
+        assert!(resolve_results(&targets[..1], bug, BatchMode::Independent).is_err());
+
+        // A decided all-or-nothing batch is answered as decided.
+        let decided_all = vec![Ok(decided(true)), Ok(decided(false)), Ok(decided(true))];
+        let kept =
+            resolve_results(&targets, decided_all, BatchMode::AllOrNothing).expect("answers");
+        assert_eq!(kept[0], decided(true));
     }
 }

@@ -5,7 +5,7 @@ use quotad_core::InvalidItem;
 use thiserror::Error;
 use tonic::Status;
 
-use crate::store::StoreError;
+use crate::backend::BackendError;
 
 /// A request that could not be answered. Every variant about the request
 /// names the field, as a path into the request message (`key`,
@@ -28,11 +28,11 @@ pub(crate) enum ServiceError {
     /// `Reset` on a server that does not serve it: PERMISSION_DENIED.
     #[error("Reset is disabled on this server (limits.allow_reset = false)")]
     ResetDisabled,
-    /// The store failed: UNAVAILABLE when it is down or slow (and the
+    /// The backend failed: UNAVAILABLE when it is down or slow (and the
     /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
     /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
     #[error("{0}")]
-    Store(#[from] StoreError),
+    Backend(#[from] BackendError),
 }
 
 impl ServiceError {
@@ -59,7 +59,7 @@ impl ServiceError {
             ServiceError::InlineDisabled { field } => ServiceError::InlineDisabled {
                 field: prefix(field),
             },
-            other @ (ServiceError::Store(_) | ServiceError::ResetDisabled) => other,
+            other @ (ServiceError::Backend(_) | ServiceError::ResetDisabled) => other,
         }
     }
 }
@@ -85,11 +85,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::UnknownPolicy { .. } => Status::not_found(message),
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
         ServiceError::ResetDisabled => Status::permission_denied(message),
-        ServiceError::Store(StoreError::Unavailable(_) | StoreError::Partial(_)) => {
-            Status::unavailable(message)
-        }
-        ServiceError::Store(StoreError::CrossSlot) => Status::failed_precondition(message),
-        ServiceError::Store(StoreError::Backend(_)) => Status::internal(message),
+        ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
+        ServiceError::Backend(BackendError::CrossSlot) => Status::failed_precondition(message),
+        ServiceError::Backend(BackendError::Internal(_)) => Status::internal(message),
     }
 }
 
@@ -122,7 +120,7 @@ mod tests {
                 "inline_policy: inline policies are disabled",
             ),
             (
-                ServiceError::Store(StoreError::Unavailable("redis down".into())),
+                ServiceError::Backend(BackendError::Unavailable("redis down".into())),
                 Code::Unavailable,
                 "state store unavailable: redis down",
             ),
@@ -146,7 +144,7 @@ mod tests {
             error.to_string(),
             "items[3].inline_policy.limit: limit must be at least 1"
         );
-        let store = ServiceError::Store(StoreError::Unavailable("x".into()));
+        let store = ServiceError::Backend(BackendError::Unavailable("x".into()));
         assert_eq!(store.clone().at_item(1), store);
     }
 

@@ -1,12 +1,14 @@
-//! Where rate-limit state lives.
+//! Where rate-limit state lives: the one [`Backend`] trait and its two
+//! implementations.
 //!
 //! The contract is the transition, never `get` and `set`: each method
 //! performs the whole read -> decide -> write of its keys atomically, so
-//! concurrent callers can never both spend the last unit. The service is
-//! generic over the store type, chosen once in [`crate::run`]; calls are
+//! concurrent callers can never both spend the last unit. The services are
+//! generic over the backend type, chosen once in [`crate::run`]; calls are
 //! statically dispatched, with no per-call boxing.
 //!
-//! - [`memory`]: the embedded default, quotad-core's sharded `MemoryStore`.
+//! - [`memory`]: the embedded default, quotad-core's sharded
+//!   [`MemoryStore`](quotad_core::MemoryStore), and its background sweep.
 //! - [`redis`]: Redis standalone or Cluster, one Lua script per transition,
 //!   Redis server time.
 
@@ -18,11 +20,9 @@ use std::future::Future;
 use quotad_core::{BatchMode, CheckItem, Decision};
 use thiserror::Error;
 
-pub use memory::MemoryBackend;
-
-/// A store that could not make a decision. A denial is never an error.
+/// A backend that could not make a decision. A denial is never an error.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum StoreError {
+pub enum BackendError {
     /// The backend cannot be reached or did not answer in time. The
     /// policy's `on_error` decides what the check answers.
     #[error("state store unavailable: {0}")]
@@ -36,18 +36,15 @@ pub enum StoreError {
     /// The backend answered something quotad cannot use (a bug, not an
     /// outage).
     #[error("state store error: {0}")]
-    Backend(String),
-    /// Some items of an independent batch were decided (and consumed) and
-    /// others failed; one result per item, in order. Each failed item gets
-    /// its own policy's `on_error`, and the decided ones stand.
-    #[error("{} of {} batch items failed", .0.iter().filter(|r| r.is_err()).count(), .0.len())]
-    Partial(Vec<Result<Decision, StoreError>>),
+    Internal(String),
 }
 
-/// Counts a store reports for the metrics; `None` where a backend cannot
-/// know.
+/// One item's answer: its decision, or why the backend could not make it.
+pub type ItemResult = Result<Decision, BackendError>;
+
+/// Counts a backend reports for the metrics; `None` where it cannot know.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreStats {
+pub struct BackendStats {
     /// Keys holding state now.
     pub live_keys: Option<u64>,
     /// Live keys evicted to make room, since start.
@@ -60,48 +57,45 @@ pub struct StoreStats {
 ///
 /// State is keyed by `(item.name(), item.key())`: the same key under two
 /// policy names has two independent states.
-pub trait StateStore: Send + Sync + 'static {
+pub trait Backend: Send + Sync + 'static {
     /// The backend's name, for the `backend` metric label.
-    fn backend(&self) -> &'static str;
+    fn name(&self) -> &'static str;
 
     /// Decides one item and, when allowed, consumes its cost.
     ///
     /// # Errors
     ///
-    /// [`StoreError`] when the backend fails; nothing is consumed then.
-    fn check_one(
-        &self,
-        item: &CheckItem<'_>,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+    /// [`BackendError`] when the backend fails; nothing is consumed then.
+    fn check_one(&self, item: &CheckItem<'_>) -> impl Future<Output = ItemResult> + Send;
 
-    /// Decides a batch at one instant, independently or all-or-nothing.
+    /// Decides a batch, independently or all-or-nothing: one result per
+    /// item, in order.
     ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails; nothing is consumed then.
+    /// Each failed item has consumed nothing, and an item that was decided
+    /// keeps its decision whatever happened to the others (a Redis Cluster
+    /// node that is down fails only its own items). An all-or-nothing batch
+    /// is one atomic transition: its items are all decided or all failed.
     fn check(
         &self,
         items: &[CheckItem<'_>],
         mode: BatchMode,
-    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+    ) -> impl Future<Output = Vec<ItemResult>> + Send;
 
     /// What `check_one` would decide, consuming and creating nothing.
     ///
     /// # Errors
     ///
-    /// [`StoreError`] when the backend fails.
-    fn peek(
-        &self,
-        item: &CheckItem<'_>,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+    /// [`BackendError`] when the backend fails.
+    fn peek(&self, item: &CheckItem<'_>) -> impl Future<Output = ItemResult> + Send;
 
     /// Forgets the state of `key` under the policy namespace `name`.
     ///
     /// # Errors
     ///
-    /// [`StoreError`] when the backend fails.
-    fn reset(&self, name: &str, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// [`BackendError`] when the backend fails.
+    fn reset(&self, name: &str, key: &str)
+    -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Counts for the metrics; cheap enough to call on every scrape.
-    fn stats(&self) -> StoreStats;
+    fn stats(&self) -> BackendStats;
 }

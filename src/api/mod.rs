@@ -1,0 +1,12 @@
+//! The gRPC edges of the server, side by side. Each converts protobuf
+//! requests to domain values at the edge ([`request`]), resolves policies,
+//! calls the [`Backend`](crate::backend::Backend) once, and maps every error
+//! to a gRPC status in one place ([`error::to_status`]).
+//!
+//! - [`quota`]: `quotad.v1.Quota` (Check, CheckBatch, Peek, Reset).
+
+pub(crate) mod error;
+pub(crate) mod quota;
+pub(crate) mod request;
+
+pub(crate) use quota::{QuotaService, RequestLimits};

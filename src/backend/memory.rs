@@ -1,0 +1,69 @@
+//! The in-memory backend: quotad-core's sharded [`MemoryStore`], and the
+//! background task that sweeps state that has become fresh.
+//!
+//! It never fails: every method answers from memory under one shard lock
+//! (a batch locks its shards in ascending order), which is short enough to
+//! take on an async worker thread.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_core::{BatchMode, CheckItem, MemoryStore};
+use tokio_util::sync::CancellationToken;
+
+use super::{Backend, BackendError, BackendStats, ItemResult};
+
+impl Backend for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn check_one(&self, item: &CheckItem<'_>) -> ItemResult {
+        Ok(MemoryStore::check_one(self, item))
+    }
+
+    async fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<ItemResult> {
+        MemoryStore::check(self, items, mode)
+            .into_iter()
+            .map(Ok)
+            .collect()
+    }
+
+    async fn peek(&self, item: &CheckItem<'_>) -> ItemResult {
+        Ok(MemoryStore::peek(self, item))
+    }
+
+    async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
+        MemoryStore::reset(self, name, key);
+        Ok(())
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            live_keys: Some(self.live_keys() as u64),
+            evictions: self.evictions(),
+            reclaimed: self.reclaimed(),
+        }
+    }
+}
+
+/// Runs the incremental sweep until `stop` is cancelled: one shard per
+/// step, so every shard is visited once per `interval` and no step holds
+/// more than one shard's lock.
+pub(crate) async fn sweep(store: Arc<MemoryStore>, interval: Duration, stop: CancellationToken) {
+    let shards = u32::try_from(store.config().shards()).unwrap_or(u32::MAX);
+    let step = (interval / shards).max(Duration::from_millis(1));
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + step, step);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {
+                let dropped = store.sweep_step();
+                if dropped > 0 {
+                    tracing::trace!(dropped, "swept fresh state");
+                }
+            }
+        }
+    }
+}
