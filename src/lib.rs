@@ -77,11 +77,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
-pub use config::{Backend, Config, ConfigError, OnError, Overrides, PolicySettings};
+pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings};
 
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits};
 use crate::backend::redis::RedisBackend;
+use crate::config::BackendSettings;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
 use quotad_core::MemoryStore;
@@ -136,6 +137,9 @@ pub enum Error {
     /// A server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] JoinError),
+    /// The TLS files could not be read or used at start.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The state store could not be reached at start (Redis).
     #[error("{0}")]
     Store(#[source] backend::BackendError),
@@ -159,24 +163,15 @@ pub async fn run(
 ) -> Result<(), Error> {
     let metrics = Arc::new(Metrics::new()?);
     let mut background = Background::default();
-    let result = match config.store().backend {
-        Backend::Memory => {
-            let settings = config.store();
-            let store = Arc::new(MemoryStore::new(
-                settings.memory_config(),
-                Arc::clone(config.clock()),
-            ));
+    let result = match &config.store().backend {
+        BackendSettings::Memory(settings) => {
+            let store = Arc::new(MemoryStore::new(settings.store, Arc::clone(config.clock())));
             let sweep_interval = settings.sweep_interval;
             let swept = Arc::clone(&store);
             background.spawn(|stop| backend::memory::sweep(swept, sweep_interval, stop));
             serve(config, listeners, shutdown, store, metrics, &mut background).await
         }
-        Backend::Redis => {
-            let settings = config
-                .store()
-                .redis
-                .as_ref()
-                .expect("a validated redis backend has [store.redis]");
+        BackendSettings::Redis(settings) => {
             let store = RedisBackend::connect(settings)
                 .await
                 .map_err(Error::Store)?;
@@ -206,6 +201,7 @@ async fn serve<S: backend::Backend>(
 ) -> Result<(), Error> {
     let registry = Arc::new(PolicyRegistry::new(PolicySet::new(
         config.policies(),
+        config.limits(),
         &metrics,
     )));
     if let Some(reloader) = Reloader::new(&config, Arc::clone(&registry), Arc::clone(&metrics)) {
@@ -221,8 +217,6 @@ async fn serve<S: backend::Backend>(
         Arc::clone(&metrics),
         RequestLimits {
             max_key_bytes: config.store().max_key_bytes,
-            allow_inline_policies: config.limits().allow_inline_policies,
-            allow_reset: config.limits().allow_reset,
             on_error: config.store().on_error,
         },
     );
@@ -241,7 +235,10 @@ async fn serve<S: backend::Backend>(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));
     if let Some(tls) = &config.server().tls {
-        builder = builder.tls_config(tls.server_tls_config())?;
+        let tls = tls
+            .server_config()
+            .map_err(|e| Error::Tls(format!("server.tls.{}: {}", e.field, e.message)))?;
+        builder = builder.tls_config(tls)?;
     }
     // TcpIncoming sets TCP_NODELAY on each accepted socket; the builder's
     // own tcp_nodelay is ignored for a pre-bound listener.

@@ -30,12 +30,11 @@ use crate::config::OnError;
 use crate::metrics::{DecisionCounters, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
 
-/// What the service enforces on every request, from the configuration.
+/// What the service enforces on every request from the settings that take
+/// a restart; `[limits]` reload with the policies ([`PolicySet::limits`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RequestLimits {
     pub(crate) max_key_bytes: usize,
-    pub(crate) allow_inline_policies: bool,
-    pub(crate) allow_reset: bool,
     /// `store.on_error`, for inline policies.
     pub(crate) on_error: OnError,
 }
@@ -184,7 +183,7 @@ impl<S: Backend> QuotaService<S> {
                 })
             }
             PolicyRef::Inline(policy) => {
-                if !self.limits.allow_inline_policies {
+                if !set.limits().allow_inline_policies {
                     return Err(ServiceError::InlineDisabled {
                         field: "inline_policy".to_owned(),
                     });
@@ -274,11 +273,11 @@ impl<S: Backend> QuotaService<S> {
         &self,
         request: pb::ResetRequest,
     ) -> Result<pb::ResetResponse, ServiceError> {
-        if !self.limits.allow_reset {
+        let set = self.policies.snapshot();
+        if !set.limits().allow_reset {
             return Err(ServiceError::ResetDisabled);
         }
         let spec = ResetSpec::try_from(request)?;
-        let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         self.store_ops.reset.increment(1);
         self.backend.reset(&target.namespace, &spec.key).await?;

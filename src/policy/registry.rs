@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::config::PolicySettings;
+use crate::config::{LimitSettings, PolicySettings};
 use crate::metrics::{DecisionCounters, Metrics};
 
 /// A configured policy with its decision counters.
@@ -19,14 +19,20 @@ pub(crate) struct NamedPolicy {
     pub(crate) decisions: Arc<DecisionCounters>,
 }
 
-/// One immutable set of named policies.
-#[derive(Debug, Default)]
+/// One immutable set of named policies, with the `[limits]` that reload
+/// with them.
+#[derive(Debug)]
 pub(crate) struct PolicySet {
     by_name: HashMap<Arc<str>, NamedPolicy>,
+    limits: LimitSettings,
 }
 
 impl PolicySet {
-    pub(crate) fn new(policies: &BTreeMap<String, PolicySettings>, metrics: &Metrics) -> Self {
+    pub(crate) fn new(
+        policies: &BTreeMap<String, PolicySettings>,
+        limits: &LimitSettings,
+        metrics: &Metrics,
+    ) -> Self {
         let by_name = policies
             .iter()
             .map(|(name, settings)| {
@@ -40,7 +46,15 @@ impl PolicySet {
                 )
             })
             .collect();
-        PolicySet { by_name }
+        PolicySet {
+            by_name,
+            limits: limits.clone(),
+        }
+    }
+
+    /// `[limits]`, as of this set.
+    pub(crate) fn limits(&self) -> &LimitSettings {
+        &self.limits
     }
 
     /// The policy named `name`, with the name as stored (the state

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{PolicyRegistry, PolicySet};
-use crate::config::{Config, Overrides, PolicySettings};
+use crate::config::{Config, Files, Overrides, PolicySettings};
 use crate::metrics::Metrics;
 
 /// The contents of the file as last read, or why it could not be read.
@@ -110,7 +110,8 @@ impl Reloader {
             .map_err(|e| format!("cannot read: {e}"))
             .and_then(|bytes| {
                 let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-                Config::parse(text, Some(&self.path), &self.overrides).map_err(|e| e.to_string())
+                Config::parse(text, Some(&self.path), &self.overrides, Files::Skip)
+                    .map_err(|e| e.to_string())
             });
         let new = match parsed {
             Ok(new) => new,
@@ -128,7 +129,7 @@ impl Reloader {
         let removed = names_where(&old, |name, _| !current.contains_key(name));
         let changed = names_where(&old, |name, p| current.get(name).is_some_and(|q| q != p));
         self.registry
-            .replace(PolicySet::new(new.policies(), &self.metrics));
+            .replace(PolicySet::new(new.policies(), new.limits(), &self.metrics));
         self.metrics.policy_reload(true);
         tracing::info!(path = %path, ?added, ?removed, ?changed, "policies reloaded");
     }

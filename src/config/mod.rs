@@ -1,0 +1,371 @@
+//! The server's configuration: one TOML file, overridden by flags and
+//! environment variables, validated into a [`Config`] before any port is
+//! bound.
+//!
+//! - [`settings`](self::settings): every setting, declared once (name, type,
+//!   default, flag and environment variable, documentation, whether it
+//!   reloads);
+//! - `document`: the layers (declared defaults, the file, flags and
+//!   environment) merged into one TOML table before the single
+//!   deserialization, remembering where each value came from;
+//! - `store`, `tls`, `policies`: the rules a value must follow beyond its
+//!   type, and the validated types the server uses.
+//!
+//! Every key has a default, so no file at all is a valid configuration
+//! (the in-memory store on `127.0.0.1:50051` and `127.0.0.1:9464`, no named
+//! policies). Each validation error names the field's path and, when the
+//! value came from the file, its line:
+//! `policies.login.limit: limit must be at least 1 (line 12)`.
+//!
+//! ```
+//! let config = quotad::Config::from_toml(r#"
+//!     [store]
+//!     max_keys = 10000
+//!
+//!     [policies.login]
+//!     algorithm = "fixed_window"
+//!     limit = 5
+//!     window = "1m"
+//! "#)?;
+//! let quotad::config::BackendSettings::Memory(memory) = &config.store().backend else {
+//!     panic!("the memory store is the default");
+//! };
+//! assert_eq!(memory.store.max_keys(), 10_000);
+//! assert_eq!(config.policies()["login"].policy.limit(), 5);
+//!
+//! let error = quotad::Config::from_toml("[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"\n")
+//!     .unwrap_err();
+//! assert_eq!(error.to_string(), "policies.login.limit: limit must be at least 1 (line 3)");
+//! # Ok::<(), quotad::ConfigError>(())
+//! ```
+
+mod document;
+mod error;
+mod overrides;
+mod policies;
+mod settings;
+mod store;
+mod tls;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_core::{Clock, SystemClock};
+use serde::{Deserialize, Deserializer};
+
+pub use error::{ConfigError, Origin};
+pub use overrides::Overrides;
+pub use policies::{OnError, PolicySettings};
+pub use settings::LimitSettings;
+pub use store::{BackendSettings, MemorySettings, StoreSettings};
+pub use tls::TlsSettings;
+
+use document::Layers;
+use policies::{Invalid, RawPolicy};
+use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection};
+
+/// A validated configuration. Build it with [`Config::load`] (file plus
+/// overrides) or [`Config::from_toml`]; every value in it is valid.
+#[derive(Clone, Debug)]
+pub struct Config {
+    server: ServerSettings,
+    store: StoreSettings,
+    limits: LimitSettings,
+    policies: BTreeMap<String, PolicySettings>,
+    /// The merged table validated, to tell which settings a reload changed.
+    effective: toml::Table,
+    source: Option<Source>,
+    clock: Arc<dyn Clock>,
+}
+
+/// Where the configuration came from, so that policies can be reloaded
+/// from the same file with the same overrides.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Source {
+    pub(crate) path: PathBuf,
+    pub(crate) overrides: Overrides,
+    /// The bytes validated, so a reload can tell whether the file changed
+    /// since.
+    pub(crate) contents: Vec<u8>,
+}
+
+/// `[server]`, validated: listeners, TLS, the config file poll and the
+/// runtime.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ServerSettings {
+    /// `server.grpc_addr`: the gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// `server.admin_addr`: the admin HTTP listen address.
+    pub admin_addr: SocketAddr,
+    /// `[server.tls]`: TLS (and mTLS) for the gRPC port; plaintext if absent.
+    pub tls: Option<TlsSettings>,
+    /// `server.config_poll_interval`: how often the config file is re-read
+    /// for policy changes; zero turns polling off (SIGHUP still reloads).
+    pub config_poll_interval: Duration,
+    /// `server.worker_threads`: async runtime threads; `None` is one per
+    /// core.
+    pub worker_threads: Option<usize>,
+}
+
+/// The whole file as written, after the layers are merged.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    server: ServerSection,
+    store: StoreSection,
+    limits: LimitSettings,
+    #[serde(default)]
+    policies: BTreeMap<String, RawPolicy>,
+}
+
+/// Whether validating a configuration reads the files it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Files {
+    /// Read and check them (loading a configuration to serve).
+    Check,
+    /// Leave them alone (a policy reload).
+    Skip,
+}
+
+impl Default for Config {
+    /// The configuration with no file and no overrides.
+    fn default() -> Self {
+        Config::parse("", None, &Overrides::default(), Files::Skip)
+            .expect("the built-in defaults are a valid configuration")
+    }
+}
+
+impl Config {
+    /// Reads `path` (if any), applies `overrides` and validates the result,
+    /// TLS files included. Without a file, every setting not overridden
+    /// takes its default.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the file or the field that is wrong.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        match path {
+            None => Config::parse("", None, overrides, Files::Check),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                Config::parse(&text, Some(path), overrides, Files::Check)
+            }
+        }
+    }
+
+    /// Validates a configuration given as TOML text, with no overrides,
+    /// TLS files included. Relative TLS paths are resolved against the
+    /// working directory.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the field that is wrong.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, None, &Overrides::default(), Files::Check)
+    }
+
+    /// Validates `text`, read from `path` when given (policies then reload
+    /// from it), with `overrides` applied, and reads the files it names
+    /// when `files` says so. A policy reload skips them: it must not fail
+    /// because a certificate is being rotated.
+    pub(crate) fn parse(
+        text: &str,
+        path: Option<&Path>,
+        overrides: &Overrides,
+        files: Files,
+    ) -> Result<Config, ConfigError> {
+        let layers = Layers::merge(text, overrides)?;
+        let raw: RawConfig = layers.deserialize()?;
+        let located = |(field, message): Invalid| {
+            let path: Vec<&str> = field.iter().map(String::as_str).collect();
+            ConfigError::Invalid {
+                field: display_path(&path),
+                message,
+                origin: layers.origin_of(&path),
+            }
+        };
+        let base_dir = path.and_then(Path::parent);
+        let server = validate_server(raw.server, base_dir).map_err(located)?;
+        if let (Files::Check, Some(tls)) = (files, &server.tls) {
+            tls.check().map_err(|e| {
+                let field = ["server", "tls", e.field].map(str::to_owned).to_vec();
+                located((field, e.message))
+            })?;
+        }
+        let store = StoreSettings::validate(raw.store).map_err(located)?;
+        let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
+        Ok(Config {
+            server,
+            store,
+            limits: raw.limits,
+            policies,
+            effective: layers.merged().clone(),
+            source: path.map(|path| Source {
+                path: path.to_owned(),
+                overrides: overrides.clone(),
+                contents: text.as_bytes().to_vec(),
+            }),
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    /// Replaces the clock every decision reads; for tests and simulations
+    /// that drive time by hand.
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// `[server]`.
+    pub fn server(&self) -> &ServerSettings {
+        &self.server
+    }
+
+    /// `[store]`.
+    pub fn store(&self) -> &StoreSettings {
+        &self.store
+    }
+
+    /// `[limits]`.
+    pub fn limits(&self) -> &LimitSettings {
+        &self.limits
+    }
+
+    /// `[policies.NAME]`, by name.
+    pub fn policies(&self) -> &BTreeMap<String, PolicySettings> {
+        &self.policies
+    }
+
+    /// The file the configuration was read from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.source.as_ref().map(|s| s.path.as_path())
+    }
+
+    pub(crate) fn source(&self) -> Option<&Source> {
+        self.source.as_ref()
+    }
+
+    /// The clock decisions read.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The settings that differ from `other` and take effect only on a
+    /// restart (everything declared [`Reload::Restart`]), by path.
+    pub fn restart_required_changes(&self, other: &Config) -> Vec<&'static str> {
+        settings::all()
+            .filter(|s| s.reload == Reload::Restart && s.kind != Kind::Table)
+            .filter(|s| lookup(&self.effective, s.path) != lookup(&other.effective, s.path))
+            .map(|s| s.path)
+            .collect()
+    }
+}
+
+/// The value at a dotted path of a table.
+fn lookup<'a>(table: &'a toml::Table, path: &str) -> Option<&'a toml::Value> {
+    let mut keys = path.split('.');
+    let mut value = table.get(keys.next()?)?;
+    for key in keys {
+        value = value.as_table()?.get(key)?;
+    }
+    Some(value)
+}
+
+/// A field path as written in messages: `policies."a:b"` for a key that is
+/// not a bare TOML key.
+fn display_path(path: &[&str]) -> String {
+    path.iter()
+        .map(|segment| {
+            let bare = !segment.is_empty()
+                && segment
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if bare {
+                (*segment).to_owned()
+            } else {
+                format!("{segment:?}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn validate_server(
+    section: ServerSection,
+    base_dir: Option<&Path>,
+) -> Result<ServerSettings, Invalid> {
+    let invalid = |path: &[&str], message: String| {
+        (
+            path.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(),
+            message,
+        )
+    };
+    if section.worker_threads == Some(0) {
+        return Err(invalid(
+            &["server", "worker_threads"],
+            "worker_threads must be at least 1 (leave it out for one per core)".to_owned(),
+        ));
+    }
+    if section.grpc_addr == section.admin_addr && section.grpc_addr.port() != 0 {
+        return Err(invalid(
+            &["server", "admin_addr"],
+            format!("must differ from server.grpc_addr ({})", section.grpc_addr),
+        ));
+    }
+    let tls = section
+        .tls
+        .map(|tls| validate_tls(tls, base_dir))
+        .transpose()
+        .map_err(|(field, message)| invalid(&["server", "tls", field], message))?;
+    Ok(ServerSettings {
+        grpc_addr: section.grpc_addr,
+        admin_addr: section.admin_addr,
+        tls,
+        config_poll_interval: section.config_poll_interval,
+        worker_threads: section.worker_threads,
+    })
+}
+
+fn validate_tls(
+    section: TlsSection,
+    base_dir: Option<&Path>,
+) -> Result<TlsSettings, (&'static str, String)> {
+    let resolve = |p: PathBuf| match base_dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p,
+    };
+    let required = |value: Option<PathBuf>, field: &'static str| {
+        value.map(resolve).ok_or_else(|| {
+            (
+                field,
+                format!("{field} is required when [server.tls] is set"),
+            )
+        })
+    };
+    Ok(TlsSettings {
+        cert: required(section.cert, "cert")?,
+        key: required(section.key, "key")?,
+        client_ca: section.client_ca.map(resolve),
+    })
+}
+
+/// A duration written the human way: `"1m"`, `"500ms"`, `"1h 30m"`.
+fn human_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "invalid duration {text:?}: {e} (write e.g. \"1s\", \"1m\", \"500ms\")"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,89 @@
+//! `[policies.NAME]`: named policies, and what their checks answer when the
+//! store fails.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use quotad_core::Policy;
+use serde::Deserialize;
+
+use super::human_duration;
+use crate::policy::{PolicyField, policy_error_field, validate_policy_name};
+
+/// What a check answers when the store fails (Redis down or too slow).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// The call fails with gRPC `UNAVAILABLE`; the client's own failure
+    /// policy decides.
+    #[default]
+    Error,
+    /// Admit, with reason `FAIL_OPEN`; nothing is counted.
+    FailOpen,
+    /// Deny, with reason `FAIL_CLOSED`.
+    FailClosed,
+}
+
+impl OnError {
+    /// The snake_case name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Error => "error",
+            OnError::FailOpen => "fail_open",
+            OnError::FailClosed => "fail_closed",
+        }
+    }
+}
+
+/// A named policy, and what its checks answer when the store fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PolicySettings {
+    /// The validated policy.
+    pub policy: Policy,
+    /// `policies.NAME.on_error`, or `store.on_error` when not set.
+    pub on_error: OnError,
+}
+
+/// `[policies.NAME]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    algorithm: String,
+    limit: u64,
+    #[serde(deserialize_with = "human_duration")]
+    window: Duration,
+    burst: Option<u64>,
+    on_error: Option<OnError>,
+}
+
+/// A validation error: the field's path, and what is wrong.
+pub(super) type Invalid = (Vec<String>, String);
+
+/// Validates every policy; `default_on_error` is `store.on_error`.
+pub(super) fn validate(
+    raw: BTreeMap<String, RawPolicy>,
+    default_on_error: OnError,
+) -> Result<BTreeMap<String, PolicySettings>, Invalid> {
+    let mut policies = BTreeMap::new();
+    for (name, raw) in raw {
+        let field = |f: &str| vec!["policies".to_owned(), name.clone(), f.to_owned()];
+        if let Err(message) = validate_policy_name(&name) {
+            return Err((
+                vec!["policies".to_owned(), name.clone()],
+                format!("policy name {message}"),
+            ));
+        }
+        let algorithm = raw
+            .algorithm
+            .parse()
+            .map_err(|e: quotad_core::UnknownAlgorithm| {
+                (field(PolicyField::Algorithm.config_name()), e.to_string())
+            })?;
+        let policy = Policy::try_new(algorithm, raw.limit, raw.window, raw.burst)
+            .map_err(|e| (field(policy_error_field(&e).config_name()), e.to_string()))?;
+        let on_error = raw.on_error.unwrap_or(default_on_error);
+        policies.insert(name, PolicySettings { policy, on_error });
+    }
+    Ok(policies)
+}

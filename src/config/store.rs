@@ -1,0 +1,149 @@
+//! `[store]`, validated: where state lives, and the rules every backend
+//! shares.
+
+use std::time::Duration;
+
+use quotad_core::{StoreConfig, StoreConfigError};
+
+use super::policies::{Invalid, OnError};
+use super::settings::{BackendKind, RedisSection, StoreSection};
+use crate::backend::redis::{RedisSettings, RedisTarget};
+
+/// `[store]`: the backend with its own settings, and what every backend
+/// shares.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct StoreSettings {
+    /// `store.max_key_bytes`: the longest key accepted, in bytes.
+    pub max_key_bytes: usize,
+    /// `store.on_error`: what checks answer when the store fails, unless
+    /// their policy says otherwise (inline policies always use this).
+    pub on_error: OnError,
+    /// `store.backend` and its settings.
+    pub backend: BackendSettings,
+}
+
+/// The state backend, with the settings that apply to it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BackendSettings {
+    /// The embedded sharded store.
+    Memory(MemorySettings),
+    /// Redis, standalone or Cluster: quotad replicas are stateless and
+    /// share one budget.
+    Redis(RedisSettings),
+}
+
+/// The memory store's settings.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct MemorySettings {
+    /// `store.max_keys`, `store.shards` and `store.on_full`, validated
+    /// (the shards in use may be fewer than configured for a small
+    /// `max_keys`).
+    pub store: StoreConfig,
+    /// `store.sweep_interval`: the time in which the incremental sweep
+    /// visits every shard once, dropping state that has become fresh.
+    pub sweep_interval: Duration,
+}
+
+fn invalid(path: &[&str], message: impl Into<String>) -> Invalid {
+    (
+        path.iter().map(|s| (*s).to_owned()).collect(),
+        message.into(),
+    )
+}
+
+impl StoreSettings {
+    pub(super) fn validate(section: StoreSection) -> Result<Self, Invalid> {
+        if section.max_key_bytes == 0 {
+            return Err(invalid(
+                &["store", "max_key_bytes"],
+                "max_key_bytes must be at least 1",
+            ));
+        }
+        let backend = match section.backend {
+            BackendKind::Memory => {
+                let store = StoreConfig::try_new(section.max_keys, section.shards, section.on_full)
+                    .map_err(|e| {
+                        let field = match e {
+                            StoreConfigError::MaxKeysZero => "max_keys",
+                            StoreConfigError::ShardsNotPowerOfTwo(_) => "shards",
+                        };
+                        invalid(&["store", field], e.to_string())
+                    })?;
+                if section.sweep_interval.is_zero() {
+                    return Err(invalid(
+                        &["store", "sweep_interval"],
+                        "sweep_interval must be longer than zero",
+                    ));
+                }
+                BackendSettings::Memory(MemorySettings {
+                    store,
+                    sweep_interval: section.sweep_interval,
+                })
+            }
+            BackendKind::Redis => match section.redis {
+                Some(redis) => BackendSettings::Redis(redis_settings(redis)?),
+                None => {
+                    return Err(invalid(
+                        &["store", "backend"],
+                        "\"redis\" needs a [store.redis] section with url or cluster_nodes",
+                    ));
+                }
+            },
+        };
+        Ok(StoreSettings {
+            max_key_bytes: section.max_key_bytes,
+            on_error: section.on_error,
+            backend,
+        })
+    }
+}
+
+fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
+    let check_url = |url: &str, field: &'static str| {
+        redis::IntoConnectionInfo::into_connection_info(url)
+            .map(|_| ())
+            .map_err(|e| invalid(&["store", "redis", field], format!("{url:?}: {e}")))
+    };
+    let target = match (section.url, section.cluster_nodes) {
+        (Some(url), None) => {
+            check_url(&url, "url")?;
+            RedisTarget::Standalone(url)
+        }
+        (None, Some(nodes)) if !nodes.is_empty() => {
+            for node in &nodes {
+                check_url(node, "cluster_nodes")?;
+            }
+            RedisTarget::Cluster(nodes)
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                &["store", "redis", "cluster_nodes"],
+                "must name at least one node",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                &["store", "redis"],
+                "set url or cluster_nodes, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(invalid(
+                &["store", "redis"],
+                "set url (standalone) or cluster_nodes (Redis Cluster)",
+            ));
+        }
+    };
+    if section.timeout.is_zero() {
+        return Err(invalid(
+            &["store", "redis", "timeout"],
+            "timeout must be longer than zero",
+        ));
+    }
+    Ok(RedisSettings {
+        target,
+        timeout: section.timeout,
+    })
+}

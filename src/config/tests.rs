@@ -1,0 +1,380 @@
+//! The configuration's rules, one test each.
+
+use quotad_core::OnFull;
+
+use super::*;
+
+fn memory(config: &Config) -> &MemorySettings {
+    match &config.store().backend {
+        BackendSettings::Memory(memory) => memory,
+        other => panic!("expected the memory store, got {other:?}"),
+    }
+}
+
+fn error(text: &str) -> String {
+    match Config::from_toml(text) {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn no_file_gives_the_documented_defaults() {
+    let config = Config::default();
+    assert_eq!(config.server().grpc_addr.to_string(), "127.0.0.1:50051");
+    assert_eq!(config.server().admin_addr.to_string(), "127.0.0.1:9464");
+    assert!(config.server().tls.is_none());
+    assert_eq!(config.server().config_poll_interval, Duration::from_secs(1));
+    let memory = memory(&config);
+    assert_eq!(memory.store.max_keys(), 1_000_000);
+    assert_eq!(memory.store.shards(), 64);
+    assert_eq!(memory.store.on_full(), OnFull::Deny);
+    assert_eq!(memory.sweep_interval, Duration::from_secs(10));
+    assert_eq!(config.store().max_key_bytes, 256);
+    assert_eq!(config.store().on_error, OnError::Error);
+    assert!(config.limits().allow_inline_policies);
+    assert!(config.policies().is_empty());
+}
+
+#[test]
+fn reads_every_section() {
+    let config = Config::from_toml(
+        r#"
+        [server]
+        grpc_addr = "0.0.0.0:7000"
+        admin_addr = "0.0.0.0:7001"
+        config_poll_interval = "0s"
+
+        [store]
+        backend = "memory"
+        max_keys = 5000
+        shards = 16
+        on_full = "evict"
+        max_key_bytes = 64
+        sweep_interval = "2s"
+
+        [limits]
+        allow_inline_policies = false
+
+        [policies.api]
+        algorithm = "token_bucket"
+        limit = 100
+        window = "1m"
+        burst = 20
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(config.server().grpc_addr.port(), 7000);
+    assert_eq!(config.server().config_poll_interval, Duration::ZERO);
+    assert_eq!(memory(&config).store.on_full(), OnFull::Evict);
+    assert_eq!(memory(&config).store.shards(), 16);
+    assert_eq!(config.store().max_key_bytes, 64);
+    assert!(!config.limits().allow_inline_policies);
+    let api = config.policies()["api"].policy;
+    assert_eq!(api.window_ms(), 60_000);
+    assert_eq!(api.burst(), 20);
+}
+
+#[test]
+fn names_the_policy_field_and_line_of_a_broken_rule() {
+    let text = "\n[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"\n";
+    assert_eq!(
+        error(text),
+        "policies.login.limit: limit must be at least 1 (line 4)"
+    );
+    let text =
+        "[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nburst = 3\n";
+    assert_eq!(
+        error(text),
+        "policies.login.burst: burst applies only to token_bucket and leaky_bucket, not fixed_window (line 5)"
+    );
+    let text = "[policies.login]\nalgorithm = \"fixed\"\nlimit = 5\nwindow = \"1m\"\n";
+    assert!(error(text).starts_with("policies.login.algorithm: unknown algorithm \"fixed\""));
+    let text = "[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"0s\"\n";
+    assert_eq!(
+        error(text),
+        "policies.login.window: window must be at least 1 ms (line 4)"
+    );
+    let text = "[policies.log]\nalgorithm = \"sliding_log\"\nlimit = 10001\nwindow = \"1s\"\n";
+    assert!(error(text).starts_with("policies.log.limit: sliding_log limit must be at most 10000"));
+}
+
+#[test]
+fn names_the_field_of_a_type_or_parse_error() {
+    let text = "[policies.login]\nalgorithm = \"fixed_window\"\nlimit = -1\nwindow = \"1m\"\n";
+    let message = error(text);
+    assert!(message.starts_with("policies.login.limit: "), "{message}");
+    assert!(message.ends_with("(line 3)"), "{message}");
+
+    let text = "[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"a minute\"\n";
+    let message = error(text);
+    assert!(
+        message.starts_with("policies.login.window: invalid duration"),
+        "{message}"
+    );
+    assert!(message.ends_with("(line 4)"), "{message}");
+
+    let message = error("[server]\ngrpc_addr = \"localhost\"\n");
+    assert!(message.starts_with("server.grpc_addr: "), "{message}");
+
+    let message = error("[store]\non_full = \"drop\"\n");
+    assert!(
+        message.starts_with("store.on_full: unknown variant `drop`"),
+        "{message}"
+    );
+
+    let message = error("[store]\nbackend = \"memcached\"\n");
+    assert!(
+        message.starts_with("store.backend: unknown variant `memcached`"),
+        "{message}"
+    );
+
+    let message = error("[store]\nbackend = \"redis\"\n");
+    assert_eq!(
+        message,
+        "store.backend: \"redis\" needs a [store.redis] section with url or cluster_nodes (line 2)"
+    );
+
+    let message = error("[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 5\n");
+    assert!(
+        message.starts_with("policies.login: missing field `window`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn rejects_unknown_fields_everywhere() {
+    for (text, field) in [
+        ("colour = 1\n", "colour: unknown field `colour`"),
+        (
+            "[server]\ngrpc_adr = \"127.0.0.1:1\"\n",
+            "server.grpc_adr: unknown field `grpc_adr`",
+        ),
+        (
+            "[store]\nmax_key = 5\n",
+            "store.max_key: unknown field `max_key`",
+        ),
+        (
+            "[limits]\ninline = true\n",
+            "limits.inline: unknown field `inline`",
+        ),
+        (
+            "[server.tls]\ncrt = \"a\"\n",
+            "server.tls.crt: unknown field `crt`",
+        ),
+        (
+            "[policies.a]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\nlimti = 2\n",
+            "policies.a.limti: unknown field `limti`",
+        ),
+    ] {
+        let message = error(text);
+        assert!(message.starts_with(field), "{message}");
+    }
+}
+
+#[test]
+fn validates_store_settings() {
+    assert_eq!(
+        error("[store]\nmax_keys = 0\n"),
+        "store.max_keys: max_keys must be at least 1 (line 2)"
+    );
+    assert_eq!(
+        error("[store]\nshards = 3\n"),
+        "store.shards: shards must be a power of two from 1 to 65536 (got 3) (line 2)"
+    );
+    assert!(
+        error("[store]\nshards = 131072\n").starts_with(
+            "store.shards: shards must be a power of two from 1 to 65536 (got 131072)"
+        )
+    );
+    assert_eq!(
+        error("[store]\nmax_key_bytes = 0\n"),
+        "store.max_key_bytes: max_key_bytes must be at least 1 (line 2)"
+    );
+    assert_eq!(
+        error("[store]\nsweep_interval = \"0s\"\n"),
+        "store.sweep_interval: sweep_interval must be longer than zero (line 2)"
+    );
+}
+
+#[test]
+fn worker_threads_default_to_one_per_core_and_must_be_positive() {
+    assert_eq!(Config::default().server().worker_threads, None);
+    let config = Config::from_toml("[server]\nworker_threads = 1\n").expect("valid");
+    assert_eq!(config.server().worker_threads, Some(1));
+    assert_eq!(
+        error("[server]\nworker_threads = 0\n"),
+        "server.worker_threads: worker_threads must be at least 1 (leave it out for one per core) (line 2)"
+    );
+}
+
+#[test]
+fn rejects_policy_names_outside_the_allowed_alphabet() {
+    let message =
+        error("[policies.\"a:b\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n");
+    assert!(
+        message.starts_with("policies.\"a:b\": policy name must be"),
+        "{message}"
+    );
+    let long = "x".repeat(65);
+    let message = error(&format!(
+        "[policies.{long}]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n"
+    ));
+    assert!(message.contains("policy name must be"), "{message}");
+    assert!(
+        Config::from_toml(&format!(
+            "[policies.\"{}\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n",
+            "A-z_0.9".repeat(9).chars().take(64).collect::<String>()
+        ))
+        .is_ok()
+    );
+}
+
+#[test]
+fn reports_syntax_errors_with_their_line() {
+    let message = error("[store]\nmax_keys = = 3\n");
+    assert!(message.starts_with("invalid TOML: "), "{message}");
+    assert!(message.ends_with("(line 2)"), "{message}");
+}
+
+#[test]
+fn overrides_replace_file_values_and_say_so_in_errors() {
+    let overrides = Overrides::new()
+        .with("store.max_keys", "7000")
+        .with("store.on_full", "evict")
+        .with("limits.allow_inline_policies", "false");
+    let config =
+        Config::parse("[store]\nmax_keys = 5\n", None, &overrides, Files::Check).expect("valid");
+    assert_eq!(memory(&config).store.max_keys(), 7_000);
+    assert_eq!(memory(&config).store.on_full(), OnFull::Evict);
+    assert!(!config.limits().allow_inline_policies);
+
+    let overrides = Overrides::new().with("store.shards", "6");
+    let message = match Config::parse("[store]\nshards = 8\n", None, &overrides, Files::Check) {
+        Ok(_) => panic!("6 shards is invalid"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(
+        message,
+        "store.shards: shards must be a power of two from 1 to 65536 (got 6) (from a flag or environment variable)"
+    );
+}
+
+#[test]
+fn tls_needs_readable_files() {
+    let message =
+        error("[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n");
+    assert!(
+        message.starts_with("server.tls.cert: cannot read /nonexistent/cert.pem"),
+        "{message}"
+    );
+    assert!(message.ends_with("(line 2)"), "{message}");
+    let message = error("[server.tls]\ncert = \"/nonexistent/cert.pem\"\n");
+    assert!(
+        message.starts_with("server.tls.key: key is required"),
+        "{message}"
+    );
+}
+
+#[test]
+fn tls_rejects_files_that_are_not_pem() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, "not a certificate").expect("write");
+    std::fs::write(&key, "not a key").expect("write");
+    let text = format!("[server.tls]\ncert = {:?}\nkey = {:?}\n", cert, key);
+    let message = error(&text);
+    assert!(
+        message.starts_with("server.tls.cert: ") && message.contains("holds no PEM certificate"),
+        "{message}"
+    );
+    assert!(message.ends_with("(line 2)"), "{message}");
+
+    let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+        .expect("a self-signed certificate");
+    std::fs::write(&cert, generated.cert.pem()).expect("write");
+    let message = error(&text);
+    assert!(
+        message.starts_with("server.tls.key: ") && message.contains("not a PEM private key"),
+        "{message}"
+    );
+    std::fs::write(&key, generated.signing_key.serialize_pem()).expect("write");
+    assert!(Config::from_toml(&text).is_ok());
+}
+
+#[test]
+fn a_policy_reload_reads_no_tls_file() {
+    // A reload validates the file without the certificates, which may be
+    // in the middle of a rotation.
+    let text = "[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n";
+    assert!(Config::parse(text, None, &Overrides::default(), Files::Skip).is_ok());
+    assert!(Config::parse(text, None, &Overrides::default(), Files::Check).is_err());
+}
+
+#[test]
+fn lists_settings_that_need_a_restart() {
+    let a = Config::from_toml("[store]\nmax_keys = 10\n").expect("valid");
+    let b = Config::from_toml("[store]\nmax_keys = 20\n[limits]\nallow_inline_policies = false\n")
+        .expect("valid");
+    // [limits] reload with the policies; the store's bounds do not.
+    assert_eq!(a.restart_required_changes(&b), vec!["store.max_keys"]);
+    let c = Config::from_toml("[server.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n");
+    assert!(c.is_err(), "the files do not exist");
+    let c = Config::parse(
+        "[server.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n",
+        None,
+        &Overrides::default(),
+        Files::Skip,
+    )
+    .expect("valid without reading the files");
+    assert_eq!(
+        Config::default().restart_required_changes(&c),
+        vec!["server.tls.cert", "server.tls.key"]
+    );
+    assert!(a.restart_required_changes(&a.clone()).is_empty());
+}
+
+#[test]
+fn every_setting_has_its_own_flag_and_variable_and_takes_its_default_as_an_override() {
+    let mut flags = std::collections::BTreeSet::new();
+    for setting in settings::all().filter(|s| s.kind != Kind::Table) {
+        assert!(
+            flags.insert(setting.flag()),
+            "flag {} twice",
+            setting.flag()
+        );
+        assert_eq!(
+            setting.env(),
+            format!("QUOTAD_{}", setting.flag().to_uppercase().replace('-', "_"))
+        );
+        assert!(!setting.help().is_empty(), "{} has no help", setting.path);
+        if let Some(default) = setting.default {
+            let overrides = Overrides::new().with(setting.path, default);
+            let config = Config::parse("", None, &overrides, Files::Skip)
+                .unwrap_or_else(|e| panic!("{}: its default as a flag: {e}", setting.path));
+            // The same value as the default; at most, it created its table.
+            let changes = Config::default().restart_required_changes(&config);
+            assert!(changes.iter().all(|p| *p == setting.path), "{changes:?}");
+        }
+    }
+}
+
+#[test]
+fn the_example_config_names_every_setting() {
+    let example = include_str!("../../config/quotad.example.toml");
+    for setting in settings::all() {
+        let name = setting
+            .path
+            .rsplit('.')
+            .next()
+            .expect("a path has a last part");
+        assert!(
+            example.contains(&format!("{name} ="))
+                || example.contains(&format!("[{}]", setting.path)),
+            "config/quotad.example.toml does not mention {}",
+            setting.path
+        );
+    }
+    Config::from_toml(example).expect("the example config is valid");
+}
