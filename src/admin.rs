@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -20,30 +19,45 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use serde::Serialize;
+use tokio::net::TcpListener;
 
+use crate::Error;
 use crate::backend::BackendStats;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::policy::PolicyRegistry;
+use crate::tasks::ServerTask;
 
 /// What the admin handlers read.
 #[derive(Clone)]
 pub(crate) struct AdminState {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) policies: Arc<PolicyRegistry>,
-    pub(crate) ready: Arc<AtomicBool>,
-    pub(crate) store_stats: Arc<dyn Fn() -> BackendStats + Send + Sync>,
+    pub(crate) health: Health,
+    pub(crate) backend_stats: Arc<dyn Fn() -> BackendStats + Send + Sync>,
 }
 
 impl std::fmt::Debug for AdminState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminState")
-            .field("ready", &self.ready)
+            .field("health", &self.health)
             .finish_non_exhaustive()
     }
 }
 
+/// Serves the admin routes on `listener` until stopped, then lets requests
+/// in flight finish.
+pub(crate) fn spawn(listener: TcpListener, state: AdminState) -> ServerTask {
+    ServerTask::spawn(move |stop| async move {
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+            .map_err(Error::Admin)
+    })
+}
+
 /// The admin routes.
-pub(crate) fn router(state: AdminState) -> Router {
+fn router(state: AdminState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -53,7 +67,7 @@ pub(crate) fn router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    state.metrics.store_stats((state.store_stats)());
+    state.metrics.store_stats((state.backend_stats)());
     (
         [(
             header::CONTENT_TYPE,
@@ -64,7 +78,7 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Acquire) {
+    if state.health.is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")

@@ -5,17 +5,19 @@
 //! the server: the binary (`src/main.rs`) only parses the command line,
 //! builds a [`Config`], binds the [`Listeners`] and calls [`run`].
 //!
+//! Data flows one way: request -> `api` (validate, convert) -> [`policy`]
+//! lookup -> [`backend`] transition -> decision -> response and metrics.
+//!
 //! - [`config`]: the TOML file, flags and environment, validated into a
 //!   [`Config`] before anything is bound;
 //! - [`policy`]: named policies, their registry and hot reload;
-//! - `service`: the `quotad.v1.Quota` handlers (proto -> domain at the edge,
-//!   one error mapping);
-//! - [`store`]: the [`store::StateStore`] trait and its in-memory backend;
-//! - `metrics`, `admin`: Prometheus metrics and the admin HTTP server
-//!   (`/metrics`, `/healthz`, `/readyz`, `/policies`).
-//!
-//! The gRPC port also serves health checking (`grpc.health.v1`) and server
-//! reflection (v1 and v1alpha).
+//! - `api`: the gRPC edges (`quotad.v1.Quota`): proto -> domain at the
+//!   edge, one error mapping;
+//! - [`backend`]: the one [`backend::Backend`] trait, memory and Redis;
+//! - [`grpc`], `admin`: the two servers (gRPC with health checking and
+//!   reflection; admin HTTP with `/metrics`, `/healthz`, `/readyz`,
+//!   `/policies`), `health` the readiness both report, `tasks` what runs
+//!   beside them, `metrics` the Prometheus registry.
 //!
 //! ```
 //! use quotad_proto::v1::{CheckRequest, check_request, quota_client::QuotaClient};
@@ -57,35 +59,38 @@
 
 pub mod backend;
 pub mod config;
+pub mod grpc;
 pub mod policy;
 
 mod admin;
 mod api;
+mod health;
 mod metrics;
+mod tasks;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::BuildError;
-use quotad_proto::v1::quota_server::QuotaServer;
-
+use quotad_core::MemoryStore;
+use quotad_proto::v1::quota_server::{QuotaServer, SERVICE_NAME as QUOTA_SERVICE};
 use tokio::net::TcpListener;
-use tokio::task::{JoinError, JoinSet};
+use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
+use tonic::service::Routes;
 
 pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings};
 
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits};
+use crate::backend::Backend;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
-use quotad_core::MemoryStore;
+use crate::tasks::Tasks;
 
 /// The bound sockets the server accepts on. `main` binds them from the
 /// config; tests bind `127.0.0.1:0`.
@@ -131,18 +136,27 @@ pub enum Error {
     /// The gRPC server failed (including a TLS configuration it rejected).
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    /// The TLS files could not be read at start.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The admin HTTP server failed.
     #[error("admin server: {0}")]
     Admin(#[source] std::io::Error),
     /// A server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] JoinError),
-    /// The TLS files could not be read or used at start.
-    #[error("TLS: {0}")]
-    Tls(String),
     /// The state store could not be reached at start (Redis).
     #[error("{0}")]
     Store(#[source] backend::BackendError),
+}
+
+/// Installs ring as the process-wide rustls crypto provider, unless one is
+/// installed already. The gRPC server's TLS takes the process-wide
+/// provider, and rustls cannot choose one by itself once two are compiled
+/// in; [`run`] calls this before it builds anything.
+pub fn install_crypto_provider() {
+    // An error means a provider is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Serves the gRPC API and the admin HTTP server on `listeners` until
@@ -161,58 +175,45 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    install_crypto_provider();
     let metrics = Arc::new(Metrics::new()?);
-    let mut background = Background::default();
+    let mut tasks = Tasks::default();
     let result = match &config.store().backend {
         BackendSettings::Memory(settings) => {
             let store = Arc::new(MemoryStore::new(settings.store, Arc::clone(config.clock())));
-            let sweep_interval = settings.sweep_interval;
-            let swept = Arc::clone(&store);
-            background.spawn(|stop| backend::memory::sweep(swept, sweep_interval, stop));
-            serve(config, listeners, shutdown, store, metrics, &mut background).await
+            let (swept, interval) = (Arc::clone(&store), settings.sweep_interval);
+            tasks.spawn(|stop| backend::memory::sweep(swept, interval, stop));
+            serve(&config, listeners, shutdown, store, metrics, &mut tasks).await
         }
-        BackendSettings::Redis(settings) => {
-            let store = RedisBackend::connect(settings)
-                .await
-                .map_err(Error::Store)?;
-            serve(
-                config,
-                listeners,
-                shutdown,
-                Arc::new(store),
-                metrics,
-                &mut background,
-            )
-            .await
-        }
+        BackendSettings::Redis(settings) => match RedisBackend::connect(settings).await {
+            Ok(store) => {
+                let store = Arc::new(store);
+                serve(&config, listeners, shutdown, store, metrics, &mut tasks).await
+            }
+            Err(error) => Err(Error::Store(error)),
+        },
     };
-    background.stop().await;
+    tasks.stop().await;
     result
 }
 
-/// Runs both servers over `store` until `shutdown`.
-async fn serve<S: backend::Backend>(
-    config: Config,
+/// Runs both servers over `backend` until `shutdown`, or until one of them
+/// fails (which brings the other down too).
+async fn serve<B: Backend>(
+    config: &Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    store: Arc<S>,
+    backend: Arc<B>,
     metrics: Arc<Metrics>,
-    background: &mut Background,
+    tasks: &mut Tasks,
 ) -> Result<(), Error> {
-    let registry = Arc::new(PolicyRegistry::new(PolicySet::new(
-        config.policies(),
-        config.limits(),
-        &metrics,
-    )));
-    if let Some(reloader) = Reloader::new(&config, Arc::clone(&registry), Arc::clone(&metrics)) {
-        let poll = config.server().config_poll_interval;
-        background.spawn(|stop| reloader.run(poll, stop));
-    }
-    let upkeep_metrics = Arc::clone(&metrics);
-    background.spawn(|stop| metrics_upkeep(upkeep_metrics, stop));
+    let registry = policies(config, &metrics, tasks);
+    let upkeep = Arc::clone(&metrics);
+    tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 
-    let service = QuotaService::new(
-        Arc::clone(&store),
+    let (health, health_service) = Health::new(&[QUOTA_SERVICE]);
+    let quota = QuotaService::new(
+        Arc::clone(&backend),
         Arc::clone(&registry),
         Arc::clone(&metrics),
         RequestLimits {
@@ -220,92 +221,61 @@ async fn serve<S: backend::Backend>(
             on_error: config.store().on_error,
         },
     );
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<QuotaServer<QuotaService<S>>>().await;
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(quotad_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    // v1alpha too: older grpcurl and other tools still ask for it.
-    let (reflection_v1, reflection_v1alpha) =
-        (reflection().build_v1()?, reflection().build_v1alpha()?);
-
-    let mut builder = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
-    if let Some(tls) = &config.server().tls {
-        let tls = tls
-            .server_config()
-            .map_err(|e| Error::Tls(format!("server.tls.{}: {}", e.field, e.message)))?;
-        builder = builder.tls_config(tls)?;
-    }
-    // TcpIncoming sets TCP_NODELAY on each accepted socket; the builder's
-    // own tcp_nodelay is ignored for a pre-bound listener.
-    let incoming = TcpIncoming::from(listeners.grpc)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(60)));
-    let grpc_addr = display_addr(incoming.local_addr());
+    let routes = Routes::new(QuotaServer::new(quota));
+    let grpc_addr = display_addr(listeners.grpc.local_addr());
     let admin_addr = display_addr(listeners.admin.local_addr());
-
-    // gRPC stops first; the admin server stays up while calls drain, so
-    // /readyz reports 503 and /metrics can still be scraped meanwhile.
-    let (stop_grpc, stop_admin) = (CancellationToken::new(), CancellationToken::new());
-    let grpc = builder
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(QuotaServer::new(service))
-        .serve_with_incoming_shutdown(incoming, stop_grpc.clone().cancelled_owned());
-    let mut grpc = tokio::spawn(async move { grpc.await.map_err(Error::Grpc) });
-
-    let ready = Arc::new(AtomicBool::new(true));
-    let admin_state = AdminState {
-        metrics: Arc::clone(&metrics),
-        policies: Arc::clone(&registry),
-        ready: Arc::clone(&ready),
-        store_stats: Arc::new(move || store.stats()),
-    };
-    let admin = axum::serve(listeners.admin, admin::router(admin_state))
-        .with_graceful_shutdown(stop_admin.clone().cancelled_owned());
-    let mut admin = tokio::spawn(async move { admin.await.map_err(Error::Admin) });
+    let mut grpc = grpc::spawn(
+        listeners.grpc,
+        config.server().tls.as_ref(),
+        health_service,
+        routes,
+    )?;
+    let mut admin = admin::spawn(
+        listeners.admin,
+        AdminState {
+            metrics,
+            policies: registry,
+            health: health.clone(),
+            backend_stats: Arc::new(move || backend.stats()),
+        },
+    );
+    health.set_ready(true).await;
     tracing::info!(%grpc_addr, %admin_addr, "quotad serving");
 
-    // Serve until asked to stop, or until a server stops by itself (an
-    // error), which brings the other one down too.
-    let (mut grpc_result, mut admin_result) = (None, None);
-    tokio::select! {
-        () = shutdown => tracing::info!("shutting down: draining calls in flight"),
-        result = &mut grpc => grpc_result = Some(flatten(result)),
-        result = &mut admin => admin_result = Some(flatten(result)),
-    }
-    ready.store(false, Ordering::Release);
-    health
-        .set_not_serving::<QuotaServer<QuotaService<S>>>()
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::NotServing)
-        .await;
-    stop_grpc.cancel();
-    let grpc_result = match grpc_result {
-        Some(result) => result,
-        None => flatten(grpc.await),
+    let failed = tokio::select! {
+        () = shutdown => {
+            tracing::info!("shutting down: draining calls in flight");
+            None
+        }
+        result = grpc.stopped() => Some(result),
+        result = admin.stopped() => Some(result),
     };
-    stop_admin.cancel();
-    let admin_result = match admin_result {
-        Some(result) => result,
-        None => flatten(admin.await),
-    };
+    health.set_ready(false).await;
+    // gRPC stops first; the admin server stays up while calls drain, so
+    // /readyz reports 503 and /metrics can still be scraped meanwhile.
+    let grpc_result = grpc.stop().await;
+    let admin_result = admin.stop().await;
     tracing::info!("quotad stopped");
-    grpc_result.and(admin_result)
+    failed.unwrap_or(Ok(())).and(grpc_result).and(admin_result)
+}
+
+/// The named policies in force, and the task that reloads them when the
+/// config file changes.
+fn policies(config: &Config, metrics: &Arc<Metrics>, tasks: &mut Tasks) -> Arc<PolicyRegistry> {
+    let registry = Arc::new(PolicyRegistry::new(PolicySet::new(
+        config.policies(),
+        config.limits(),
+        metrics,
+    )));
+    if let Some(reloader) = Reloader::new(config, Arc::clone(&registry), Arc::clone(metrics)) {
+        let poll = config.server().config_poll_interval;
+        tasks.spawn(|stop| reloader.run(poll, stop));
+    }
+    registry
 }
 
 fn display_addr(addr: std::io::Result<std::net::SocketAddr>) -> String {
     addr.map_or_else(|e| format!("unknown ({e})"), |a| a.to_string())
-}
-
-fn flatten(result: Result<Result<(), Error>, JoinError>) -> Result<(), Error> {
-    result.map_err(Error::Task).and_then(|inner| inner)
 }
 
 /// Publishes histogram samples regularly, so they do not pile up between
@@ -316,33 +286,6 @@ async fn metrics_upkeep(metrics: Arc<Metrics>, stop: CancellationToken) {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = ticks.tick() => metrics.run_upkeep(),
-        }
-    }
-}
-
-/// Background tasks (sweep, reload, metrics upkeep), stopped together
-/// after the servers.
-#[derive(Debug, Default)]
-struct Background {
-    stop: CancellationToken,
-    tasks: JoinSet<()>,
-}
-
-impl Background {
-    fn spawn<F, Fut>(&mut self, task: F)
-    where
-        F: FnOnce(CancellationToken) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        self.tasks.spawn(task(self.stop.clone()));
-    }
-
-    async fn stop(mut self) {
-        self.stop.cancel();
-        while let Some(result) = self.tasks.join_next().await {
-            if let Err(error) = result {
-                tracing::error!(%error, "background task failed");
-            }
         }
     }
 }

@@ -1,15 +1,11 @@
 //! The no-op server: quotad's API with nothing behind it.
 
-use std::time::Duration;
-
 use quotad_proto::v1::quota_server::{Quota, QuotaServer};
 use quotad_proto::v1::{
     CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse, Decision, Reason,
     ResetRequest, ResetResponse,
 };
 use tokio::net::TcpListener;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 /// The one decision the no-op server gives: allowed, within a limit that
@@ -70,26 +66,20 @@ impl Quota for NoopQuota {
 /// finishes the calls in flight and returns once every connection has
 /// closed.
 ///
-/// The server settings are quotad's own (`src/lib.rs`): TCP_NODELAY and TCP
-/// keepalive on every accepted socket through tonic's `TcpIncoming` (the
-/// builder's `tcp_nodelay` is ignored for a pre-bound listener), HTTP/2
-/// keepalive pings, and tonic's default HTTP/2 windows and stream limits.
-/// Keep the two in step, or the floor stops being a floor.
+/// The transport is quotad's own ([`quotad::grpc::server`] and
+/// [`quotad::grpc::incoming`]), plaintext, so the floor moves with quotad's
+/// settings.
 ///
 /// # Errors
 ///
-/// The transport error that stopped the server.
+/// The error that stopped the server.
 pub async fn serve_noop(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(60)));
-    Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+) -> Result<(), quotad::Error> {
+    quotad::grpc::server(None)?
         .add_service(QuotaServer::new(NoopQuota))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .serve_with_incoming_shutdown(quotad::grpc::incoming(listener), shutdown)
+        .await?;
+    Ok(())
 }
