@@ -16,6 +16,36 @@
 //! their strings), sends the [`Applied`] items to the store and writes the
 //! statuses.
 //!
+//! ```
+//! use std::path::Path;
+//! use quotad::policy::rls::{Descriptor, Entry, LoadOptions, Request, Resolution, RlsRules};
+//!
+//! let yaml = r#"
+//! domain: edge
+//! descriptors:
+//!   - key: remote_address
+//!     rate_limit:
+//!       unit: second
+//!       requests_per_unit: 10
+//! "#;
+//! let rules = RlsRules::from_sources([(Path::new("edge.yaml"), yaml)], LoadOptions::default())?;
+//! let request = Request {
+//!     domain: "edge",
+//!     descriptors: vec![Descriptor {
+//!         entries: vec![Entry { key: "remote_address", value: "10.0.0.1" }],
+//!         ..Descriptor::default()
+//!     }],
+//!     hits_addend: 0, // unset: one hit
+//! };
+//! let resolved = rules.resolve(&request)?;
+//! let Resolution::Limited(applied) = &resolved[0] else { panic!("a limit applies") };
+//! let item = applied.check_item().expect("a limit above zero is counted");
+//! assert_eq!(item.name(), "rls:edge/remote_address");
+//! assert_eq!(item.key(), "remote_address=10.0.0.1");
+//! assert_eq!((item.policy().limit(), item.policy().window_ms(), item.cost().get()), (10, 1_000, 1));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Matching (as the reference)
 //!
 //! A descriptor's entries are matched level by level from the domain's

@@ -212,7 +212,7 @@ impl Limit {
     }
 
     /// The most requests per unit quotad counts exactly (limit x window_ms
-    /// <= 2^53): 285,616 a year, 3,474,886 a month, 14,892,636 a week,
+    /// <= 2^53): 285,616 a year, 3,474,999 a month, 14,892,855 a week,
     /// 104,249,991 a day, 2,501,999,792 an hour; a minute or a second
     /// holds any 32-bit number.
     pub fn max_requests_per_unit(unit: Unit) -> u64 {

@@ -83,6 +83,8 @@ pub(super) fn descriptor_key<'a>(entries: impl IntoIterator<Item = (&'a str, &'a
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -118,6 +120,46 @@ mod tests {
         let mut braces = String::new();
         push_escaped(&mut braces, "{tag} 100%|\n");
         assert_eq!(braces, "%7Btag%7D%20100%25%7C%0A");
+    }
+
+    /// Strings over an alphabet rich in the reserved characters.
+    fn text() -> impl Strategy<Value = String> {
+        proptest::string::string_regex("[ab/=|#%{}* \\x00]{0,4}").expect("a valid regex")
+    }
+
+    fn path() -> impl Strategy<Value = (String, Vec<(String, String)>)> {
+        (text(), proptest::collection::vec((text(), text()), 0..3))
+    }
+
+    fn namespace((domain, levels): &(String, Vec<(String, String)>)) -> String {
+        let mut ns = domain_namespace(domain);
+        for (key, value) in levels {
+            push_level(&mut ns, key, value);
+        }
+        ns
+    }
+
+    proptest! {
+        #[test]
+        fn different_paths_never_share_a_namespace(a in path(), b in path()) {
+            prop_assert_eq!(namespace(&a) == namespace(&b), a == b);
+        }
+
+        #[test]
+        fn different_descriptors_never_share_a_key(
+            a in proptest::collection::vec((text(), text()), 1..3),
+            b in proptest::collection::vec((text(), text()), 1..3),
+        ) {
+            let key = |d: &Vec<(String, String)>| descriptor_key(d.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            prop_assert_eq!(key(&a) == key(&b), a == b);
+        }
+
+        #[test]
+        fn no_override_namespace_is_a_rule_namespace(a in path(), domain in text()) {
+            for unit in Unit::ALL {
+                prop_assert_ne!(namespace(&a), override_namespace(&domain, unit));
+            }
+        }
     }
 
     #[test]

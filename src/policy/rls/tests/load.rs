@@ -7,7 +7,7 @@ use std::time::Duration;
 use quotad_core::Algorithm;
 
 use super::{load_error, rules};
-use crate::policy::rls::{LoadOptions, RlsRules, Unit};
+use crate::policy::rls::{Limit, LoadOptions, RlsRules, Unit};
 
 #[test]
 fn loads_nested_descriptors_with_every_field_of_the_format() {
@@ -311,6 +311,26 @@ fn errors_name_file_field_line_and_column() {
     for (text, expected) in cases {
         assert_eq!(load_error(text), expected, "\n{text}");
     }
+}
+
+#[test]
+fn the_most_requests_per_unit_are_2_pow_53_over_the_window() {
+    let most: Vec<u64> = Unit::ALL
+        .into_iter()
+        .map(Limit::max_requests_per_unit)
+        .collect();
+    assert_eq!(
+        most,
+        [
+            9_007_199_254_740,
+            150_119_987_579,
+            2_501_999_792,
+            104_249_991,
+            14_892_855,
+            3_474_999,
+            285_616
+        ]
+    );
 }
 
 #[test]
