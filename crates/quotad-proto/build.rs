@@ -1,4 +1,6 @@
-//! Generates the tonic client and server for `proto/quotad/v1/quota.proto`.
+//! Generates the tonic clients and servers for `proto/quotad/v1/quota.proto`
+//! and Envoy's rate limit service (`proto/envoy/service/ratelimit/v3/rls.proto`,
+//! vendored with the files it imports), with one descriptor set for both.
 //!
 //! `protoc` comes from `protoc-bin-vendored`, so building needs no system
 //! protobuf install. Its path goes to prost-build through
@@ -15,6 +17,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
     let proto_root = manifest_dir.join("../../proto");
     let quota_proto = proto_root.join("quotad/v1/quota.proto");
+    let rls_proto = proto_root.join("envoy/service/ratelimit/v3/rls.proto");
 
     // The protos live outside this package, so cargo would not notice them
     // changing; neither prost-build nor tonic-prost-build emits these lines.
@@ -30,7 +33,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .file_descriptor_set_path(out_dir.join("quotad_descriptor.bin"))
         .compile_with_config(
             config,
-            &[quota_proto],
+            &[quota_proto, rls_proto],
             // The vendored well-known types (google/protobuf/*.proto), so
             // protos that import them build without a system install.
             &[proto_root, protoc_bin_vendored::include_path()?],

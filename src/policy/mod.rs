@@ -1,5 +1,6 @@
 //! Named policies: the rules for their names, the registry the hot path
-//! reads, and hot reload.
+//! reads, and hot reload; [`rls`]: Envoy RLS rules from envoyproxy/ratelimit's
+//! YAML.
 //!
 //! # What a reload does to existing state
 //!
@@ -23,6 +24,8 @@
 //!
 //! Inline policies are not affected: their state is namespaced by all of
 //! their parameters, so a changed inline policy is a different state.
+
+pub mod rls;
 
 mod registry;
 mod reload;

@@ -1,4 +1,5 @@
-//! Generated gRPC code for quotad's public API, `quotad.v1`.
+//! Generated gRPC code for quotad's public API, `quotad.v1`, and for
+//! Envoy's rate limit service (RLS v3), which quotad also serves.
 //!
 //! tonic and prost generate the messages, the `Quota` client and the `Quota`
 //! server trait from `proto/quotad/v1/quota.proto`, whose comments are the
@@ -8,8 +9,11 @@
 //!
 //! - [`v1`]: messages and enums, [`v1::quota_client::QuotaClient`] and
 //!   [`v1::quota_server::Quota`] / [`v1::quota_server::QuotaServer`].
-//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC server
-//!   reflection.
+//! - [`envoy`]: Envoy's `envoy.service.ratelimit.v3` (`RateLimitService`,
+//!   `ShouldRateLimit`) and the messages it uses, from the protos vendored
+//!   under `proto/envoy/` with Envoy's package names and field numbers.
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors of both APIs, for gRPC
+//!   server reflection.
 //! - [`convert`]: the one mapping between wire and domain types
 //!   (quotad-core's `Algorithm`, `Reason`, `Decision`, `Policy`,
 //!   `BatchMode`).
@@ -67,6 +71,62 @@ pub mod v1 {
     tonic::include_proto!("quotad.v1");
 }
 
-/// The encoded `FileDescriptorSet` of `quotad.v1`, for registering the API
-/// with `tonic-reflection`.
+/// Envoy's rate limit service, under Envoy's own package names.
+///
+/// The modules nest as the protobuf packages do, which is what the
+/// generated cross-package paths expect:
+/// [`envoy::service::ratelimit::v3`] holds the service
+/// (`rate_limit_service_server::RateLimitService`, `RateLimitRequest`,
+/// `RateLimitResponse`); the descriptor, header and unit messages it refers
+/// to live in [`envoy::extensions::common::ratelimit::v3`],
+/// [`envoy::config::core::v3`] and `envoy::r#type::v3`.
+pub mod envoy {
+    /// `envoy.config.*`
+    pub mod config {
+        /// `envoy.config.core`
+        pub mod core {
+            /// `envoy.config.core.v3`: `HeaderValue`.
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+
+    /// `envoy.extensions.*`
+    pub mod extensions {
+        /// `envoy.extensions.common`
+        pub mod common {
+            /// `envoy.extensions.common.ratelimit`
+            pub mod ratelimit {
+                /// `envoy.extensions.common.ratelimit.v3`: `RateLimitDescriptor`.
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+
+    /// `envoy.service.*`
+    pub mod service {
+        /// `envoy.service.ratelimit`
+        pub mod ratelimit {
+            /// `envoy.service.ratelimit.v3`: `RateLimitService`.
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+
+    /// `envoy.type.*`
+    pub mod r#type {
+        /// `envoy.type.v3`: `RateLimitUnit`.
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+}
+
+/// The encoded `FileDescriptorSet` of `quotad.v1` and of Envoy's
+/// `envoy.service.ratelimit.v3` (with the files it imports), for
+/// registering both APIs with `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("quotad_descriptor");

@@ -1,0 +1,381 @@
+//! The YAML layer: one file to one document of nodes that know their line
+//! and column, and typed reads of its scalars that read them as
+//! envoyproxy/ratelimit's YAML library (go-yaml v2, YAML 1.1) does.
+//!
+//! saphyr loads the document with scalars kept as written (its loader with
+//! early parsing off), so a `value: 010` stays the string `010` and a
+//! `requests_per_unit` is parsed here, by the rules of the field it is in.
+//! saphyr also refuses duplicate keys in a mapping (as go-yaml v2 does) and
+//! bounds alias expansion.
+
+use std::path::Path;
+
+use saphyr::{MarkedYaml, Marker, ScalarStyle, YamlData, YamlLoader};
+use saphyr_parser::Parser;
+
+use super::RlsConfigError;
+
+/// A node of a loaded file.
+pub(super) type Node<'i> = MarkedYaml<'i>;
+
+/// The file being read, for errors.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ctx<'a> {
+    pub(super) file: &'a Path,
+}
+
+impl Ctx<'_> {
+    /// An error about the field at `path`, located at `node`.
+    pub(super) fn error(
+        &self,
+        path: &str,
+        node: &Node<'_>,
+        message: impl Into<String>,
+    ) -> RlsConfigError {
+        self.error_at(path, node.span.start, message)
+    }
+
+    /// An error about the field at `path`, located at `mark`.
+    pub(super) fn error_at(
+        &self,
+        path: &str,
+        mark: Marker,
+        message: impl Into<String>,
+    ) -> RlsConfigError {
+        RlsConfigError::new(self.file, path, message).at(mark.line(), mark.col() + 1)
+    }
+}
+
+/// Parses `text` into its one document; `None` for an empty file.
+///
+/// # Errors
+///
+/// Malformed YAML, a duplicate key, and a second document in the file.
+pub(super) fn parse<'i>(ctx: Ctx<'_>, text: &'i str) -> Result<Option<Node<'i>>, RlsConfigError> {
+    let scan_error = |e: &saphyr::ScanError| {
+        ctx.error_at("", *e.marker(), format!("invalid YAML: {}", e.info()))
+    };
+    let mut loader = YamlLoader::<Node<'i>>::default();
+    loader.early_parse(false);
+    Parser::new_from_str(text)
+        .load(&mut loader, true)
+        .map_err(|e| scan_error(&e))?;
+    if let Some(e) = loader.error() {
+        return Err(scan_error(e));
+    }
+    let mut docs = loader.into_documents().into_iter();
+    let first = docs.next();
+    if let Some(second) = docs.next() {
+        return Err(ctx.error(
+            "",
+            &second,
+            "a second YAML document; a file holds one domain (start another file)",
+        ));
+    }
+    Ok(first.filter(|doc| !is_null(doc)))
+}
+
+/// The node, with a tag on a collection looked through.
+fn untagged<'n, 'i>(node: &'n Node<'i>) -> &'n Node<'i> {
+    match &node.data {
+        YamlData::Tagged(_, inner) => untagged(inner),
+        _ => node,
+    }
+}
+
+/// A scalar as written: its text, and whether it is plain (unquoted and not
+/// tagged `!!str`), which is when YAML gives it a type of its own.
+fn scalar<'n>(node: &'n Node<'_>) -> Option<(&'n str, bool)> {
+    match &untagged(node).data {
+        YamlData::Representation(text, style, tag) => {
+            let forced_string = tag
+                .as_ref()
+                .is_some_and(|t| t.is_yaml_core_schema() && t.suffix == "str");
+            Some((text, *style == ScalarStyle::Plain && !forced_string))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the node is YAML's null: nothing, `~` or `null` (go-yaml reads
+/// these as an absent field).
+pub(super) fn is_null(node: &Node<'_>) -> bool {
+    match &untagged(node).data {
+        YamlData::BadValue => true,
+        _ => {
+            matches!(scalar(node), Some((text, true)) if matches!(text, "" | "~" | "null" | "Null" | "NULL"))
+        }
+    }
+}
+
+/// What the node is, for messages.
+pub(super) fn kind(node: &Node<'_>) -> &'static str {
+    match &untagged(node).data {
+        YamlData::Mapping(_) => "a mapping",
+        YamlData::Sequence(_) => "a list",
+        _ if is_null(node) => "null",
+        _ => "a scalar",
+    }
+}
+
+/// The entries of a mapping, in file order; empty for null.
+///
+/// # Errors
+///
+/// Anything else than a mapping or null.
+pub(super) fn mapping<'n, 'i>(
+    ctx: Ctx<'_>,
+    path: &str,
+    node: &'n Node<'i>,
+) -> Result<Vec<(&'n Node<'i>, &'n Node<'i>)>, RlsConfigError> {
+    match &untagged(node).data {
+        YamlData::Mapping(map) => Ok(map.iter().collect()),
+        _ if is_null(node) => Ok(Vec::new()),
+        _ => Err(ctx.error(path, node, format!("must be a mapping, not {}", kind(node)))),
+    }
+}
+
+/// The items of a list; empty for null.
+///
+/// # Errors
+///
+/// Anything else than a list or null.
+pub(super) fn sequence<'n, 'i>(
+    ctx: Ctx<'_>,
+    path: &str,
+    node: &'n Node<'i>,
+) -> Result<&'n [Node<'i>], RlsConfigError> {
+    match &untagged(node).data {
+        YamlData::Sequence(items) => Ok(items),
+        _ if is_null(node) => Ok(&[]),
+        _ => Err(ctx.error(path, node, format!("must be a list, not {}", kind(node)))),
+    }
+}
+
+/// A mapping key, which must be a scalar.
+///
+/// # Errors
+///
+/// A list or mapping used as a key.
+pub(super) fn key<'n>(
+    ctx: Ctx<'_>,
+    path: &str,
+    node: &'n Node<'_>,
+) -> Result<&'n str, RlsConfigError> {
+    scalar(node).map(|(text, _)| text).ok_or_else(|| {
+        ctx.error(
+            path,
+            node,
+            format!("a key must be a string, not {}", kind(node)),
+        )
+    })
+}
+
+/// A string field: any scalar as written (go-yaml puts a number's text in a
+/// string field too); null is the empty string.
+///
+/// # Errors
+///
+/// A list or a mapping.
+pub(super) fn string(ctx: Ctx<'_>, path: &str, node: &Node<'_>) -> Result<String, RlsConfigError> {
+    if is_null(node) {
+        return Ok(String::new());
+    }
+    scalar(node)
+        .map(|(text, _)| text.to_owned())
+        .ok_or_else(|| ctx.error(path, node, format!("must be a string, not {}", kind(node))))
+}
+
+/// A boolean field, with YAML 1.1's spellings (`true`, `yes`, `on`, `y`
+/// and their negations, in lower, title or upper case) as go-yaml v2
+/// accepts them; null is false.
+///
+/// # Errors
+///
+/// Anything else, a quoted `"true"` included.
+pub(super) fn boolean(ctx: Ctx<'_>, path: &str, node: &Node<'_>) -> Result<bool, RlsConfigError> {
+    if is_null(node) {
+        return Ok(false);
+    }
+    let parsed = match scalar(node) {
+        Some((text, true)) => yaml11_bool(text),
+        _ => None,
+    };
+    parsed.ok_or_else(|| ctx.error(path, node, "must be true or false"))
+}
+
+fn yaml11_bool(text: &str) -> Option<bool> {
+    const TRUE: [&str; 5] = ["true", "yes", "on", "y", "Y"];
+    const FALSE: [&str; 5] = ["false", "no", "off", "n", "N"];
+    let spelled = |words: [&str; 5]| {
+        words.iter().any(|w| {
+            *w == text || (w.len() > 1 && (text == w.to_uppercase() || text == title_case(w)))
+        })
+    };
+    if spelled(TRUE) {
+        Some(true)
+    } else if spelled(FALSE) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+fn title_case(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|first| first.to_ascii_uppercase().to_string() + chars.as_str())
+        .unwrap_or_default()
+}
+
+/// An unsigned integer field of at most `max`: decimal (with `_`
+/// separators), or `0x`, `0o`, `0b` prefixed; null is 0.
+///
+/// A decimal with a leading zero (`010`) is refused: YAML 1.1, and so the
+/// reference, reads it as octal (8), which is rarely what was meant.
+///
+/// # Errors
+///
+/// Anything else, negative numbers and numbers above `max` included.
+pub(super) fn unsigned(
+    ctx: Ctx<'_>,
+    path: &str,
+    node: &Node<'_>,
+    max: u64,
+) -> Result<u64, RlsConfigError> {
+    if is_null(node) {
+        return Ok(0);
+    }
+    let range = || format!("must be a whole number from 0 to {max}");
+    let Some((text, true)) = scalar(node) else {
+        return Err(ctx.error(path, node, range()));
+    };
+    let digits = text.strip_prefix('+').unwrap_or(text).replace('_', "");
+    let (radix, digits) = match digits.get(..2) {
+        Some("0x") => (16, &digits[2..]),
+        Some("0o") => (8, &digits[2..]),
+        Some("0b") => (2, &digits[2..]),
+        _ if digits.len() > 1 && digits.starts_with('0') => {
+            return Err(ctx.error(
+                path,
+                node,
+                format!("{text} has a leading zero, which YAML 1.1 reads as octal; write it without the zero (or as 0o{})", &digits[1..]),
+            ));
+        }
+        _ => (10, digits.as_str()),
+    };
+    u64::from_str_radix(digits, radix)
+        .ok()
+        .filter(|n| *n <= max && !digits.starts_with('+'))
+        .ok_or_else(|| ctx.error(path, node, format!("{} (got {text})", range())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn with_doc<T>(text: &str, f: impl FnOnce(Ctx<'_>, &Node<'_>) -> T) -> T {
+        let file = PathBuf::from("t.yaml");
+        let ctx = Ctx { file: &file };
+        let doc = parse(ctx, text).expect("valid YAML").expect("a document");
+        f(ctx, &doc)
+    }
+
+    fn field<T>(
+        text: &str,
+        read: impl Fn(Ctx<'_>, &Node<'_>) -> Result<T, RlsConfigError>,
+    ) -> Result<T, String> {
+        with_doc(text, |ctx, doc| {
+            let entries = mapping(ctx, "", doc).expect("a mapping");
+            read(ctx, entries[0].1).map_err(|e| e.to_string())
+        })
+    }
+
+    #[test]
+    fn strings_keep_scalars_as_written() {
+        let s = |text: &str| field(text, |c, n| string(c, "f", n));
+        assert_eq!(s("f: 010"), Ok("010".to_owned()));
+        assert_eq!(s("f: 1.50"), Ok("1.50".to_owned()));
+        assert_eq!(s("f: yes"), Ok("yes".to_owned()));
+        assert_eq!(s("f: \"a b\""), Ok("a b".to_owned()));
+        assert_eq!(s("f:"), Ok(String::new()));
+        assert_eq!(s("f: ~"), Ok(String::new()));
+        assert_eq!(s("f: 'null'"), Ok("null".to_owned()));
+        assert_eq!(
+            s("f: [a]"),
+            Err("t.yaml: f: must be a string, not a list (line 1, column 4)".to_owned())
+        );
+    }
+
+    #[test]
+    fn booleans_accept_yaml_1_1_spellings_only_unquoted() {
+        let b = |text: &str| field(text, |c, n| boolean(c, "f", n));
+        for yes in ["true", "True", "TRUE", "yes", "Yes", "on", "ON", "y", "Y"] {
+            assert_eq!(b(&format!("f: {yes}")), Ok(true), "{yes}");
+        }
+        for no in ["false", "False", "no", "NO", "off", "n", "N", ""] {
+            assert_eq!(b(&format!("f: {no}")), Ok(false), "{no}");
+        }
+        for bad in ["'true'", "\"yes\"", "1", "tRUE", "{}"] {
+            assert!(b(&format!("f: {bad}")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unsigned_integers_in_range_and_refuses_the_rest() {
+        let u = |text: &str| field(text, |c, n| unsigned(c, "f", n, u64::from(u32::MAX)));
+        assert_eq!(u("f: 0"), Ok(0));
+        assert_eq!(u("f:"), Ok(0));
+        assert_eq!(u("f: 4294967295"), Ok(4_294_967_295));
+        assert_eq!(u("f: 1_000"), Ok(1000));
+        assert_eq!(u("f: +7"), Ok(7));
+        assert_eq!(u("f: 0x1F"), Ok(31));
+        assert_eq!(u("f: 0o17"), Ok(15));
+        assert_eq!(u("f: 0b101"), Ok(5));
+        for bad in ["4294967296", "-1", "1.5", "'10'", "ten", "++1", "0x", "[1]"] {
+            assert!(u(&format!("f: {bad}")).is_err(), "{bad}");
+        }
+        assert_eq!(
+            u("f: 010"),
+            Err("t.yaml: f: 010 has a leading zero, which YAML 1.1 reads as octal; write it without the zero (or as 0o10) (line 1, column 4)".to_owned())
+        );
+    }
+
+    #[test]
+    fn refuses_duplicate_keys_bad_yaml_and_second_documents() {
+        let file = PathBuf::from("t.yaml");
+        let ctx = Ctx { file: &file };
+        let err = |text| parse(ctx, text).expect_err("refused").to_string();
+        assert!(
+            err("a: 1\na: 2\n").contains("duplicated key"),
+            "{}",
+            err("a: 1\na: 2\n")
+        );
+        assert!(err("a: [1\n").starts_with("t.yaml: invalid YAML: "));
+        assert_eq!(
+            err("domain: a\n---\ndomain: b\n"),
+            "t.yaml: a second YAML document; a file holds one domain (start another file) (line 3, column 1)"
+        );
+    }
+
+    #[test]
+    fn an_empty_file_has_no_document() {
+        let file = PathBuf::from("t.yaml");
+        let ctx = Ctx { file: &file };
+        assert!(parse(ctx, "").expect("valid").is_none());
+        assert!(parse(ctx, "# only a comment\n").expect("valid").is_none());
+    }
+
+    #[test]
+    fn aliases_are_expanded() {
+        let s = field("f: &x hello\ng: *x\n", |c, n| string(c, "f", n));
+        assert_eq!(s, Ok("hello".to_owned()));
+        with_doc("a: &x hello\nb: *x\n", |ctx, doc| {
+            let entries = mapping(ctx, "", doc).expect("a mapping");
+            assert_eq!(string(ctx, "b", entries[1].1), Ok("hello".to_owned()));
+        });
+    }
+}
