@@ -26,13 +26,23 @@
 //! `https://` addresses; `http` brings the tower layer and its axum, `http`
 //! and `ipnet` dependencies.
 //!
-//! ```no_run
-//! # async fn run() -> Result<(), quotad_client::Error> {
-//! use quotad_client::{Check, Client};
+//! A client is made once and cloned freely; it connects on first use. When
+//! quotad cannot be reached, the failure policy answers within the deadline
+//! (nothing listens on port 1 here):
 //!
-//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), quotad_client::Error> {
+//! use std::time::Duration;
+//! use quotad_client::{Check, Client, FailurePolicy, Reason};
+//!
+//! let client = Client::builder("http://127.0.0.1:1")
+//!     .deadline(Duration::from_millis(200))
+//!     .on_unavailable(FailurePolicy::FailOpen)
+//!     .build()?;
 //! let decision = client.check(&Check::named("api", "user-42").cost(2)).await?;
-//! assert!(decision.remaining <= decision.limit);
+//! assert!(decision.allowed);
+//! assert_eq!(decision.reason, Reason::FailOpen);
 //! # Ok(())
 //! # }
 //! ```
