@@ -624,13 +624,16 @@ fn first(decisions: Vec<Decision>) -> Decision {
         .expect("the failure policy answers one decision per check")
 }
 
-/// Unreachable-style codes fall to the failure policy; anything else is the
-/// server refusing the request.
+/// Unreachable-style codes, and any status this side made from a transport
+/// error (tonic reports a broken HTTP/2 exchange, e.g. plaintext to a TLS
+/// port, as `INTERNAL` with the error as its source), fall to the failure
+/// policy; anything else is the server refusing the request.
 fn classify(status: Status) -> Error {
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Error::Unavailable(status)
         }
+        _ if std::error::Error::source(&status).is_some() => Error::Unavailable(status),
         _ => Error::Rejected(status),
     }
 }
@@ -643,5 +646,31 @@ fn failure_decision(reason: Reason) -> Decision {
         retry_after_ms: 0,
         reset_after_ms: 0,
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_from_the_server_are_rejections_and_local_transport_failures_are_not() {
+        assert!(matches!(
+            classify(Status::invalid_argument("key: must not be empty")),
+            Error::Rejected(_)
+        ));
+        assert!(matches!(
+            classify(Status::internal("from the server")),
+            Error::Rejected(_)
+        ));
+        let mut broken = Status::internal("h2 protocol error: http2 error");
+        broken.set_source(Arc::new(std::io::Error::other("GOAWAY: FRAME_SIZE_ERROR")));
+        assert!(matches!(classify(broken), Error::Unavailable(_)));
+        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Cancelled] {
+            assert!(matches!(
+                classify(Status::new(code, "")),
+                Error::Unavailable(_)
+            ));
+        }
     }
 }
