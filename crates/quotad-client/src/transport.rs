@@ -233,6 +233,13 @@ mod tests {
         assert!(message.contains("tls.ca: no PEM certificate"), "{message}");
     }
 
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn https_without_the_tls_feature_is_refused_saying_so() {
+        let message = error("https://localhost:1", Some(&TlsConfig::new("ca")));
+        assert!(message.contains("enable the `tls` feature"), "{message}");
+    }
+
     #[test]
     fn unreadable_files_are_named() {
         let missing = TlsConfig::from_pem_files("/nonexistent/ca.pem")

@@ -4,4 +4,6 @@
 mod coalescing;
 mod deny_cache;
 mod fake;
-mod transport;
+#[cfg(feature = "tls")]
+mod tls;
+mod unix;

@@ -1,4 +1,4 @@
-//! https:// with and without a client certificate, and unix:// sockets.
+//! https:// with and without a client certificate.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use rcgen::{
 };
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use crate::fake::{Call, Fake, serve_tcp, serve_unix};
+use crate::fake::{Call, Fake, serve_tcp};
 
 /// A CA and the certificates it signed, as PEM.
 struct Pki {
@@ -169,35 +169,5 @@ async fn an_unusable_client_key_is_refused_when_the_client_is_built() {
     assert!(
         matches!(&error, Error::InvalidAddress(m) if m.contains("tls")),
         "{error}"
-    );
-}
-
-#[tokio::test]
-async fn checks_travel_over_a_unix_socket() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("quotad.sock");
-    let fake = Fake::new(10, Duration::from_secs(60));
-    serve_unix(&fake, &path);
-
-    let client = Client::builder(format!("unix://{}", path.display()))
-        .deadline(Duration::from_secs(5))
-        .build()
-        .expect("valid address");
-    let decision = client
-        .check(&Check::named("api", "alice").cost(3))
-        .await
-        .expect("decided over the socket");
-    assert_eq!(decision.remaining, 7);
-    let connected = Client::connect(format!("unix://{}", path.display()))
-        .await
-        .expect("connects now");
-    let peeked = connected
-        .peek(&Check::named("api", "alice"))
-        .await
-        .expect("peeked");
-    assert_eq!(peeked.remaining, 7);
-    assert_eq!(
-        fake.calls(),
-        vec![Call::Check("alice".into()), Call::Peek("alice".into())]
     );
 }
