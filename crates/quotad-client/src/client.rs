@@ -586,7 +586,7 @@ impl Client {
             }
         };
         metrics::counter!("quotad_client_unavailable_total", "outcome" => reason.as_str())
-            .increment(count as u64);
+            .increment(1);
         if let Some(suppressed) = self.shared.outage_log.record(self.now_ms()) {
             tracing::warn!(
                 code = %status.code(),

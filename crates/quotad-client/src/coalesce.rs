@@ -298,7 +298,14 @@ pub(crate) async fn submit(
             biased;
             delivered = &mut answer => {
                 return delivered.unwrap_or_else(|_| {
-                    (Answer::Failed(Status::unavailable("the client stopped before sending the check")), 0)
+                    // Dropped unsent: past its deadline (the queue drops
+                    // those first), or the runtime is shutting down.
+                    let status = if Instant::now() >= deadline {
+                        deadline_exceeded()
+                    } else {
+                        Status::unavailable("the client stopped before sending the check")
+                    };
+                    (Answer::Failed(status), 0)
                 });
             }
             () = tokio::time::sleep_until(deadline) => {
