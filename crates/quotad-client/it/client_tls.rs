@@ -17,7 +17,8 @@ use rcgen::{
 use crate::common::TestServer;
 
 /// A CA, a server certificate for `localhost` and a client certificate,
-/// as PEM files in `dir/pki/`.
+/// as PEM files in `dir/tls/`: the layout of the server's own TLS tests, so
+/// one helper can serve both.
 fn write_pki(dir: &Path) {
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -27,7 +28,7 @@ fn write_pki(dir: &Path) {
     ];
     params
         .distinguished_name
-        .push(DnType::CommonName, "quotad client test CA");
+        .push(DnType::CommonName, "quotad test CA");
     let ca =
         CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA");
     let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
@@ -38,9 +39,9 @@ fn write_pki(dir: &Path) {
         (cert.pem(), key.serialize_pem())
     };
     let (server_cert, server_key) = leaf("localhost", ExtendedKeyUsagePurpose::ServerAuth);
-    let (client_cert, client_key) = leaf("app", ExtendedKeyUsagePurpose::ClientAuth);
-    let pki = dir.join("pki");
-    std::fs::create_dir_all(&pki).expect("pki dir");
+    let (client_cert, client_key) = leaf("client", ExtendedKeyUsagePurpose::ClientAuth);
+    let pki = dir.join("tls");
+    std::fs::create_dir_all(&pki).expect("tls dir");
     for (name, pem) in [
         ("ca.pem", ca.pem()),
         ("server.pem", server_cert),
@@ -53,9 +54,9 @@ fn write_pki(dir: &Path) {
 }
 
 async fn start(dir: &Path, client_ca: bool) -> TestServer {
-    let mut text = "[server.tls]\ncert = \"pki/server.pem\"\nkey = \"pki/server.key\"\n".to_owned();
+    let mut text = "[server.tls]\ncert = \"tls/server.pem\"\nkey = \"tls/server.key\"\n".to_owned();
     if client_ca {
-        text.push_str("client_ca = \"pki/ca.pem\"\n");
+        text.push_str("client_ca = \"tls/ca.pem\"\n");
     }
     text.push_str("\n[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n");
     let path = dir.join("quotad.toml");
@@ -65,7 +66,7 @@ async fn start(dir: &Path, client_ca: bool) -> TestServer {
 }
 
 fn client(server: &TestServer, dir: &Path, identity: bool) -> Client {
-    let pki = dir.join("pki");
+    let pki = dir.join("tls");
     let mut tls = TlsConfig::from_pem_files(pki.join("ca.pem")).expect("CA file");
     if identity {
         tls = tls
