@@ -1,6 +1,7 @@
 //! An axum app rate-limited through quotad: `/api/demo` is unlimited,
-//! `/api/limited` sits behind quotad-client's tower layer under the policy
-//! `api`, keyed by the peer's IP.
+//! `/api/limited` sits behind quotad-client's tower layer (its `http`
+//! feature) under the policy `api`, keyed by the peer's IP: by address for
+//! IPv4, by /64 network for IPv6.
 //!
 //! ```sh
 //! cargo run --release -- serve --config config/quotad.example.toml
@@ -11,7 +12,7 @@
 //! Denied requests get `429 Too Many Requests` with `Retry-After`,
 //! `RateLimit`, `RateLimit-Policy` and `X-RateLimit-*`. If quotad is down,
 //! the layer fails open (the request passes; the client counts it in
-//! `quotad_client_unavailable_total`).
+//! `quotad_client_unavailable_total` and logs one line per 10 s).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use quotad_client::{Client, FailurePolicy, KeyExtractor, RateLimitLayer};
+use quotad_client::{Client, FailurePolicy, IpPrefixes, KeyExtractor, RateLimitLayer};
 
 /// The app, with `/api/limited` behind `layer`.
 fn app(layer: RateLimitLayer) -> Router {
@@ -40,7 +41,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .deadline(Duration::from_millis(100))
         .on_unavailable(FailurePolicy::FailOpen)
         .build()?;
-    let layer = RateLimitLayer::new(client, "api", KeyExtractor::PeerIp).window_secs(60);
+    let layer = RateLimitLayer::new(client, "api", KeyExtractor::PeerIp)
+        .ip_prefixes(IpPrefixes::default())
+        .window_secs(60);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     axum::serve(
         listener,

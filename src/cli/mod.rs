@@ -100,9 +100,12 @@ fn endpoint(addr: &str) -> Result<String, Failure> {
 }
 
 /// A client of the quotad at `uri` whose calls give up after `timeout`.
+/// Every check asks quotad (no local deny cache): the command line shows
+/// quotad's own answers.
 fn client(uri: &str, timeout: Duration) -> Result<Client, Failure> {
     Client::builder(uri)
         .deadline(timeout)
+        .deny_cache(0)
         .build()
         .map_err(|error| failure(uri, error))
 }

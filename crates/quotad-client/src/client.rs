@@ -1,14 +1,22 @@
-//! The gRPC client: checks with a deadline and a failure policy.
+//! The gRPC client: checks with a deadline and a failure policy, coalesced
+//! into batches and answered from the deny cache where exactness allows.
 
+use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, Decision, Policy, Reason};
+use quotad_core::{BatchMode, Clock, Decision, Policy, Reason, SystemClock, Throttle};
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::quota_client::QuotaClient;
 use thiserror::Error;
-use tonic::transport::{Channel, Endpoint};
+use tokio::time::Instant;
+use tonic::transport::Channel;
 use tonic::{Code, Status};
+
+use crate::coalesce::{self, Answer, Coalescer, Coalescing, deadline_exceeded};
+use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
+use crate::transport::{self, TlsConfig};
 
 /// The default deadline for one call, connection included.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
@@ -28,7 +36,9 @@ pub enum FailurePolicy {
 /// Why a call failed.
 #[derive(Debug, Error)]
 pub enum Error {
-    /// The address is not a valid URI.
+    /// The address is not a valid quotad address (`http://host:port`,
+    /// `https://host:port` or `unix:///path/to.sock`), or its TLS settings
+    /// do not fit it (the message names the setting, e.g. `tls.ca`).
     #[error("invalid quotad address: {0}")]
     InvalidAddress(String),
     /// quotad could not be reached, or did not answer within the deadline,
@@ -45,7 +55,7 @@ pub enum Error {
 }
 
 /// Which policy a check counts under.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyRef {
     /// A named policy from the server's configuration.
     Named(String),
@@ -87,6 +97,11 @@ impl Check {
         self
     }
 
+    /// The units asked for.
+    pub fn cost_units(&self) -> u64 {
+        self.cost
+    }
+
     /// The key counted.
     pub fn key(&self) -> &str {
         &self.key
@@ -95,6 +110,15 @@ impl Check {
     /// The policy referred to.
     pub fn policy(&self) -> &PolicyRef {
         &self.policy
+    }
+
+    /// The policy's name, or `inline`: the label of this check's metrics
+    /// (never the key).
+    fn policy_label(&self) -> String {
+        match &self.policy {
+            PolicyRef::Named(name) => name.clone(),
+            PolicyRef::Inline(_) => "inline".to_owned(),
+        }
     }
 
     fn to_proto(&self) -> pb::CheckRequest {
@@ -109,17 +133,26 @@ impl Check {
     }
 }
 
+/// How often a client (or an HTTP layer) logs that quotad is unavailable:
+/// one line per interval, carrying the number of failures kept quiet.
+pub const OUTAGE_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Settings for a [`Client`].
 #[derive(Clone, Debug)]
 pub struct ClientBuilder {
     address: String,
     deadline: Duration,
     on_unavailable: FailurePolicy,
+    tls: Option<TlsConfig>,
+    coalescing: Coalescing,
+    deny_cache_capacity: usize,
+    clock: Option<Arc<dyn Clock>>,
 }
 
 impl ClientBuilder {
-    /// The longest one call may take, connecting included; past it the
-    /// failure policy applies. Default [`DEFAULT_DEADLINE`].
+    /// The longest one call may take, connecting and waiting in the
+    /// coalescing queue included; past it the failure policy applies.
+    /// Default [`DEFAULT_DEADLINE`].
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
@@ -134,11 +167,72 @@ impl ClientBuilder {
         self
     }
 
-    fn endpoint(&self) -> Result<Endpoint, Error> {
-        Ok(Endpoint::from_shared(self.address.clone())
-            .map_err(|e| Error::InvalidAddress(format!("{}: {e}", self.address)))?
-            .connect_timeout(self.deadline)
-            .tcp_nodelay(true))
+    /// TLS for an `https://` address: the CA to trust, and optionally a
+    /// client certificate (mTLS) and the server name to expect.
+    #[must_use]
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// How concurrent checks are coalesced into batches ([`Coalescing::off`]
+    /// to send each alone). On by default.
+    #[must_use]
+    pub fn coalescing(mut self, coalescing: Coalescing) -> Self {
+        self.coalescing = coalescing;
+        self
+    }
+
+    /// The most keys the local deny cache holds; 0 turns it off. Default
+    /// [`DEFAULT_DENY_CACHE_CAPACITY`].
+    ///
+    /// While a `LIMIT_EXCEEDED` denial of cost `c` holds (its retry time,
+    /// timed from when the request was sent), checks of the same key and
+    /// policy for a cost of `c` or more are denied locally, without a call.
+    /// Room can come early in two ways: a `Reset` (one made through this
+    /// client drops the entry; one made elsewhere is not seen) and a policy
+    /// reload that raises the limit (seen when quotad next answers for the
+    /// key). Either way the entry lasts at most the retry time quotad gave.
+    #[must_use]
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache_capacity = capacity;
+        self
+    }
+
+    /// The clock the deny cache and the outage log read. Default: a
+    /// monotonic clock, so a wall-clock step never stretches a cached
+    /// denial. For tests and simulations.
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    fn client(self, channel: Channel) -> Client {
+        let coalescer = self
+            .coalescing
+            .is_enabled()
+            .then(|| Coalescer::new(self.coalescing));
+        let cache =
+            (self.deny_cache_capacity > 0).then(|| DenyCache::new(self.deny_cache_capacity));
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        Client {
+            shared: Arc::new(Shared {
+                rpc: QuotaClient::new(channel),
+                coalescer,
+                cache,
+                clock,
+                outage_log: Throttle::new(OUTAGE_LOG_INTERVAL),
+            }),
+            deadline: self.deadline,
+            on_unavailable: self.on_unavailable,
+        }
+    }
+
+    fn endpoint(&self) -> Result<tonic::transport::Endpoint, Error> {
+        transport::endpoint(&self.address, self.tls.as_ref(), self.deadline)
     }
 
     /// A client that connects on first use and reconnects by itself, so it
@@ -146,19 +240,126 @@ impl ClientBuilder {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidAddress`] when the address is not a URI.
+    /// [`Error::InvalidAddress`] when the address is not a quotad address, or
+    /// its TLS settings do not fit it or cannot be used.
     pub fn build(self) -> Result<Client, Error> {
+        let channel = self.endpoint()?.connect_lazy();
+        Ok(self.client(channel))
+    }
+
+    /// A client connected now: fails if quotad cannot be reached within the
+    /// deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClientBuilder::build`], and [`Error::Unavailable`] when no
+    /// connection could be made.
+    pub async fn connect(self) -> Result<Client, Error> {
         let endpoint = self.endpoint()?;
-        Ok(Client {
-            rpc: QuotaClient::new(endpoint.connect_lazy()),
-            deadline: self.deadline,
-            on_unavailable: self.on_unavailable,
-        })
+        let channel = tokio::time::timeout(self.deadline, endpoint.connect())
+            .await
+            .map_err(|_| Error::Unavailable(deadline_exceeded()))?
+            .map_err(|e| Error::Unavailable(Status::unavailable(source_chain(&e))))?;
+        Ok(self.client(channel))
+    }
+}
+
+/// What every clone of a client shares: the connection, the coalescing
+/// queue, the deny cache.
+pub(crate) struct Shared {
+    rpc: QuotaClient<Channel>,
+    coalescer: Option<Coalescer>,
+    cache: Option<DenyCache>,
+    clock: Arc<dyn Clock>,
+    outage_log: Throttle,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("coalescer", &self.coalescer)
+            .field("cache", &self.cache.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    pub(crate) fn coalescer(&self) -> Option<&Coalescer> {
+        self.coalescer.as_ref()
+    }
+
+    /// One `Check` call, answered by `deadline`.
+    pub(crate) async fn unary(&self, request: pb::CheckRequest, deadline: Instant) -> Answer {
+        let mut rpc = self.rpc.clone();
+        Answer::of_check(call(|r| async move { rpc.check(r).await }, request, deadline).await)
+    }
+
+    /// One `CheckBatch` call, answered by `deadline`.
+    pub(crate) async fn batch(
+        &self,
+        request: pb::CheckBatchRequest,
+        deadline: Instant,
+    ) -> Result<pb::CheckBatchResponse, Status> {
+        let mut rpc = self.rpc.clone();
+        call(
+            |r| async move { rpc.check_batch(r).await },
+            request,
+            deadline,
+        )
+        .await
+    }
+}
+
+/// Runs one call under `deadline` (sent to the server as `grpc-timeout`
+/// too, so it stops working on an abandoned call).
+async fn call<Req, Res, F, Fut>(f: F, request: Req, deadline: Instant) -> Result<Res, Status>
+where
+    F: FnOnce(tonic::Request<Req>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<Res>, Status>>,
+{
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(deadline_exceeded());
+    }
+    let mut request = tonic::Request::new(request);
+    request.set_timeout(left);
+    match tokio::time::timeout_at(deadline, f(request)).await {
+        Ok(answer) => answer.map(tonic::Response::into_inner),
+        Err(_) => Err(deadline_exceeded()),
+    }
+}
+
+/// Milliseconds that only move forward, starting from the wall clock.
+#[derive(Debug)]
+struct MonotonicClock {
+    origin: std::time::Instant,
+    origin_ms: u64,
+}
+
+impl MonotonicClock {
+    fn new() -> Self {
+        Self {
+            origin: std::time::Instant::now(),
+            origin_ms: SystemClock.now_ms(),
+        }
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_ms.saturating_add(elapsed)
     }
 }
 
 /// A cheap-to-clone handle to one quotad (or a load-balanced address of
-/// many). Every clone shares one HTTP/2 connection.
+/// many). Every clone shares one HTTP/2 connection, one coalescing queue
+/// and one deny cache; each handle has its own deadline and failure policy
+/// ([`Client::with_deadline`], [`Client::with_failure_policy`]).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), quotad_client::Error> {
@@ -178,18 +379,24 @@ impl ClientBuilder {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {
-    rpc: QuotaClient<Channel>,
+    shared: Arc<Shared>,
     deadline: Duration,
     on_unavailable: FailurePolicy,
 }
 
 impl Client {
-    /// Settings for a client of quotad at `address` (`http://host:port`).
+    /// Settings for a client of quotad at `address`: `http://host:port`,
+    /// `https://host:port` (with [`ClientBuilder::tls`]) or
+    /// `unix:///path/to.sock`.
     pub fn builder(address: impl Into<String>) -> ClientBuilder {
         ClientBuilder {
             address: address.into(),
             deadline: DEFAULT_DEADLINE,
             on_unavailable: FailurePolicy::default(),
+            tls: None,
+            coalescing: Coalescing::default(),
+            deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
+            clock: None,
         }
     }
 
@@ -198,23 +405,50 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidAddress`], or [`Error::Unavailable`] when no
-    /// connection could be made.
+    /// [`Error::InvalidAddress`] (an `https://` address needs
+    /// [`ClientBuilder::tls`]), or [`Error::Unavailable`] when no connection
+    /// could be made.
     pub async fn connect(address: impl Into<String>) -> Result<Self, Error> {
-        let builder = Self::builder(address);
-        let channel = builder
-            .endpoint()?
-            .connect()
-            .await
-            .map_err(|e| Error::Unavailable(Status::unavailable(e.to_string())))?;
-        Ok(Self {
-            rpc: QuotaClient::new(channel),
-            deadline: builder.deadline,
-            on_unavailable: builder.on_unavailable,
-        })
+        Self::builder(address).connect().await
+    }
+
+    /// A handle sharing this one's connection, queue and cache, whose calls
+    /// take at most `deadline`.
+    #[must_use]
+    pub fn with_deadline(&self, deadline: Duration) -> Self {
+        Self {
+            deadline,
+            ..self.clone()
+        }
+    }
+
+    /// A handle sharing this one's connection, queue and cache, with its own
+    /// failure policy.
+    #[must_use]
+    pub fn with_failure_policy(&self, policy: FailurePolicy) -> Self {
+        Self {
+            on_unavailable: policy,
+            ..self.clone()
+        }
+    }
+
+    /// Checks waiting for an in-flight slot, to leave as the next batch.
+    pub fn queued_checks(&self) -> usize {
+        self.shared.coalescer().map_or(0, Coalescer::queued)
+    }
+
+    /// The client's clock, in milliseconds.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.shared.now_ms()
     }
 
     /// Decides and consumes one request.
+    ///
+    /// Concurrent checks through this client and its clones may travel
+    /// together in one `CheckBatch`; each still gets its own decision, its
+    /// own error and its own failure policy, within its own deadline. A
+    /// check that a cached `LIMIT_EXCEEDED` denial covers is answered
+    /// without a call (counted in `quotad_client_local_denials_total`).
     ///
     /// # Errors
     ///
@@ -222,18 +456,38 @@ impl Client {
     /// [`Error::Unavailable`] when quotad cannot be reached and the failure
     /// policy is [`FailurePolicy::Error`].
     pub async fn check(&self, check: &Check) -> Result<Decision, Error> {
-        let mut rpc = self.rpc.clone();
-        let request = check.to_proto();
-        match self
-            .call(|r| async move { rpc.check(r).await }, request)
-            .await
+        let shared = &self.shared;
+        if let Some(cache) = &shared.cache
+            && let Some(decision) = cache.lookup(check, shared.now_ms())
         {
-            Ok(answer) => decision(answer.decision),
-            Err(status) => self.unavailable(status, 1).map(first),
+            metrics::counter!("quotad_client_local_denials_total", "policy" => check.policy_label())
+                .increment(1);
+            return Ok(decision);
         }
+        let deadline = Instant::now() + self.deadline;
+        let sent = shared.cache.as_ref().map(|c| c.sent(shared.now_ms()));
+        let request = check.to_proto();
+        let (answer, sent_ms) = match shared.coalescer() {
+            Some(coalescer) => coalesce::submit(shared, coalescer, request, deadline).await,
+            None => {
+                let sent_ms = shared.now_ms();
+                (shared.unary(request, deadline).await, sent_ms)
+            }
+        };
+        let decision = match answer {
+            Answer::Decided(d) => decision(Some(d))?,
+            Answer::Malformed(why) => return Err(Error::BadResponse(why)),
+            Answer::Failed(status) => return self.unavailable(status, 1).map(first),
+        };
+        if let (Some(cache), Some(sent)) = (&shared.cache, sent) {
+            cache.record(check, &decision, sent.at(sent_ms));
+        }
+        Ok(decision)
     }
 
-    /// Decides a batch of at most 1,000 items, in one round trip.
+    /// Decides a batch of at most 1,000 items, in one round trip. Not
+    /// coalesced and not answered from the deny cache: the batch's mode
+    /// decides how its items affect each other.
     ///
     /// # Errors
     ///
@@ -243,15 +497,11 @@ impl Client {
         checks: &[Check],
         mode: BatchMode,
     ) -> Result<Vec<Decision>, Error> {
-        let mut rpc = self.rpc.clone();
         let request = pb::CheckBatchRequest {
             items: checks.iter().map(Check::to_proto).collect(),
             mode: pb::BatchMode::from(mode).into(),
         };
-        match self
-            .call(|r| async move { rpc.check_batch(r).await }, request)
-            .await
-        {
+        match self.shared.batch(request, self.deadline_from_now()).await {
             Ok(answer) if answer.decisions.len() != checks.len() => Err(Error::BadResponse(
                 "the number of decisions differs from the number of checks",
             )),
@@ -264,17 +514,21 @@ impl Client {
         }
     }
 
-    /// What [`Client::check`] would answer now, consuming nothing.
+    /// What [`Client::check`] would answer now, consuming nothing. Always
+    /// asks quotad.
     ///
     /// # Errors
     ///
     /// As [`Client::check`].
     pub async fn peek(&self, check: &Check) -> Result<Decision, Error> {
-        let mut rpc = self.rpc.clone();
+        let mut rpc = self.shared.rpc.clone();
         let request = check.to_proto();
-        match self
-            .call(|r| async move { rpc.peek(r).await }, request)
-            .await
+        match call(
+            |r| async move { rpc.peek(r).await },
+            request,
+            self.deadline_from_now(),
+        )
+        .await
         {
             Ok(answer) => decision(answer.decision),
             Err(status) => self.unavailable(status, 1).map(first),
@@ -282,13 +536,14 @@ impl Client {
     }
 
     /// Forgets the state of `key` under `policy`: its budget starts full.
-    /// Not subject to the failure policy.
+    /// Drops this client's cached denial of the key. Not subject to the
+    /// failure policy.
     ///
     /// # Errors
     ///
     /// [`Error::Rejected`] or [`Error::Unavailable`].
     pub async fn reset(&self, policy: &PolicyRef, key: &str) -> Result<(), Error> {
-        let mut rpc = self.rpc.clone();
+        let mut rpc = self.shared.rpc.clone();
         let request = pb::ResetRequest {
             key: key.to_owned(),
             policy: Some(match policy {
@@ -296,27 +551,21 @@ impl Client {
                 PolicyRef::Inline(p) => pb::reset_request::Policy::InlinePolicy(p.into()),
             }),
         };
-        self.call(|r| async move { rpc.reset(r).await }, request)
-            .await
-            .map(|_| ())
-            .map_err(classify)
+        let result = call(
+            |r| async move { rpc.reset(r).await },
+            request,
+            self.deadline_from_now(),
+        )
+        .await;
+        // Even a reset that timed out may have happened.
+        if let Some(cache) = &self.shared.cache {
+            cache.forget(policy, key);
+        }
+        result.map(|_| ()).map_err(classify)
     }
 
-    /// Runs one call under the deadline (sent to the server as
-    /// `grpc-timeout` too, so it stops working on an abandoned call).
-    async fn call<Req, Res, F, Fut>(&self, f: F, request: Req) -> Result<Res, Status>
-    where
-        F: FnOnce(tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Res>, Status>>,
-    {
-        let mut request = tonic::Request::new(request);
-        request.set_timeout(self.deadline);
-        match tokio::time::timeout(self.deadline, f(request)).await {
-            Ok(answer) => answer.map(tonic::Response::into_inner),
-            Err(_) => Err(Status::deadline_exceeded(
-                "no answer from quotad within the deadline",
-            )),
-        }
+    fn deadline_from_now(&self) -> Instant {
+        Instant::now() + self.deadline
     }
 
     /// A failed call: the server's refusal passes through; an unreachable
@@ -338,9 +587,28 @@ impl Client {
         };
         metrics::counter!("quotad_client_unavailable_total", "outcome" => reason.as_str())
             .increment(1);
-        tracing::warn!(code = %status.code(), outcome = %reason, "quotad unavailable");
+        if let Some(suppressed) = self.shared.outage_log.record(self.now_ms()) {
+            tracing::warn!(
+                code = %status.code(),
+                outcome = %reason,
+                suppressed,
+                "quotad unavailable"
+            );
+        }
         Ok(vec![failure_decision(reason); count])
     }
+}
+
+/// An error with its causes, which tonic keeps out of `Display`.
+pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The domain decision of an answer.
@@ -356,13 +624,16 @@ fn first(decisions: Vec<Decision>) -> Decision {
         .expect("the failure policy answers one decision per check")
 }
 
-/// Unreachable-style codes fall to the failure policy; anything else is the
-/// server refusing the request.
+/// Unreachable-style codes, and any status this side made from a transport
+/// error (tonic reports a broken HTTP/2 exchange, e.g. plaintext to a TLS
+/// port, as `INTERNAL` with the error as its source), fall to the failure
+/// policy; anything else is the server refusing the request.
 fn classify(status: Status) -> Error {
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Error::Unavailable(status)
         }
+        _ if std::error::Error::source(&status).is_some() => Error::Unavailable(status),
         _ => Error::Rejected(status),
     }
 }
@@ -375,5 +646,31 @@ fn failure_decision(reason: Reason) -> Decision {
         retry_after_ms: 0,
         reset_after_ms: 0,
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_from_the_server_are_rejections_and_local_transport_failures_are_not() {
+        assert!(matches!(
+            classify(Status::invalid_argument("key: must not be empty")),
+            Error::Rejected(_)
+        ));
+        assert!(matches!(
+            classify(Status::internal("from the server")),
+            Error::Rejected(_)
+        ));
+        let mut broken = Status::internal("h2 protocol error: http2 error");
+        broken.set_source(Arc::new(std::io::Error::other("GOAWAY: FRAME_SIZE_ERROR")));
+        assert!(matches!(classify(broken), Error::Unavailable(_)));
+        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Cancelled] {
+            assert!(matches!(
+                classify(Status::new(code, "")),
+                Error::Unavailable(_)
+            ));
+        }
     }
 }

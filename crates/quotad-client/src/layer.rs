@@ -7,6 +7,12 @@
 //! `X-RateLimit-*` headers; admitted responses carry the same headers. When
 //! quotad cannot be reached the client's failure policy decides: fail-open
 //! passes the request, fail-closed answers `503`.
+//!
+//! IP keys are whole networks, not single addresses: one IPv6 host usually
+//! holds a whole /64, so keying by /128 would give it unlimited budgets (and
+//! fill quotad's key table). [`IpPrefixes`] sets the lengths (IPv4 /32 and
+//! IPv6 /64 by default) for the peer and the trusted `X-Forwarded-For`
+//! address alike.
 
 use std::fmt;
 use std::future::Future;
@@ -18,25 +24,89 @@ use std::task::{Context, Poll};
 use axum::extract::ConnectInfo;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
-use ipnet::IpNet;
-use quotad_core::{Decision, Reason};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use quotad_core::{Decision, Reason, Throttle};
+use thiserror::Error;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client::{Check, Client, Error};
+use crate::client::{Check, Client, Error, OUTAGE_LOG_INTERVAL};
 
 type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 
+/// How much of an IP address makes its key: the network prefix lengths for
+/// IPv4 and IPv6 addresses.
+///
+/// A key is the address itself at the full length (/32, /128), else the
+/// network in CIDR form (`2001:db8:1:2::/64`). IPv4-mapped IPv6 addresses
+/// count as IPv4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpPrefixes {
+    v4: u8,
+    v6: u8,
+}
+
+/// A prefix length longer than its address.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum PrefixError {
+    /// The IPv4 prefix is longer than 32 bits.
+    #[error("ipv4 prefix: must be at most 32 (got {0})")]
+    V4(u8),
+    /// The IPv6 prefix is longer than 128 bits.
+    #[error("ipv6 prefix: must be at most 128 (got {0})")]
+    V6(u8),
+}
+
+impl Default for IpPrefixes {
+    /// IPv4 by address (/32), IPv6 by /64, the smallest network a host is
+    /// usually given.
+    fn default() -> Self {
+        Self { v4: 32, v6: 64 }
+    }
+}
+
+impl IpPrefixes {
+    /// Keys IPv4 addresses by their first `v4` bits and IPv6 addresses by
+    /// their first `v6` bits.
+    ///
+    /// # Errors
+    ///
+    /// [`PrefixError`] when `v4 > 32` or `v6 > 128`.
+    pub fn try_new(v4: u8, v6: u8) -> Result<Self, PrefixError> {
+        if v4 > 32 {
+            return Err(PrefixError::V4(v4));
+        }
+        if v6 > 128 {
+            return Err(PrefixError::V6(v6));
+        }
+        Ok(Self { v4, v6 })
+    }
+
+    /// The key of `ip`: the address at full length, else its network.
+    pub fn key(&self, ip: IpAddr) -> String {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) if self.v4 == 32 => v4.to_string(),
+            IpAddr::V6(v6) if self.v6 == 128 => v6.to_string(),
+            IpAddr::V4(v4) => Ipv4Net::new(v4, self.v4)
+                .map_or_else(|_| v4.to_string(), |net| net.trunc().to_string()),
+            IpAddr::V6(v6) => Ipv6Net::new(v6, self.v6)
+                .map_or_else(|_| v6.to_string(), |net| net.trunc().to_string()),
+        }
+    }
+}
+
 /// Where the rate-limit key of a request comes from.
 #[derive(Clone)]
 pub enum KeyExtractor {
-    /// The peer's IP address, from axum's `ConnectInfo<SocketAddr>` (serve
-    /// with `into_make_service_with_connect_info::<SocketAddr>()`).
+    /// The peer's IP network, from axum's `ConnectInfo<SocketAddr>` (serve
+    /// with `into_make_service_with_connect_info::<SocketAddr>()`), at the
+    /// layer's [`IpPrefixes`].
     PeerIp,
     /// The client address in `X-Forwarded-For`, believed only when the peer
     /// is one of `trusted` proxies: the right-most address that is not a
-    /// trusted proxy. From any other peer, the peer's own IP.
+    /// trusted proxy. From any other peer, the peer's own IP. Keyed by
+    /// network at the layer's [`IpPrefixes`].
     ForwardedFor {
         /// Proxies whose `X-Forwarded-For` is believed.
         trusted: Vec<IpNet>,
@@ -53,13 +123,20 @@ impl KeyExtractor {
         KeyExtractor::Custom(Arc::new(f))
     }
 
-    /// The key of a request, if it has one.
+    /// The key of a request, if it has one, with IP addresses keyed at the
+    /// default [`IpPrefixes`].
     pub fn extract(&self, parts: &Parts) -> Option<String> {
+        self.extract_with(parts, &IpPrefixes::default())
+    }
+
+    /// The key of a request, if it has one, with IP addresses keyed at
+    /// `prefixes`.
+    pub fn extract_with(&self, parts: &Parts, prefixes: &IpPrefixes) -> Option<String> {
         match self {
-            KeyExtractor::PeerIp => peer_ip(parts).map(|ip| ip.to_string()),
+            KeyExtractor::PeerIp => peer_ip(parts).map(|ip| prefixes.key(ip)),
             KeyExtractor::ForwardedFor { trusted } => {
                 let peer = peer_ip(parts)?;
-                Some(client_ip(peer, &parts.headers, trusted).to_string())
+                Some(prefixes.key(client_ip(peer, &parts.headers, trusted)))
             }
             KeyExtractor::Header(name) => parts
                 .headers
@@ -126,8 +203,12 @@ struct Settings {
     client: Client,
     policy: String,
     key: KeyExtractor,
+    prefixes: IpPrefixes,
     cost: Arc<CostFn>,
     window_secs: Option<u64>,
+    /// One warning per interval when checks fail, shared by every service
+    /// the layer makes.
+    failure_log: Arc<Throttle>,
 }
 
 /// Rate-limits the wrapped service under one quotad policy.
@@ -165,8 +246,10 @@ impl RateLimitLayer {
                 client,
                 policy: policy.into(),
                 key,
+                prefixes: IpPrefixes::default(),
                 cost: Arc::new(|_| 1),
                 window_secs: None,
+                failure_log: Arc::new(Throttle::new(OUTAGE_LOG_INTERVAL)),
             }),
         }
     }
@@ -175,6 +258,13 @@ impl RateLimitLayer {
     #[must_use]
     pub fn cost(self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.with(|s| s.cost = Arc::new(f))
+    }
+
+    /// Keys IP addresses (peer or trusted `X-Forwarded-For`) by these
+    /// network prefixes; default IPv4 /32, IPv6 /64.
+    #[must_use]
+    pub fn ip_prefixes(self, prefixes: IpPrefixes) -> Self {
+        self.with(|s| s.prefixes = prefixes)
     }
 
     /// Advertises the policy's window, in seconds, as `w` in
@@ -189,8 +279,10 @@ impl RateLimitLayer {
             client: shared.client.clone(),
             policy: shared.policy.clone(),
             key: shared.key.clone(),
+            prefixes: shared.prefixes,
             cost: Arc::clone(&shared.cost),
             window_secs: shared.window_secs,
+            failure_log: Arc::clone(&shared.failure_log),
         });
         f(&mut settings);
         Self {
@@ -247,7 +339,7 @@ where
         let settings = Arc::clone(&self.settings);
         Box::pin(async move {
             let (parts, body) = request.into_parts();
-            let Some(key) = settings.key.extract(&parts) else {
+            let Some(key) = settings.key.extract_with(&parts, &settings.prefixes) else {
                 return Ok(plain(
                     StatusCode::BAD_REQUEST,
                     "no rate-limit key in the request\n",
@@ -258,7 +350,15 @@ where
             let decision = match settings.client.check(&check).await {
                 Ok(decision) => decision,
                 Err(error) => {
-                    tracing::warn!(policy = %settings.policy, %error, "rate-limit check failed");
+                    let now_ms = settings.client.now_ms();
+                    if let Some(suppressed) = settings.failure_log.record(now_ms) {
+                        tracing::warn!(
+                            policy = %settings.policy,
+                            %error,
+                            suppressed,
+                            "rate-limit check failed"
+                        );
+                    }
                     // quotad refusing the request (a bad key or cost from
                     // this app's extractors) is this server's fault, not an
                     // outage.
@@ -422,6 +522,64 @@ mod tests {
             forwarded_for(&["10.0.0.0/8"]).extract(&parts).as_deref(),
             Some("10.0.0.2")
         );
+    }
+
+    #[test]
+    fn ipv6_peers_are_keyed_by_their_64_by_default() {
+        let a = parts_from("[2001:db8:1:2:aaaa::1]:5000", None);
+        let b = parts_from("[2001:db8:1:2:bbbb::9]:5000", None);
+        let other = parts_from("[2001:db8:1:3::1]:5000", None);
+        let key = |parts: &Parts| KeyExtractor::PeerIp.extract(parts);
+        assert_eq!(key(&a).as_deref(), Some("2001:db8:1:2::/64"));
+        assert_eq!(key(&a), key(&b), "one /64, one budget");
+        assert_ne!(key(&a), key(&other));
+    }
+
+    #[test]
+    fn ipv4_peers_are_keyed_by_address_by_default_and_mapped_ones_count_as_ipv4() {
+        let parts = parts_from("203.0.113.9:5000", None);
+        assert_eq!(
+            KeyExtractor::PeerIp.extract(&parts).as_deref(),
+            Some("203.0.113.9")
+        );
+        let mapped = parts_from("[::ffff:203.0.113.9]:5000", None);
+        assert_eq!(
+            KeyExtractor::PeerIp.extract(&mapped).as_deref(),
+            Some("203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn prefix_lengths_are_configurable_for_both_families() {
+        let prefixes = IpPrefixes::try_new(24, 48).expect("valid lengths");
+        let v4 = parts_from("203.0.113.9:5000", None);
+        let v6 = parts_from("[2001:db8:1:2::1]:5000", None);
+        assert_eq!(
+            KeyExtractor::PeerIp.extract_with(&v4, &prefixes).as_deref(),
+            Some("203.0.113.0/24")
+        );
+        assert_eq!(
+            KeyExtractor::PeerIp.extract_with(&v6, &prefixes).as_deref(),
+            Some("2001:db8:1::/48")
+        );
+        let full = IpPrefixes::try_new(32, 128).expect("valid lengths");
+        assert_eq!(
+            KeyExtractor::PeerIp.extract_with(&v6, &full).as_deref(),
+            Some("2001:db8:1:2::1")
+        );
+        assert_eq!(IpPrefixes::try_new(33, 64), Err(PrefixError::V4(33)));
+        assert_eq!(IpPrefixes::try_new(32, 129), Err(PrefixError::V6(129)));
+    }
+
+    #[test]
+    fn the_trusted_forwarded_for_address_is_keyed_by_its_prefix_too() {
+        let parts = parts_from("10.0.0.2:5000", Some("2001:db8:7:7:1:2:3:4, 10.0.0.1"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(key.as_deref(), Some("2001:db8:7:7::/64"));
+        let prefixes = IpPrefixes::try_new(16, 64).expect("valid lengths");
+        let parts = parts_from("10.0.0.2:5000", Some("198.51.100.7"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract_with(&parts, &prefixes);
+        assert_eq!(key.as_deref(), Some("198.51.0.0/16"));
     }
 
     #[test]

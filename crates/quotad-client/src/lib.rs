@@ -1,29 +1,68 @@
-//! quotad-client: a thin async client for quotad, and a tower layer that
-//! rate-limits HTTP services through it.
+//! quotad-client: a thin async client for quotad, and (with the `http`
+//! feature) a tower layer that rate-limits HTTP services through it.
 //!
 //! Every application replica that asks the same quotad shares one budget:
 //! ten replicas with a limit of 100 admit 100, not 1,000.
 //!
 //! - [`Client`]: `check`, `check_batch`, `peek`, `reset`, with a per-call
 //!   deadline and a [`FailurePolicy`] for when quotad cannot be reached;
-//!   cheap to clone, reconnects by itself.
-//! - [`RateLimitLayer`]: keys, prices and checks each HTTP request; answers
-//!   `429` with `Retry-After` and `RateLimit` headers on denial.
+//!   cheap to clone, reconnects by itself. Addresses are `http://host:port`,
+//!   `https://host:port` (with a [`TlsConfig`]: a CA, optionally a client
+//!   certificate for mTLS) or `unix:///path/to.sock`.
+//! - Calls per decision are kept low where exactness allows: concurrent
+//!   checks leave together as one `CheckBatch` while the client's in-flight
+//!   slots are busy ([`Coalescing`]; a lone check is sent at once), and a
+//!   `LIMIT_EXCEEDED` denial is answered locally until its retry time
+//!   ([`ClientBuilder::deny_cache`]).
+//! - `RateLimitLayer` (feature `http`): keys, prices and checks each HTTP
+//!   request; answers `429` with `Retry-After` and `RateLimit` headers on
+//!   denial.
 //!
-//! ```no_run
-//! # async fn run() -> Result<(), quotad_client::Error> {
-//! use quotad_client::{Check, Client};
+//! Layout: `client` (the handle, its settings and errors), `transport`
+//! (addresses and TLS), `coalesce` (the queue and batches), `deny_cache`,
+//! and `layer` (the HTTP layer).
 //!
-//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! Features: `tls` (default) brings rustls with the ring provider for
+//! `https://` addresses; `http` brings the tower layer and its axum, `http`
+//! and `ipnet` dependencies.
+//!
+//! A client is made once and cloned freely; it connects on first use. When
+//! quotad cannot be reached, the failure policy answers within the deadline
+//! (nothing listens on port 1 here):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), quotad_client::Error> {
+//! use std::time::Duration;
+//! use quotad_client::{Check, Client, FailurePolicy, Reason};
+//!
+//! let client = Client::builder("http://127.0.0.1:1")
+//!     .deadline(Duration::from_millis(200))
+//!     .on_unavailable(FailurePolicy::FailOpen)
+//!     .build()?;
 //! let decision = client.check(&Check::named("api", "user-42").cost(2)).await?;
-//! assert!(decision.remaining <= decision.limit);
+//! assert!(decision.allowed);
+//! assert_eq!(decision.reason, Reason::FailOpen);
 //! # Ok(())
 //! # }
 //! ```
 
 mod client;
+mod coalesce;
+mod deny_cache;
+#[cfg(feature = "http")]
 mod layer;
+mod transport;
 
-pub use client::{Check, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};
-pub use layer::{KeyExtractor, RateLimit, RateLimitLayer, retry_after_secs};
-pub use quotad_core::{BatchMode, Decision, Reason};
+pub use client::{
+    Check, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy, OUTAGE_LOG_INTERVAL,
+    PolicyRef,
+};
+pub use coalesce::{Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT};
+pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
+#[cfg(feature = "http")]
+pub use layer::{
+    IpPrefixes, KeyExtractor, PrefixError, RateLimit, RateLimitLayer, retry_after_secs,
+};
+pub use quotad_core::{BatchMode, Clock, Decision, Reason};
+pub use transport::TlsConfig;

@@ -11,7 +11,9 @@
 //! - [`decision`]: the [`Decision`] a check returns, and its [`Reason`];
 //! - [`clock`]: [`SystemClock`] and the [`FakeClock`] tests drive by hand;
 //! - [`store`]: [`MemoryStore`], one atomic transition per key, sharded and
-//!   bounded.
+//!   bounded;
+//! - [`throttle`]: [`Throttle`], one log line per interval with the count of
+//!   the events it kept quiet.
 //!
 //! All arithmetic is in exact integers bounded by 2^53 (so a Lua script on
 //! Redis computes the same numbers); time is whole milliseconds since the
@@ -40,6 +42,7 @@ pub mod clock;
 pub mod decision;
 pub mod policy;
 pub mod store;
+pub mod throttle;
 
 pub use algorithm::{Log, State, decide, peek};
 pub use clock::{Clock, FakeClock, SystemClock};
@@ -50,3 +53,4 @@ pub use policy::{
 pub use store::{
     BatchMode, CheckItem, InvalidItem, MemoryStore, OnFull, StoreConfig, StoreConfigError,
 };
+pub use throttle::Throttle;

@@ -1,0 +1,117 @@
+//! quotad-client over TLS and mTLS against the real server's
+//! `[server.tls]`, with certificates made for the test.
+//!
+//! A module of the root integration test binary (`tests/it`, declared as
+//! `mod client_tls;`), using its `common` helpers.
+
+use std::path::Path;
+use std::time::Duration;
+
+use quotad::{Config, Overrides};
+use quotad_client::{Check, Client, Error, TlsConfig};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use crate::common::TestServer;
+
+/// A CA, a server certificate for `localhost` and a client certificate,
+/// as PEM files in `dir/tls/`: the layout of the server's own TLS tests, so
+/// one helper can serve both.
+fn write_pki(dir: &Path) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "quotad test CA");
+    let ca =
+        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA");
+    let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().expect("leaf key");
+        let mut params = CertificateParams::new(vec![name.to_owned()]).expect("leaf params");
+        params.extended_key_usages = vec![purpose];
+        let cert = params.signed_by(&key, &ca).expect("leaf certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf("localhost", ExtendedKeyUsagePurpose::ServerAuth);
+    let (client_cert, client_key) = leaf("client", ExtendedKeyUsagePurpose::ClientAuth);
+    let pki = dir.join("tls");
+    std::fs::create_dir_all(&pki).expect("tls dir");
+    for (name, pem) in [
+        ("ca.pem", ca.pem()),
+        ("server.pem", server_cert),
+        ("server.key", server_key),
+        ("client.pem", client_cert),
+        ("client.key", client_key),
+    ] {
+        std::fs::write(pki.join(name), pem).expect("write PEM");
+    }
+}
+
+async fn start(dir: &Path, client_ca: bool) -> TestServer {
+    let mut text = "[server.tls]\ncert = \"tls/server.pem\"\nkey = \"tls/server.key\"\n".to_owned();
+    if client_ca {
+        text.push_str("client_ca = \"tls/ca.pem\"\n");
+    }
+    text.push_str("\n[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n");
+    let path = dir.join("quotad.toml");
+    std::fs::write(&path, text).expect("write config");
+    let config = Config::load(Some(&path), &Overrides::default()).expect("valid TLS config");
+    TestServer::start(config).await
+}
+
+fn client(server: &TestServer, dir: &Path, identity: bool) -> Client {
+    let pki = dir.join("tls");
+    let mut tls = TlsConfig::from_pem_files(pki.join("ca.pem")).expect("CA file");
+    if identity {
+        tls = tls
+            .identity_from_pem_files(pki.join("client.pem"), pki.join("client.key"))
+            .expect("identity files");
+    }
+    Client::builder(format!("https://localhost:{}", server.grpc_addr.port()))
+        .deadline(Duration::from_secs(5))
+        .tls(tls)
+        .build()
+        .expect("valid TLS settings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_checks_over_tls_and_a_plaintext_client_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write_pki(dir.path());
+    let server = start(dir.path(), false).await;
+    let decision = client(&server, dir.path(), false)
+        .check(&Check::named("api", "alice"))
+        .await
+        .expect("decided over TLS");
+    assert!(decision.allowed);
+    assert_eq!(decision.remaining, 9);
+
+    let plaintext = Client::builder(format!("http://{}", server.grpc_addr))
+        .deadline(Duration::from_secs(5))
+        .build()
+        .expect("valid address");
+    let refused = plaintext.check(&Check::named("api", "alice")).await;
+    assert!(matches!(refused, Err(Error::Unavailable(_))), "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_checks_over_mtls_with_its_certificate_and_is_refused_without() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    write_pki(dir.path());
+    let server = start(dir.path(), true).await;
+    let decision = client(&server, dir.path(), true)
+        .check(&Check::named("api", "alice"))
+        .await
+        .expect("decided over mTLS");
+    assert!(decision.allowed);
+    let refused = client(&server, dir.path(), false)
+        .check(&Check::named("api", "bob"))
+        .await;
+    assert!(matches!(refused, Err(Error::Unavailable(_))), "{refused:?}");
+}

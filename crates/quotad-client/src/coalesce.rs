@@ -1,0 +1,549 @@
+//! Coalescing: concurrent checks through one client leave together as one
+//! `CheckBatch` when more than one is waiting.
+//!
+//! A check goes out at once, alone, when the client has a free in-flight
+//! slot, so a lone check never waits. While every slot is busy, new checks
+//! queue; when a slot frees, the queue leaves as one `INDEPENDENT` batch
+//! (bounded in items and bytes). Each caller keeps its own deadline: a check
+//! whose deadline passes in the queue is never sent.
+//!
+//! What a batch-level error means for its callers:
+//! - a refusal made before anything was decided (`INVALID_ARGUMENT`,
+//!   `NOT_FOUND`, `FAILED_PRECONDITION` naming `items[i]`, and other
+//!   refusals such as `PERMISSION_DENIED`): nothing was consumed, so the
+//!   item it names gets that error as a lone `Check` would have (without the
+//!   `items[i].` prefix) and every other item is sent again on its own;
+//! - `UNAVAILABLE` and the other outage codes: every caller in the batch
+//!   gets its own failure policy, and nothing is sent again. quotad may have
+//!   decided (and consumed) some items before it failed (a Redis Cluster
+//!   node down under a policy whose `on_error` is `error`), so re-sending
+//!   could count a request twice. A check that would have been decided on
+//!   its own can therefore get its failure policy because it shared a batch
+//!   with one that failed.
+//! - anything else (`INTERNAL`): every caller gets that error.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use prost::Message;
+use quotad_proto::MAX_BATCH_ITEMS;
+use quotad_proto::v1 as pb;
+use thiserror::Error;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use crate::client::Shared;
+
+/// The default number of requests one client keeps in flight before checks
+/// queue for a batch.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 8;
+
+/// The default bound on a coalesced batch's encoded size: well under the 4
+/// MiB a tonic server decodes by default.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// How concurrent checks are coalesced into batches; see
+/// [`ClientBuilder::coalescing`](crate::ClientBuilder::coalescing).
+///
+/// On by default ([`Coalescing::default`]): [`DEFAULT_MAX_IN_FLIGHT`]
+/// slots, up to [`MAX_BATCH_ITEMS`] items and [`DEFAULT_MAX_BATCH_BYTES`] a
+/// batch, and no extra delay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coalescing {
+    enabled: bool,
+    max_in_flight: usize,
+    max_batch_items: usize,
+    max_batch_bytes: usize,
+    max_delay: Option<Duration>,
+}
+
+/// A coalescing bound out of range; the message names the setting.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum CoalescingError {
+    /// No in-flight slot.
+    #[error("coalescing.max_in_flight: must be at least 1")]
+    NoSlot,
+    /// A batch bound of 0 items or more than the API allows.
+    #[error("coalescing.max_batch_items: must be between 1 and 1000 (got {0})")]
+    BatchItems(usize),
+    /// A batch bound of 0 bytes.
+    #[error("coalescing.max_batch_bytes: must be at least 1")]
+    NoBytes,
+}
+
+impl Default for Coalescing {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_batch_items: MAX_BATCH_ITEMS,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_delay: None,
+        }
+    }
+}
+
+impl Coalescing {
+    /// Coalescing with `max_in_flight` requests in flight (each a `Check` or
+    /// a `CheckBatch`) before new checks queue, and batches of at most
+    /// `max_batch_items` checks and `max_batch_bytes` encoded bytes (a
+    /// single larger check still goes, alone). Fewer slots coalesce more;
+    /// more slots queue less.
+    ///
+    /// # Errors
+    ///
+    /// [`CoalescingError`] when `max_in_flight` or `max_batch_bytes` is 0,
+    /// or `max_batch_items` is not between 1 and [`MAX_BATCH_ITEMS`].
+    pub fn try_new(
+        max_in_flight: usize,
+        max_batch_items: usize,
+        max_batch_bytes: usize,
+    ) -> Result<Self, CoalescingError> {
+        if max_in_flight == 0 {
+            return Err(CoalescingError::NoSlot);
+        }
+        if !(1..=MAX_BATCH_ITEMS).contains(&max_batch_items) {
+            return Err(CoalescingError::BatchItems(max_batch_items));
+        }
+        if max_batch_bytes == 0 {
+            return Err(CoalescingError::NoBytes);
+        }
+        Ok(Self {
+            enabled: true,
+            max_in_flight,
+            max_batch_items,
+            max_batch_bytes,
+            max_delay: None,
+        })
+    }
+
+    /// No coalescing: every check is its own `Check` call, however many are
+    /// in flight.
+    pub fn off() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
+    /// The longest a check waits in the queue for a slot: past it, the
+    /// queue leaves as a batch of its own even with every slot busy. None
+    /// (the default) waits for a slot, bounded by each check's deadline.
+    #[must_use]
+    pub fn max_delay(mut self, delay: Option<Duration>) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// Whether checks are coalesced at all.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+}
+
+/// quotad's answer to one check, before the caller's failure policy.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Decided(pb::Decision),
+    Failed(Status),
+    Malformed(&'static str),
+}
+
+impl Answer {
+    pub(crate) fn of_check(result: Result<pb::CheckResponse, Status>) -> Self {
+        match result {
+            Ok(response) => response
+                .decision
+                .map_or(Answer::Malformed("decision missing"), Answer::Decided),
+            Err(status) => Answer::Failed(status),
+        }
+    }
+}
+
+/// An answer and when its request left, for the deny cache.
+pub(crate) type Delivered = (Answer, u64);
+
+/// A check waiting in the queue.
+#[derive(Debug)]
+struct Queued {
+    id: u64,
+    request: pb::CheckRequest,
+    bytes: usize,
+    deadline: Instant,
+    reply: oneshot::Sender<Delivered>,
+}
+
+impl Queued {
+    fn is_dead(&self, now: Instant) -> bool {
+        self.reply.is_closed() || self.deadline <= now
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    in_flight: usize,
+    queue: VecDeque<Queued>,
+    next_id: u64,
+}
+
+/// The queue and the in-flight slots of one client and its clones.
+#[derive(Debug)]
+pub(crate) struct Coalescer {
+    settings: Coalescing,
+    state: Mutex<State>,
+}
+
+/// Holds one in-flight slot; dropping it hands the slot to the queue.
+#[derive(Debug)]
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        release(&self.0);
+    }
+}
+
+impl Coalescer {
+    pub(crate) fn new(settings: Coalescing) -> Self {
+        Self {
+            settings,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Checks waiting in the queue.
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().queue.len()
+    }
+
+    /// Takes the next batch off the front of the queue, dropping checks
+    /// whose callers stopped waiting.
+    fn take_batch(&self, state: &mut State) -> Vec<Queued> {
+        let now = Instant::now();
+        let mut batch: Vec<Queued> = Vec::new();
+        let mut bytes = 0;
+        while let Some(front) = state.queue.front() {
+            if front.is_dead(now) {
+                state.queue.pop_front();
+                continue;
+            }
+            if !batch.is_empty()
+                && (batch.len() >= self.settings.max_batch_items
+                    || bytes + front.bytes > self.settings.max_batch_bytes)
+            {
+                break;
+            }
+            bytes += front.bytes;
+            batch.extend(state.queue.pop_front());
+        }
+        batch
+    }
+
+    /// Forgets a queued check whose caller gave up.
+    fn remove(&self, id: u64) {
+        self.state.lock().queue.retain(|q| q.id != id);
+    }
+}
+
+/// How a check was let in: sent now on a free slot, or queued by id.
+enum Admitted {
+    Now(pb::CheckRequest),
+    Queued(u64),
+}
+
+/// Sends `request` now if a slot is free, or queues it for the next batch;
+/// answers within `deadline`.
+pub(crate) async fn submit(
+    shared: &Arc<Shared>,
+    coalescer: &Coalescer,
+    request: pb::CheckRequest,
+    deadline: Instant,
+) -> Delivered {
+    let (reply, mut answer) = oneshot::channel();
+    let admitted = {
+        let mut state = coalescer.state.lock();
+        if state.in_flight < coalescer.settings.max_in_flight {
+            state.in_flight += 1;
+            Admitted::Now(request)
+        } else {
+            let id = state.next_id;
+            state.next_id += 1;
+            state.queue.push_back(Queued {
+                id,
+                bytes: request.encoded_len(),
+                request,
+                deadline,
+                reply,
+            });
+            Admitted::Queued(id)
+        }
+    };
+    let id = match admitted {
+        Admitted::Now(request) => {
+            let slot = Slot(Arc::clone(shared));
+            let sent_ms = shared.now_ms();
+            let answer = shared.unary(request, deadline).await;
+            drop(slot);
+            return (answer, sent_ms);
+        }
+        Admitted::Queued(id) => id,
+    };
+
+    let mut flush_at = coalescer.settings.max_delay.map(|d| Instant::now() + d);
+    loop {
+        tokio::select! {
+            biased;
+            delivered = &mut answer => {
+                return delivered.unwrap_or_else(|_| {
+                    // Dropped unsent: past its deadline (the queue drops
+                    // those first), or the runtime is shutting down.
+                    let status = if Instant::now() >= deadline {
+                        deadline_exceeded()
+                    } else {
+                        Status::unavailable("the client stopped before sending the check")
+                    };
+                    (Answer::Failed(status), 0)
+                });
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                coalescer.remove(id);
+                return (Answer::Failed(deadline_exceeded()), 0);
+            }
+            () = sleep_until_some(flush_at) => {
+                // Waited long enough for a slot: the front of the queue
+                // leaves now, beside the busy slots.
+                let batch = coalescer.take_batch(&mut coalescer.state.lock());
+                spawn_batch(Arc::clone(shared), batch, None);
+                flush_at = coalescer.settings.max_delay.map(|d| Instant::now() + d);
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+pub(crate) fn deadline_exceeded() -> Status {
+    Status::deadline_exceeded("no answer from quotad within the deadline")
+}
+
+/// A slot came free: the queue's next batch takes it, or it is given back.
+fn release(shared: &Arc<Shared>) {
+    let Some(coalescer) = shared.coalescer() else {
+        return;
+    };
+    let batch = {
+        let mut state = coalescer.state.lock();
+        let batch = coalescer.take_batch(&mut state);
+        if batch.is_empty() {
+            state.in_flight -= 1;
+            return;
+        }
+        batch
+    };
+    // The slot passes to the batch without being given back.
+    spawn_batch(Arc::clone(shared), batch, Some(Slot(Arc::clone(shared))));
+}
+
+/// Sends `batch` on a task of its own (holding `slot`, if any, until done).
+fn spawn_batch(shared: Arc<Shared>, batch: Vec<Queued>, slot: Option<Slot>) {
+    if batch.is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move {
+                send_batch(&shared, batch).await;
+                drop(slot);
+            });
+        }
+        Err(_) => {
+            // No runtime left to send on (the application is shutting
+            // down): every queued caller hears that the client stopped, and
+            // the slot, given back, finds the queue empty.
+            drop(batch);
+            let queue = shared
+                .coalescer()
+                .map(|c| std::mem::take(&mut c.state.lock().queue));
+            drop(queue);
+            drop(slot);
+        }
+    }
+}
+
+/// Sends a batch and gives each caller its own answer.
+async fn send_batch(shared: &Arc<Shared>, batch: Vec<Queued>) {
+    let sent_ms = shared.now_ms();
+    if let [_] = batch.as_slice() {
+        let Some(only) = batch.into_iter().next() else {
+            return;
+        };
+        let answer = shared.unary(only.request, only.deadline).await;
+        let _ = only.reply.send((answer, sent_ms));
+        return;
+    }
+    let deadline = batch
+        .iter()
+        .map(|q| q.deadline)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let (requests, waiters): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .map(|q| (q.request, (q.reply, q.deadline)))
+        .unzip();
+    let request = pb::CheckBatchRequest {
+        items: requests.clone(),
+        mode: pb::BatchMode::Independent.into(),
+    };
+    metrics::counter!("quotad_client_coalesced_batches_total").increment(1);
+    metrics::counter!("quotad_client_coalesced_checks_total").increment(waiters.len() as u64);
+    match shared.batch(request, deadline).await {
+        Ok(response) if response.decisions.len() == waiters.len() => {
+            for ((reply, _), decision) in waiters.into_iter().zip(response.decisions) {
+                let _ = reply.send((Answer::Decided(decision), sent_ms));
+            }
+        }
+        Ok(_) => {
+            for (reply, _) in waiters {
+                let _ = reply.send((
+                    Answer::Malformed("the number of decisions differs from the number of checks"),
+                    sent_ms,
+                ));
+            }
+        }
+        Err(status) => on_batch_error(shared, requests, waiters, &status, sent_ms).await,
+    }
+}
+
+/// Gives each caller of a refused batch its own outcome; see the module
+/// docs.
+async fn on_batch_error(
+    shared: &Arc<Shared>,
+    requests: Vec<pb::CheckRequest>,
+    waiters: Vec<(oneshot::Sender<Delivered>, Instant)>,
+    status: &Status,
+    sent_ms: u64,
+) {
+    if !refused_before_deciding(status.code()) {
+        for (reply, _) in waiters {
+            let _ = reply.send((Answer::Failed(status.clone()), sent_ms));
+        }
+        return;
+    }
+    let offender = offending_item(status, waiters.len());
+    let mut resent = Vec::with_capacity(waiters.len());
+    for (i, (request, (reply, deadline))) in requests.into_iter().zip(waiters).enumerate() {
+        if let Some((index, own)) = &offender
+            && *index == i
+        {
+            let _ = reply.send((Answer::Failed(own.clone()), sent_ms));
+            continue;
+        }
+        if reply.is_closed() || deadline <= Instant::now() {
+            continue;
+        }
+        let shared = Arc::clone(shared);
+        resent.push(tokio::spawn(async move {
+            let sent_ms = shared.now_ms();
+            let answer = shared.unary(request, deadline).await;
+            let _ = reply.send((answer, sent_ms));
+        }));
+    }
+    for task in resent {
+        // A re-send that panicked has already dropped its reply, which its
+        // caller hears as the client stopping.
+        let _ = task.await;
+    }
+}
+
+/// Codes with which quotad refuses a request before deciding anything.
+fn refused_before_deciding(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::ResourceExhausted
+            | Code::Unimplemented
+    )
+}
+
+/// The item a batch refusal names (`items[3].key: ...`), with the status a
+/// lone check of it would have had.
+fn offending_item(status: &Status, len: usize) -> Option<(usize, Status)> {
+    if !matches!(
+        status.code(),
+        Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition
+    ) {
+        return None;
+    }
+    let rest = status.message().strip_prefix("items[")?;
+    let (index, rest) = rest.split_once("].")?;
+    let index: usize = index.parse().ok()?;
+    (index < len).then(|| (index, Status::new(status.code(), rest)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_naming_an_item_is_that_items_own_error_without_the_prefix() {
+        let status = Status::not_found("items[2].policy_name: no policy named \"nope\"");
+        let (index, own) = offending_item(&status, 3).expect("names item 2");
+        assert_eq!(index, 2);
+        assert_eq!(own.code(), Code::NotFound);
+        assert_eq!(own.message(), "policy_name: no policy named \"nope\"");
+        assert!(offending_item(&status, 2).is_none(), "out of range");
+        assert!(offending_item(&Status::invalid_argument("items: too many"), 3).is_none());
+        assert!(offending_item(&Status::unavailable("items[0].key: x"), 3).is_none());
+    }
+
+    #[test]
+    fn settings_are_validated_naming_the_field() {
+        assert_eq!(
+            Coalescing::try_new(
+                DEFAULT_MAX_IN_FLIGHT,
+                MAX_BATCH_ITEMS,
+                DEFAULT_MAX_BATCH_BYTES
+            ),
+            Ok(Coalescing::default())
+        );
+        for (result, field) in [
+            (Coalescing::try_new(0, 10, 10), "max_in_flight"),
+            (Coalescing::try_new(1, 0, 10), "max_batch_items"),
+            (Coalescing::try_new(1, 1_001, 10), "max_batch_items"),
+            (Coalescing::try_new(1, 10, 0), "max_batch_bytes"),
+        ] {
+            let message = result.expect_err("invalid").to_string();
+            assert!(
+                message.starts_with(&format!("coalescing.{field}: ")),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn outage_codes_are_never_re_sent() {
+        for code in [
+            Code::Unavailable,
+            Code::DeadlineExceeded,
+            Code::Cancelled,
+            Code::Unknown,
+            Code::Internal,
+            Code::Aborted,
+        ] {
+            assert!(!refused_before_deciding(code), "{code:?}");
+        }
+    }
+}

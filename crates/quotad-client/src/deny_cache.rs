@@ -1,0 +1,364 @@
+//! The local deny cache: a `LIMIT_EXCEEDED` denial answered again without
+//! asking quotad, for as long as it is certain to hold.
+//!
+//! A denial of cost `c` with retry time `r` says the budget of that key has
+//! less than `c` room, and that waiting `r` with no other traffic makes room.
+//! Other traffic only consumes, so until `r` has passed every check of that
+//! key for a cost of `c` or more is denied too. The cache times `r` from when
+//! the denied request was *sent*, before quotad decided, so its window never
+//! outlasts quotad's.
+//!
+//! Two things make room early, and the cache cannot see either for certain:
+//! an operator's `Reset` (one made through this client drops the entry) and
+//! a policy reload that raises the limit (the entry is dropped when quotad
+//! next answers for the key with another limit, e.g. a smaller cost that
+//! still goes to quotad; otherwise it lives out its retry time, at most one
+//! window).
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use quotad_core::{Decision, Reason};
+
+use crate::client::{Check, PolicyRef};
+
+/// The default number of keys the deny cache holds.
+pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
+
+/// A bounded map from (policy, key) to the denial that still holds.
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    capacity: usize,
+    hasher: std::collections::hash_map::RandomState,
+    state: Mutex<State>,
+    /// Bumped by every reset through the client: a denial decided before
+    /// a reset is not cached after it.
+    epoch: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By hash of (policy, key); the entry keeps both, so a collision is a
+    /// miss (and an overwrite), never a wrong answer.
+    entries: HashMap<u64, Entry>,
+    /// No entry expires before this instant: nothing to purge until then.
+    earliest_until_ms: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    policy: PolicyRef,
+    key: String,
+    /// Any cost at least this is denied...
+    cost: u64,
+    /// ...until this instant (client clock, from the request's send time).
+    until_ms: u64,
+    /// When the key's state was due back to fresh, per the denial.
+    reset_until_ms: u64,
+    limit: u64,
+    remaining: u64,
+}
+
+impl Entry {
+    fn is(&self, check: &Check) -> bool {
+        self.key == check.key() && &self.policy == check.policy()
+    }
+}
+
+/// What the cache knows when a check is sent, to record its answer with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    at_ms: u64,
+    epoch: u64,
+}
+
+impl Sent {
+    /// The same, sent at `at_ms` instead (a check that left later, in a
+    /// batch).
+    pub(crate) fn at(self, at_ms: u64) -> Self {
+        Self { at_ms, ..self }
+    }
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            hasher: std::collections::hash_map::RandomState::new(),
+            state: Mutex::new(State::default()),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    fn hash(&self, policy: &PolicyRef, key: &str) -> u64 {
+        self.hasher.hash_one((policy, key))
+    }
+
+    /// The denial `check` gets at `now_ms` without asking quotad, if one is
+    /// certain.
+    pub(crate) fn lookup(&self, check: &Check, now_ms: u64) -> Option<Decision> {
+        let hash = self.hash(check.policy(), check.key());
+        let state = self.state.lock();
+        let entry = state.entries.get(&hash)?;
+        if !entry.is(check) || now_ms >= entry.until_ms || check.cost_units() < entry.cost {
+            return None;
+        }
+        let retry_after_ms = entry.until_ms - now_ms;
+        Some(Decision {
+            allowed: false,
+            limit: entry.limit,
+            remaining: entry.remaining,
+            retry_after_ms,
+            reset_after_ms: entry
+                .reset_until_ms
+                .saturating_sub(now_ms)
+                .max(retry_after_ms),
+            reason: Reason::LimitExceeded,
+        })
+    }
+
+    /// Marks a check as sent now.
+    pub(crate) fn sent(&self, now_ms: u64) -> Sent {
+        Sent {
+            at_ms: now_ms,
+            epoch: self.epoch.load(Ordering::Acquire),
+        }
+    }
+
+    /// Learns from quotad's answer to `check`, sent at `sent`.
+    pub(crate) fn record(&self, check: &Check, decision: &Decision, sent: Sent) {
+        let hash = self.hash(check.policy(), check.key());
+        let mut state = self.state.lock();
+        // Read under the lock that `forget` bumps it under: a reset either
+        // comes before this (and the denial is dropped) or after (and the
+        // entry with it).
+        if sent.epoch != self.epoch.load(Ordering::Acquire) {
+            return;
+        }
+        let cacheable = !decision.allowed
+            && decision.reason == Reason::LimitExceeded
+            && decision.retry_after_ms > 0;
+        if !cacheable {
+            // quotad answering with another limit (a reload) or admitting a
+            // cost the entry denies (a reset elsewhere) proves room came
+            // early: the entry goes.
+            let stale = state.entries.get(&hash).is_some_and(|e| {
+                e.is(check)
+                    && (e.limit != decision.limit
+                        || (decision.allowed && check.cost_units() >= e.cost))
+            });
+            if stale {
+                state.entries.remove(&hash);
+            }
+            return;
+        }
+        let entry = Entry {
+            policy: check.policy().clone(),
+            key: check.key().to_owned(),
+            cost: check.cost_units(),
+            until_ms: sent.at_ms.saturating_add(decision.retry_after_ms),
+            reset_until_ms: sent.at_ms.saturating_add(decision.reset_after_ms),
+            limit: decision.limit,
+            remaining: decision.remaining,
+        };
+        if let Some(old) = state.entries.get(&hash)
+            && old.is(check)
+            && old.cost <= entry.cost
+            && old.until_ms >= entry.until_ms
+            && old.limit == entry.limit
+        {
+            // The entry already denies more, for longer.
+            return;
+        }
+        if state.entries.len() >= self.capacity && !state.entries.contains_key(&hash) {
+            let now_ms = sent.at_ms;
+            if now_ms < state.earliest_until_ms {
+                // Full of live denials: keep them rather than scan on every
+                // new one.
+                return;
+            }
+            state.entries.retain(|_, e| e.until_ms > now_ms);
+            state.earliest_until_ms = state
+                .entries
+                .values()
+                .map(|e| e.until_ms)
+                .min()
+                .unwrap_or(u64::MAX);
+            if state.entries.len() >= self.capacity {
+                return;
+            }
+        }
+        state.earliest_until_ms = state.earliest_until_ms.min(entry.until_ms);
+        if state.entries.is_empty() {
+            state.earliest_until_ms = entry.until_ms;
+        }
+        state.entries.insert(hash, entry);
+    }
+
+    /// Drops what is known of `key` under `policy`, and every denial still
+    /// in flight: its budget was reset.
+    pub(crate) fn forget(&self, policy: &PolicyRef, key: &str) {
+        let hash = self.hash(policy, key);
+        let mut state = self.state.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        if state
+            .entries
+            .get(&hash)
+            .is_some_and(|e| e.key == key && &e.policy == policy)
+        {
+            state.entries.remove(&hash);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.state.lock().entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denial(cost_limit: u64, retry_after_ms: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: cost_limit,
+            remaining: 0,
+            retry_after_ms,
+            reset_after_ms: retry_after_ms * 2,
+            reason: Reason::LimitExceeded,
+        }
+    }
+
+    fn allowed(limit: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit,
+            remaining: 3,
+            retry_after_ms: 0,
+            reset_after_ms: 1_000,
+            reason: Reason::WithinLimit,
+        }
+    }
+
+    #[test]
+    fn a_denial_answers_larger_costs_until_its_retry_time_from_the_send() {
+        let cache = DenyCache::new(10);
+        let check = Check::named("api", "k").cost(3);
+        let sent = cache.sent(1_000);
+        cache.record(&check, &denial(10, 500), sent);
+        let local = cache.lookup(&check, 1_200).expect("denied locally");
+        assert_eq!(local.retry_after_ms, 300);
+        assert_eq!(local.reset_after_ms, 800);
+        assert_eq!(local.reason, Reason::LimitExceeded);
+        assert!(cache.lookup(&check.clone().cost(7), 1_499).is_some());
+        assert!(
+            cache.lookup(&check.clone().cost(2), 1_200).is_none(),
+            "smaller cost"
+        );
+        assert!(cache.lookup(&check, 1_500).is_none(), "retry time reached");
+        assert!(
+            cache
+                .lookup(&Check::named("api", "other").cost(3), 1_200)
+                .is_none()
+        );
+        assert!(
+            cache
+                .lookup(&Check::named("web", "k").cost(3), 1_200)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn only_limit_exceeded_denials_are_cached() {
+        let cache = DenyCache::new(10);
+        let check = Check::named("api", "k");
+        for reason in [
+            Reason::CostExceedsCapacity,
+            Reason::Capacity,
+            Reason::BatchRejected,
+            Reason::FailClosed,
+        ] {
+            let d = Decision {
+                reason,
+                ..denial(10, 500)
+            };
+            cache.record(&check, &d, cache.sent(0));
+        }
+        cache.record(&check, &allowed(10), cache.sent(0));
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn a_reset_drops_the_entry_and_denials_decided_before_it() {
+        let cache = DenyCache::new(10);
+        let check = Check::named("api", "k");
+        let policy = check.policy().clone();
+        cache.record(&check, &denial(10, 500), cache.sent(0));
+        let in_flight = cache.sent(10);
+        cache.forget(&policy, "k");
+        assert!(cache.lookup(&check, 20).is_none());
+        cache.record(&check, &denial(10, 500), in_flight);
+        assert!(
+            cache.lookup(&check, 20).is_none(),
+            "decided before the reset"
+        );
+        cache.record(&check, &denial(10, 500), cache.sent(30));
+        assert!(
+            cache.lookup(&check, 40).is_some(),
+            "decided after the reset"
+        );
+    }
+
+    #[test]
+    fn another_limit_or_an_admitted_larger_cost_drops_the_entry() {
+        let cache = DenyCache::new(10);
+        let check = Check::named("api", "k").cost(5);
+        cache.record(&check, &denial(10, 500), cache.sent(0));
+        cache.record(&check.clone().cost(1), &allowed(10), cache.sent(1));
+        assert!(
+            cache.lookup(&check, 2).is_some(),
+            "a smaller cost proves nothing"
+        );
+        cache.record(&check.clone().cost(1), &allowed(20), cache.sent(3));
+        assert!(cache.lookup(&check, 4).is_none(), "the limit was raised");
+
+        cache.record(&check, &denial(10, 500), cache.sent(10));
+        cache.record(&check.clone().cost(6), &allowed(10), cache.sent(11));
+        assert!(cache.lookup(&check, 12).is_none(), "room came early");
+    }
+
+    #[test]
+    fn the_cache_holds_at_most_its_capacity_and_makes_room_from_expired_entries() {
+        let cache = DenyCache::new(2);
+        for (key, retry) in [("a", 100), ("b", 1_000), ("c", 1_000)] {
+            cache.record(&Check::named("api", key), &denial(10, retry), cache.sent(0));
+        }
+        assert_eq!(cache.len(), 2);
+        assert!(cache.lookup(&Check::named("api", "c"), 1).is_none(), "full");
+        cache.record(
+            &Check::named("api", "c"),
+            &denial(10, 1_000),
+            cache.sent(100),
+        );
+        assert_eq!(cache.len(), 2);
+        assert!(cache.lookup(&Check::named("api", "a"), 100).is_none());
+        assert!(cache.lookup(&Check::named("api", "b"), 100).is_some());
+        assert!(cache.lookup(&Check::named("api", "c"), 100).is_some());
+    }
+
+    #[test]
+    fn a_weaker_denial_does_not_replace_a_stronger_one() {
+        let cache = DenyCache::new(10);
+        let check = Check::named("api", "k");
+        cache.record(&check, &denial(10, 1_000), cache.sent(0));
+        cache.record(&check.clone().cost(4), &denial(10, 100), cache.sent(0));
+        assert_eq!(
+            cache.lookup(&check, 500).map(|d| d.retry_after_ms),
+            Some(500)
+        );
+    }
+}

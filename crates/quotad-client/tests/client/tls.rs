@@ -1,0 +1,173 @@
+//! https:// with and without a client certificate.
+
+use std::time::Duration;
+
+use quotad_client::{Check, Client, Error, Reason, TlsConfig};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+use crate::fake::{Call, Fake, serve_tcp};
+
+/// A CA and the certificates it signed, as PEM.
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn pki(ca_name: &str) -> Pki {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.distinguished_name.push(DnType::CommonName, ca_name);
+    let ca =
+        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA");
+    let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().expect("leaf key");
+        let mut params = CertificateParams::new(vec![name.to_owned()]).expect("leaf params");
+        params.extended_key_usages = vec![purpose];
+        let cert = params.signed_by(&key, &ca).expect("leaf certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    Pki {
+        server: leaf("quotad.test", ExtendedKeyUsagePurpose::ServerAuth),
+        client: leaf("app", ExtendedKeyUsagePurpose::ClientAuth),
+        ca: ca.pem(),
+    }
+}
+
+fn server_tls(pki: &Pki, require_client_cert: bool) -> ServerTlsConfig {
+    let (cert, key) = &pki.server;
+    let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    if require_client_cert {
+        tls.client_ca_root(Certificate::from_pem(&pki.ca))
+    } else {
+        tls
+    }
+}
+
+fn client(address: String, tls: TlsConfig) -> Client {
+    Client::builder(address)
+        .deadline(Duration::from_secs(5))
+        .tls(tls)
+        .build()
+        .expect("valid TLS settings")
+}
+
+#[tokio::test]
+async fn checks_travel_over_tls_to_a_server_whose_ca_the_client_trusts() {
+    let pki = pki("quotad test CA");
+    let fake = Fake::new(10, Duration::from_secs(60));
+    let addr = serve_tcp(&fake, Some(server_tls(&pki, false))).await;
+
+    // By IP, so the certificate's name is given.
+    let tls = TlsConfig::new(pki.ca.clone()).server_name("quotad.test");
+    let decision = client(format!("https://{addr}"), tls)
+        .check(&Check::named("api", "alice"))
+        .await
+        .expect("decided over TLS");
+    assert_eq!(decision.reason, Reason::WithinLimit);
+    assert_eq!(fake.calls(), vec![Call::Check("alice".into())]);
+
+    let plaintext = Client::builder(format!("http://{addr}"))
+        .deadline(Duration::from_secs(5))
+        .build()
+        .expect("valid address");
+    assert!(matches!(
+        plaintext.check(&Check::named("api", "bob")).await,
+        Err(Error::Unavailable(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_server_signed_by_another_ca_or_under_another_name_is_refused() {
+    let pki = pki("quotad test CA");
+    let stranger = pki_stranger();
+    let fake = Fake::new(10, Duration::from_secs(60));
+    let addr = serve_tcp(&fake, Some(server_tls(&pki, false))).await;
+
+    let other_ca = TlsConfig::new(stranger).server_name("quotad.test");
+    let wrong_name = TlsConfig::new(pki.ca.clone()).server_name("other.test");
+    for tls in [other_ca, wrong_name] {
+        let result = client(format!("https://{addr}"), tls)
+            .check(&Check::named("api", "alice"))
+            .await;
+        assert!(matches!(result, Err(Error::Unavailable(_))), "{result:?}");
+    }
+    assert!(fake.calls().is_empty(), "no request reached the server");
+}
+
+fn pki_stranger() -> String {
+    pki("another CA").ca
+}
+
+#[tokio::test]
+async fn mtls_works_with_a_client_certificate_and_is_refused_without_one() {
+    let pki = pki("quotad test CA");
+    let fake = Fake::new(10, Duration::from_secs(60));
+    let addr = serve_tcp(&fake, Some(server_tls(&pki, true))).await;
+    let (cert, key) = pki.client.clone();
+
+    let with_identity = TlsConfig::new(pki.ca.clone())
+        .identity(cert, key)
+        .server_name("quotad.test");
+    let decision = client(format!("https://{addr}"), with_identity)
+        .check(&Check::named("api", "alice"))
+        .await
+        .expect("decided over mTLS");
+    assert!(decision.allowed);
+
+    let without = TlsConfig::new(pki.ca.clone()).server_name("quotad.test");
+    let result = client(format!("https://{addr}"), without)
+        .check(&Check::named("api", "bob"))
+        .await;
+    assert!(matches!(result, Err(Error::Unavailable(_))), "{result:?}");
+    assert_eq!(fake.calls(), vec![Call::Check("alice".into())]);
+}
+
+#[tokio::test]
+async fn tls_settings_are_read_from_pem_files() {
+    let pki = pki("quotad test CA");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = &pki.client;
+    for (name, pem) in [
+        ("ca.pem", &pki.ca),
+        ("client.pem", cert),
+        ("client.key", key),
+    ] {
+        std::fs::write(dir.path().join(name), pem).expect("write PEM");
+    }
+    let fake = Fake::new(10, Duration::from_secs(60));
+    let addr = serve_tcp(&fake, Some(server_tls(&pki, true))).await;
+    let tls = TlsConfig::from_pem_files(dir.path().join("ca.pem"))
+        .expect("CA file")
+        .identity_from_pem_files(dir.path().join("client.pem"), dir.path().join("client.key"))
+        .expect("identity files")
+        .server_name("quotad.test");
+    let decision = client(format!("https://{addr}"), tls)
+        .check(&Check::named("api", "alice"))
+        .await
+        .expect("decided over mTLS");
+    assert!(decision.allowed);
+}
+
+#[tokio::test]
+async fn an_unusable_client_key_is_refused_when_the_client_is_built() {
+    let pki = pki("quotad test CA");
+    let (cert, _) = pki.client.clone();
+    let tls = TlsConfig::new(pki.ca.clone()).identity(cert, "not a key");
+    let error = Client::builder("https://127.0.0.1:1")
+        .tls(tls)
+        .build()
+        .expect_err("the key is not PEM");
+    assert!(
+        matches!(&error, Error::InvalidAddress(m) if m.contains("tls")),
+        "{error}"
+    );
+}
