@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Validates the files in deploy/ with the tools of their formats, offline:
+#
+#   - Kubernetes manifests: kubernetes-validate (PyPI; it ships the
+#     Kubernetes JSON schemas), strict (unknown fields are errors), against
+#     Kubernetes 1.29 (the first with native sidecars) and 1.37;
+#   - alert rules and the Prometheus config: promtool (from Debian's
+#     prometheus package), with the unit tests in deploy/alerts.test.yml;
+#   - the compose file: the compose-spec JSON schema that check-jsonschema
+#     (PyPI) vendors;
+#   - quotad's config files: deploy/quotad.toml and the TOML in each
+#     ConfigMap, with `quotad validate-config`.
+#
+# What is missing is installed under target/deploy-tools: the Python tools
+# (pinned) in a virtualenv; promtool extracted from the Debian package,
+# which is downloaded but not installed (installing it would start a
+# Prometheus server). Nothing here needs a container engine or a cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TOOLS="$PWD/target/deploy-tools"
+K8S_VERSIONS=(1.29.0 1.37.0)
+PY_REQS=(kubernetes-validate==1.37.0 check-jsonschema==0.39.0)
+mkdir -p "$TOOLS"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# --- tools
+VENV="$TOOLS/venv"
+if [ "$(cat "$VENV/requirements" 2>/dev/null)" != "${PY_REQS[*]}" ]; then
+  echo "installing ${PY_REQS[*]} into $VENV" >&2
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_REQS[@]}"
+  echo "${PY_REQS[*]}" >"$VENV/requirements"
+fi
+
+PROMTOOL="$(command -v promtool || true)"
+if [ -z "$PROMTOOL" ]; then
+  PROMTOOL="$TOOLS/prometheus/usr/bin/promtool"
+  if [ ! -x "$PROMTOOL" ]; then
+    echo "promtool not found: extracting it from Debian's prometheus package" >&2
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root prometheus)
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$TOOLS/prometheus"
+  fi
+fi
+
+# --- Kubernetes
+for version in "${K8S_VERSIONS[@]}"; do
+  "$VENV/bin/kubernetes-validate" --strict --quiet -k "$version" deploy/kubernetes/*.yaml
+  echo "kubernetes: deploy/kubernetes/*.yaml valid against Kubernetes $version (strict)"
+done
+
+# --- Prometheus
+"$PROMTOOL" check rules deploy/alerts.yml
+"$PROMTOOL" test rules deploy/alerts.test.yml
+# The config names the rule file by its path inside the container.
+sed "s#/etc/prometheus/alerts.yml#$PWD/deploy/alerts.yml#" deploy/prometheus.yml >"$tmp/prometheus.yml"
+"$PROMTOOL" check config "$tmp/prometheus.yml"
+
+# --- Docker Compose
+"$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec deploy/docker-compose.yml
+
+# --- quotad config files
+"$VENV/bin/python" - "$tmp" deploy/kubernetes/*.yaml <<'PY'
+"""Writes the .toml entries of every ConfigMap to the directory given."""
+import pathlib
+import sys
+
+import yaml
+
+out = pathlib.Path(sys.argv[1])
+for manifest in sys.argv[2:]:
+    for doc in yaml.safe_load_all(pathlib.Path(manifest).read_text()):
+        if not doc or doc.get("kind") != "ConfigMap":
+            continue
+        for key, text in (doc.get("data") or {}).items():
+            if key.endswith(".toml"):
+                name = f"{pathlib.Path(manifest).stem}-{doc['metadata']['name']}-{key}"
+                (out / name).write_text(text)
+PY
+for config in deploy/quotad.toml "$tmp"/*.toml; do
+  cargo run -q -p quotad -- validate-config "$config"
+done
+
+echo "deploy files: all valid"
