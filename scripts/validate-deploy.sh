@@ -9,7 +9,10 @@
 #   - the compose file: the compose-spec JSON schema that check-jsonschema
 #     (PyPI) vendors;
 #   - quotad's config files: deploy/quotad.toml and the TOML in each
-#     ConfigMap, with `quotad validate-config`.
+#     ConfigMap, with `quotad validate-config`;
+#   - the Grafana dashboard: its structure, and that every metric it and
+#     the alert rules use is exposed by a real quotad (scripts/metric-names.py
+#     against one /metrics scrape of a server started here on loopback).
 #
 # What is missing is installed under target/deploy-tools: the Python tools
 # (pinned) in a virtualenv; promtool extracted from the Debian package,
@@ -85,5 +88,57 @@ PY
 for config in deploy/quotad.toml "$tmp"/*.toml; do
   cargo run -q -p quotad -- validate-config "$config"
 done
+
+# --- the Grafana dashboard
+"$VENV/bin/python" - deploy/grafana/quotad.json <<'PY'
+"""Every panel queries the dashboard's data source variable, ids are unique."""
+import json
+import sys
+
+path = sys.argv[1]
+dashboard = json.load(open(path))
+ids = [panel["id"] for panel in dashboard["panels"]]
+assert len(ids) == len(set(ids)), f"{path}: duplicate panel ids"
+for panel in dashboard["panels"]:
+    assert panel["targets"], f"{path}: panel {panel['title']!r} has no query"
+    for target in panel["targets"]:
+        assert target["datasource"]["uid"] == "${datasource}", f"{path}: panel {panel['title']!r}"
+print(f"{path}: {len(ids)} panels, each on $datasource")
+PY
+
+# --- every metric the dashboard and the alerts use, a real quotad exposes:
+# serve on free loopback ports, make decisions (denials included) and an
+# error, scrape /metrics once, stop.
+cargo build -q -p quotad
+target_dir="$(cargo metadata -q --format-version 1 --no-deps |
+  "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+quotad="$target_dir/debug/quotad"
+read -r grpc_port admin_port < <("$VENV/bin/python" -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+"$quotad" serve --config config/quotad.example.toml \
+  --grpc-addr "127.0.0.1:$grpc_port" --admin-addr "127.0.0.1:$admin_port" >"$tmp/quotad.log" 2>&1 &
+quotad_pid=$!
+trap 'kill "$quotad_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+for _ in $(seq 50); do
+  curl -sf "http://127.0.0.1:$admin_port/readyz" >/dev/null && break
+  sleep 0.2
+done
+"$quotad" check --addr "127.0.0.1:$grpc_port" --policy login --key metric-names --count 7 >/dev/null
+if "$quotad" check --addr "127.0.0.1:$grpc_port" --policy no-such-policy --key k >/dev/null 2>&1; then
+  echo "an unknown policy was answered" >&2
+  exit 1
+fi
+curl -sf "http://127.0.0.1:$admin_port/metrics" >"$tmp/metrics.txt"
+kill "$quotad_pid"
+wait "$quotad_pid" || true
+# Pending: the server is to add quotad_build_info{version} and
+# quotad_max_keys (the store's capacity); drop each --pending when it does.
+"$VENV/bin/python" scripts/metric-names.py --exposition "$tmp/metrics.txt" \
+  --pending quotad_build_info --pending quotad_max_keys \
+  deploy/grafana/quotad.json deploy/alerts.yml
 
 echo "deploy files: all valid"
