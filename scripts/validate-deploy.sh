@@ -14,42 +14,19 @@
 #     the alert rules use is exposed by a real quotad (scripts/metric-names.py
 #     against one /metrics scrape of a server started here on loopback).
 #
-# What is missing is installed under target/deploy-tools: the Python tools
-# (pinned) in a virtualenv; promtool extracted from the Debian package,
-# which is downloaded but not installed (installing it would start a
-# Prometheus server). Nothing here needs a container engine or a cluster.
+# What is missing is installed under target/deploy-tools (see
+# scripts/deploy-tools.sh): the Python tools, pinned, in a virtualenv;
+# promtool extracted from the Debian package. Nothing here needs a
+# container engine or a cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TOOLS="$PWD/target/deploy-tools"
+. scripts/deploy-tools.sh
 K8S_VERSIONS=(1.29.0 1.37.0)
-PY_REQS=(kubernetes-validate==1.37.0 check-jsonschema==0.39.0)
-mkdir -p "$TOOLS"
+VENV="$(python_venv venv kubernetes-validate==1.37.0 check-jsonschema==0.39.0)"
+PROMTOOL="$(prometheus_tool promtool)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-
-# --- tools
-VENV="$TOOLS/venv"
-if [ "$(cat "$VENV/requirements" 2>/dev/null)" != "${PY_REQS[*]}" ]; then
-  echo "installing ${PY_REQS[*]} into $VENV" >&2
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_REQS[@]}"
-  echo "${PY_REQS[*]}" >"$VENV/requirements"
-fi
-
-PROMTOOL="$(command -v promtool || true)"
-if [ -z "$PROMTOOL" ]; then
-  PROMTOOL="$TOOLS/prometheus/usr/bin/promtool"
-  if [ ! -x "$PROMTOOL" ]; then
-    echo "promtool not found: extracting it from Debian's prometheus package" >&2
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root prometheus)
-    dpkg-deb -x "$tmp"/prometheus_*.deb "$TOOLS/prometheus"
-  fi
-fi
 
 # --- Kubernetes
 for version in "${K8S_VERSIONS[@]}"; do
@@ -109,24 +86,13 @@ PY
 # --- every metric the dashboard and the alerts use, a real quotad exposes:
 # serve on free loopback ports, make decisions (denials included) and an
 # error, scrape /metrics once, stop.
-cargo build -q -p quotad
-target_dir="$(cargo metadata -q --format-version 1 --no-deps |
-  "$VENV/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
-quotad="$target_dir/debug/quotad"
-read -r grpc_port admin_port < <("$VENV/bin/python" -c '
-import socket
-socks = [socket.socket() for _ in range(2)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))')
+quotad="$(quotad_binary)"
+read -r grpc_port admin_port < <(free_ports 2)
 "$quotad" serve --config config/quotad.example.toml \
   --grpc-addr "127.0.0.1:$grpc_port" --admin-addr "127.0.0.1:$admin_port" >"$tmp/quotad.log" 2>&1 &
 quotad_pid=$!
 trap 'kill "$quotad_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for _ in $(seq 50); do
-  curl -sf "http://127.0.0.1:$admin_port/readyz" >/dev/null && break
-  sleep 0.2
-done
+wait_ready "http://127.0.0.1:$admin_port/readyz"
 "$quotad" check --addr "127.0.0.1:$grpc_port" --policy login --key metric-names --count 7 >/dev/null
 if "$quotad" check --addr "127.0.0.1:$grpc_port" --policy no-such-policy --key k >/dev/null 2>&1; then
   echo "an unknown policy was answered" >&2
