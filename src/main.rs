@@ -51,6 +51,9 @@ enum Command {
     /// Show the window-boundary attack on fixed_window vs sliding_window,
     /// live (starts its own quotad unless --addr is given).
     Demo(cli::DemoArgs),
+    /// Run every algorithm in-process on synthetic traffic; write SVG plots
+    /// and a CSV, and compare sliding_window with the exact sliding_log.
+    Simulate(cli::SimulateArgs),
 }
 
 #[derive(Debug, Default, clap::Args)]
@@ -70,7 +73,7 @@ fn main() -> ExitCode {
     // The client commands print their own output; only problems are logged.
     let client = matches!(
         cli.command,
-        Some(Command::Check(_) | Command::Peek(_) | Command::Demo(_))
+        Some(Command::Check(_) | Command::Peek(_) | Command::Demo(_) | Command::Simulate(_))
     );
     init_tracing(if client { "warn" } else { "info" });
     match cli.command {
@@ -79,6 +82,9 @@ fn main() -> ExitCode {
         Some(Command::Check(args)) => cli::execute(|out| cli::check(args, out)),
         Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
         Some(Command::Demo(args)) => cli::execute(|out| cli::demo(args, out)),
+        Some(Command::Simulate(args)) => {
+            cli::execute(|out| std::future::ready(cli::simulate(args, out)))
+        }
         None => serve(cli.serve),
     }
 }

@@ -1,6 +1,7 @@
 //! The client commands of the `quotad` binary: `check`, `peek` and `demo`.
 //! They talk to a quotad through `quotad-client`, like any application
-//! would, and print each decision on one line.
+//! would, and print each decision on one line. `simulate` runs the
+//! algorithms in-process instead, with no server.
 //!
 //! Exit codes: 0 when quotad answered (a denial is an answer), 1 when it
 //! could not be reached or refused the request (unknown policy, bad key),
@@ -10,6 +11,7 @@
 
 mod check;
 mod demo;
+mod simulate;
 
 use std::error::Error as _;
 use std::io::Write;
@@ -21,6 +23,7 @@ use tonic::Status;
 
 pub(crate) use check::{CheckArgs, PeekArgs, check, peek};
 pub(crate) use demo::{DemoArgs, demo};
+pub(crate) use simulate::{SimulateArgs, simulate};
 
 /// Where `check`, `peek` and `demo --addr` look for quotad by default.
 pub(crate) const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
