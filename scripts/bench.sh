@@ -248,7 +248,7 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
     --requests "$CORRECTNESS_REQUESTS" --expect-allowed "$BUDGET" || REDIS_CORRECT=no
   stop_server "$QUOTAD_REDIS_PID"
 
-  SHA=$(redis-cli -p "$REDIS_PORT" script load "$(cat src/store/quota.lua)")
+  SHA=$(redis-cli -p "$REDIS_PORT" script load "$(cat src/backend/redis/quota.lua)")
   REDIS_REQUESTS=$(( $(field redis_unary .requests_per_sec | cut -d. -f1) * DURATION ))
   [[ $REDIS_REQUESTS -gt 10000 ]] || REDIS_REQUESTS=10000
   timeout $((DURATION * 5 + 30)) redis-benchmark -p "$REDIS_PORT" -c "$CONCURRENCY" \

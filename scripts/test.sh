@@ -14,7 +14,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 
-# --- Python: tests/python_client.rs runs examples/python/quotad_check.py,
+# --- Python: tests/it/python_client.rs runs examples/python/quotad_check.py,
 # which generates its stubs from proto/ with grpcio-tools. Install the
 # example's requirements when they are missing.
 if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then

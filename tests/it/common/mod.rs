@@ -2,9 +2,7 @@
 //! (both listeners), a gRPC client, a tiny HTTP client for the admin port,
 //! and a Prometheus text parser.
 
-// Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
-
+pub(crate) mod process;
 pub(crate) mod redis;
 
 use std::collections::BTreeMap;

@@ -1,11 +1,9 @@
 //! Bad input is rejected with the right status code and a message naming
 //! the field, and a rejected request creates and consumes nothing.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{NOON_30, TestServer, check, inline, named, peek, policy};
+use crate::common::{NOON_30, TestServer, check, inline, named, peek, policy};
 use quotad_core::FakeClock;
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::quota_client::QuotaClient;

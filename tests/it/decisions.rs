@@ -1,12 +1,10 @@
 //! Decisions over gRPC against the real server: the seed table, concurrent
 //! callers, batches, peek, reset, inline policies and a full key table.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, TestServer, check, check_batch, inline, named, peek, policy};
+use crate::common::{NOON_30, TestServer, check, check_batch, inline, named, peek, policy};
 use quotad_core::FakeClock;
 use quotad_proto::v1 as pb;
 

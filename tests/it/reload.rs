@@ -1,12 +1,10 @@
 //! Hot reload of named policies from the config file.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, TestServer, check, eventually, named};
+use crate::common::{NOON_30, TestServer, check, eventually, named};
 use quotad::{Config, Overrides};
 use quotad_core::FakeClock;
 use tonic::Code;

@@ -1,11 +1,9 @@
 //! The admin port: `/metrics`, `/healthz`, `/readyz`, `/policies`.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, TestServer, check, eventually, inline, named, peek, policy};
+use crate::common::{NOON_30, TestServer, check, eventually, inline, named, peek, policy};
 use quotad_core::FakeClock;
 use quotad_proto::v1 as pb;
 

@@ -5,16 +5,12 @@
 //! Needs python3 with grpcio and grpcio-tools. Without them the test fails
 //! with the command that installs them; it never skips.
 
-mod common;
-#[path = "common/process.rs"]
-mod process;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, TestServer};
-use process::run_within;
+use crate::common::process::run_within;
+use crate::common::{NOON_30, TestServer};
 use quotad_core::FakeClock;
 use serde_json::Value;
 

@@ -1,8 +1,6 @@
 //! The `quotad` binary: `validate-config`, refusing a bad config before
 //! binding, SIGHUP reload and SIGTERM shutdown.
 
-mod common;
-
 use std::io::{BufRead as _, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
@@ -10,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{eventually, http_get};
+use crate::common::{eventually, http_get};
 
 const BIN: &str = env!("CARGO_BIN_EXE_quotad");
 

@@ -26,7 +26,7 @@ fn now_ms() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_at_ten_times_its_limit_costs_one_call_per_window_and_local_answers_match_the_server()
- {
+{
     let server = TestServer::start(Config::from_toml(CONFIG).expect("valid config")).await;
     let client = Client::builder(format!("http://{}", server.grpc_addr))
         .deadline(Duration::from_secs(5))
@@ -76,7 +76,10 @@ async fn a_key_at_ten_times_its_limit_costs_one_call_per_window_and_local_answer
     };
     let allowed = decided("allowed", "within_limit");
     let denied = decided("denied", "limit_exceeded");
-    assert!(allowed <= 5 * windows, "{allowed} admitted in {windows} windows");
+    assert!(
+        allowed <= 5 * windows,
+        "{allowed} admitted in {windows} windows"
+    );
     assert!(
         denied <= windows,
         "at most one denial reached quotad per window: {denied} in {windows}"

@@ -3,14 +3,12 @@
 //! replicas (standalone and Cluster), all-or-nothing batches, and what
 //! happens when Redis fails.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::redis::{RedisCluster, RedisServer};
-use common::{TestServer, check, eventually, named, peek};
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::common::{TestServer, check, eventually, named, peek};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use quotad::Config;

@@ -2,13 +2,11 @@
 //! its deadline, and applies its failure policy only to an unreachable
 //! quotad, never to a refusal.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, eventually};
+use crate::common::{NOON_30, eventually};
 use quotad::{Config, Listeners};
 use quotad_client::{Check, Client, Error, FailurePolicy, Reason};
 use quotad_core::FakeClock;

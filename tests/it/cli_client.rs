@@ -2,17 +2,13 @@
 //! quotad on loopback. One decision a line; exit 0 whenever quotad
 //! answered, 1 when it could not or refused, 2 for bad input.
 
-mod common;
-#[path = "common/process.rs"]
-mod process;
-
 use std::net::TcpListener;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{NOON_30, TestServer};
-use process::{Finished, run_within};
+use crate::common::process::{Finished, run_within};
+use crate::common::{NOON_30, TestServer};
 use quotad_core::FakeClock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_quotad");

@@ -6,15 +6,11 @@
 //! run takes 2-4 s; the demo gives up by itself after about 11 s, and the
 //! tests kill it at 60 s.
 
-mod common;
-#[path = "common/process.rs"]
-mod process;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::TestServer;
-use process::{Finished, run_within};
+use crate::common::TestServer;
+use crate::common::process::{Finished, run_within};
 
 const BIN: &str = env!("CARGO_BIN_EXE_quotad");
 

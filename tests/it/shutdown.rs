@@ -1,12 +1,10 @@
 //! Graceful shutdown: calls in flight finish, then `run` returns `Ok`.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use common::{NOON_30, TestServer, check, eventually, named};
+use crate::common::{NOON_30, TestServer, check, eventually, named};
 use quotad_core::Clock;
 use quotad_proto::v1 as pb;
 

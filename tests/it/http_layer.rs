@@ -2,16 +2,14 @@
 //! 429 with `Retry-After` and the RateLimit fields on denial, headers on
 //! admitted responses, fail-open and fail-closed when quotad is down.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{NOON_30, TestServer};
 use axum::Router;
 use axum::routing::get;
-use common::{NOON_30, TestServer};
 use http::HeaderName;
 use quotad_client::{Client, FailurePolicy, KeyExtractor, RateLimitLayer};
 use quotad_core::FakeClock;

@@ -63,7 +63,10 @@ async fn coalesced_checks_get_the_decisions_checks_sent_one_by_one_get() {
         let batched = run_waves(&client(&batched_server, one_slot)).await;
         let single = run_waves(&client(&single_server, Coalescing::off())).await;
         assert_eq!(batched, single, "round {round}");
-        assert!(batched.iter().any(|d| !d.allowed), "the waves reach the limit");
+        assert!(
+            batched.iter().any(|d| !d.allowed),
+            "the waves reach the limit"
+        );
 
         let ops = |m: &crate::common::Metrics, op: &str| {
             m.value(
@@ -73,7 +76,10 @@ async fn coalesced_checks_get_the_decisions_checks_sent_one_by_one_get() {
         };
         let batched_metrics = batched_server.metrics().await;
         let single_metrics = single_server.metrics().await;
-        assert!(ops(&batched_metrics, "check_batch") > 0.0, "some checks shared a batch");
+        assert!(
+            ops(&batched_metrics, "check_batch") > 0.0,
+            "some checks shared a batch"
+        );
         assert_eq!(ops(&single_metrics, "check_batch"), 0.0);
         assert_eq!(ops(&single_metrics, "check"), 150.0);
     }

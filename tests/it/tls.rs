@@ -1,10 +1,8 @@
 //! TLS and mTLS on the gRPC port, with certificates made for the test.
 
-mod common;
-
 use std::path::Path;
 
-use common::{TestServer, named};
+use crate::common::{TestServer, named};
 use quotad::{Config, Overrides};
 use quotad_proto::v1::quota_client::QuotaClient;
 use rcgen::{

@@ -3,12 +3,10 @@
 //! limit. Each replica here is independent: its own thread, its own tokio
 //! runtime and its own client connection.
 
-mod common;
-
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use common::TestServer;
+use crate::common::TestServer;
 use quotad_client::{Check, Client};
 use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
 

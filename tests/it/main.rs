@@ -1,0 +1,23 @@
+//! The integration tests, as one binary: each module starts real servers
+//! (quotad on `127.0.0.1:0`, Redis processes, the built `quotad` binary)
+//! and talks to them as a client would. One binary links the server once.
+
+mod common;
+
+mod admin;
+mod bad_input;
+mod cli;
+mod cli_client;
+mod client;
+mod client_coalescing;
+mod client_deny_cache;
+mod client_tls;
+mod decisions;
+mod demo;
+mod global_budget;
+mod http_layer;
+mod python_client;
+mod redis;
+mod reload;
+mod shutdown;
+mod tls;
