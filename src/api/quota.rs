@@ -74,25 +74,49 @@ impl<'a> Target<'a> {
 
     /// What a check answers when the backend failed: as the policy's
     /// `on_error` says, a decision whose reason tells what happened, or the
-    /// error itself. Only an unavailable backend is subject to `on_error`.
-    fn on_backend_error(&self, error: &BackendError) -> Result<Decision, ServiceError> {
-        let allowed = match (error, self.on_error) {
-            (BackendError::Unavailable(_), OnError::FailOpen) => true,
-            (BackendError::Unavailable(_), OnError::FailClosed) => false,
+    /// error itself. Only an unavailable backend is subject to `on_error`;
+    /// `error` in an independent batch answers the item
+    /// [`Reason::Unavailable`], since the call as a whole cannot fail once
+    /// other items are consumed.
+    fn on_backend_error(
+        &self,
+        error: &BackendError,
+        answer: Answer,
+    ) -> Result<Decision, ServiceError> {
+        let reason = match (error, self.on_error) {
+            (BackendError::Unavailable(_), OnError::FailOpen) => Reason::FailOpen,
+            (BackendError::Unavailable(_), OnError::FailClosed) => Reason::FailClosed,
+            (BackendError::Unavailable(_), OnError::Error) if answer == Answer::PerItem => {
+                Reason::Unavailable
+            }
             _ => return Err(error.clone().into()),
         };
         Ok(Decision {
-            allowed,
+            allowed: reason == Reason::FailOpen,
             limit: self.policy.capacity(),
             remaining: 0,
             retry_after_ms: 0,
             reset_after_ms: 0,
-            reason: if allowed {
-                Reason::FailOpen
-            } else {
-                Reason::FailClosed
-            },
+            reason,
         })
+    }
+}
+
+/// How a call answers a failed item: as the whole call's error (a lone
+/// check, or an all-or-nothing batch), or item by item (an independent
+/// batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    Whole,
+    PerItem,
+}
+
+impl Answer {
+    fn of(mode: BatchMode) -> Self {
+        match mode {
+            BatchMode::Independent => Answer::PerItem,
+            BatchMode::AllOrNothing => Answer::Whole,
+        }
     }
 }
 
@@ -103,7 +127,7 @@ impl<'a> Target<'a> {
 fn resolve_results(
     targets: &[Target<'_>],
     results: Vec<ItemResult>,
-    mode: BatchMode,
+    answer: Answer,
 ) -> Result<Vec<Decision>, ServiceError> {
     let mut failed = false;
     let mut decisions = targets
@@ -115,11 +139,11 @@ fn resolve_results(
                     tracing::warn!(%error, "backend call failed; applying on_error");
                 }
                 failed = true;
-                target.on_backend_error(&error)
+                target.on_backend_error(&error, answer)
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if failed && mode == BatchMode::AllOrNothing && decisions.iter().any(|d| !d.allowed) {
+    if failed && answer == Answer::Whole && decisions.iter().any(|d| !d.allowed) {
         for d in &mut decisions {
             d.allowed = false;
             d.reason = Reason::FailClosed;
@@ -211,7 +235,7 @@ impl<S: Backend> QuotaService<S> {
         let decision = first(resolve_results(
             std::slice::from_ref(&target),
             vec![result],
-            BatchMode::Independent,
+            Answer::Whole,
         )?);
         target.decisions.record(&decision);
         Ok(pb::CheckResponse {
@@ -243,7 +267,7 @@ impl<S: Backend> QuotaService<S> {
             .collect::<Result<Vec<_>, _>>()?;
         self.store_ops.check_batch.increment(1);
         let results = self.backend.check(&items, batch.mode).await;
-        let decisions = resolve_results(&targets, results, batch.mode)?;
+        let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
         for (target, decision) in targets.iter().zip(&decisions) {
             target.decisions.record(decision);
         }
@@ -262,7 +286,7 @@ impl<S: Backend> QuotaService<S> {
         let decision = first(resolve_results(
             std::slice::from_ref(&target),
             vec![result],
-            BatchMode::Independent,
+            Answer::Whole,
         )?);
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
@@ -390,14 +414,14 @@ mod tests {
         let down = || BackendError::Unavailable("down".to_owned());
         let all_down = |n: usize| vec![Err(down()); n];
 
-        let each = resolve_results(&targets, all_down(3), BatchMode::Independent).expect("answers");
+        let each = resolve_results(&targets, all_down(3), Answer::PerItem).expect("answers");
         let reasons: Vec<Reason> = each.iter().map(|d| d.reason).collect();
         assert_eq!(
             reasons,
             [Reason::FailOpen, Reason::FailClosed, Reason::FailOpen]
         );
 
-        let all = resolve_results(&targets, all_down(3), BatchMode::AllOrNothing).expect("answers");
+        let all = resolve_results(&targets, all_down(3), Answer::Whole).expect("answers");
         assert!(
             all.iter()
                 .all(|d| !d.allowed && d.reason == Reason::FailClosed)
@@ -405,21 +429,32 @@ mod tests {
 
         // A partly failed independent batch: decided items stand.
         let partial = vec![Ok(decided(true)), Err(down()), Ok(decided(false))];
-        let mixed = resolve_results(&targets, partial, BatchMode::Independent).expect("answers");
+        let mixed = resolve_results(&targets, partial, Answer::PerItem).expect("answers");
         assert_eq!(mixed[0], decided(true));
         assert_eq!(mixed[1].reason, Reason::FailClosed);
         assert_eq!(mixed[2], decided(false));
 
-        // `error` passes the failure on; a bug in the store is never failed open.
+        // `error` passes the failure on: as the call's error for a lone
+        // check or an all-or-nothing batch, as the item's reason in an
+        // independent batch whose other items stand.
         let strict = [target(OnError::Error)];
-        assert!(resolve_results(&strict, all_down(1), BatchMode::Independent).is_err());
+        assert!(resolve_results(&strict, all_down(1), Answer::Whole).is_err());
+        let both = [target(OnError::Error), target(OnError::FailOpen)];
+        let one_down = vec![Err(down()), Ok(decided(true))];
+        let answered = resolve_results(&both, one_down, Answer::PerItem).expect("answers");
+        assert_eq!(
+            (answered[0].allowed, answered[0].reason),
+            (false, Reason::Unavailable)
+        );
+        assert_eq!(answered[1], decided(true));
+        assert!(resolve_results(&both, all_down(2), Answer::Whole).is_err());
+        // A bug in the store is never failed open.
         let bug = vec![Err(BackendError::Internal("bad reply".to_owned()))];
-        assert!(resolve_results(&targets[..1], bug, BatchMode::Independent).is_err());
+        assert!(resolve_results(&targets[..1], bug, Answer::PerItem).is_err());
 
         // A decided all-or-nothing batch is answered as decided.
         let decided_all = vec![Ok(decided(true)), Ok(decided(false)), Ok(decided(true))];
-        let kept =
-            resolve_results(&targets, decided_all, BatchMode::AllOrNothing).expect("answers");
+        let kept = resolve_results(&targets, decided_all, Answer::Whole).expect("answers");
         assert_eq!(kept[0], decided(true));
     }
 }

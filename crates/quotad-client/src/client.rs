@@ -489,6 +489,12 @@ impl Client {
     /// coalesced and not answered from the deny cache: the batch's mode
     /// decides how its items affect each other.
     ///
+    /// In an independent batch, an item whose backend failed while its
+    /// policy reports errors comes back as a denial with
+    /// [`Reason::Unavailable`] (nothing consumed) and the other items keep
+    /// their decisions; the failure policy is not applied to it, since the
+    /// call itself succeeded.
+    ///
     /// # Errors
     ///
     /// As [`Client::check`].

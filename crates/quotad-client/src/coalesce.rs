@@ -153,6 +153,19 @@ pub(crate) enum Answer {
 }
 
 impl Answer {
+    /// An item of an independent batch: `REASON_UNAVAILABLE` stands for the
+    /// UNAVAILABLE status the check alone would have answered, so the
+    /// caller gets the same outcome (its failure policy) either way.
+    fn of_item(decision: pb::Decision) -> Self {
+        if decision.reason == i32::from(pb::Reason::Unavailable) {
+            Answer::Failed(Status::unavailable(
+                "the state store failed for this check and its policy reports errors",
+            ))
+        } else {
+            Answer::Decided(decision)
+        }
+    }
+
     pub(crate) fn of_check(result: Result<pb::CheckResponse, Status>) -> Self {
         match result {
             Ok(response) => response
@@ -407,7 +420,7 @@ async fn send_batch(shared: &Arc<Shared>, batch: Vec<Queued>) {
     match shared.batch(request, deadline).await {
         Ok(response) if response.decisions.len() == waiters.len() => {
             for ((reply, _), decision) in waiters.into_iter().zip(response.decisions) {
-                let _ = reply.send((Answer::Decided(decision), sent_ms));
+                let _ = reply.send((Answer::of_item(decision), sent_ms));
             }
         }
         Ok(_) => {

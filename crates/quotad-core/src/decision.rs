@@ -21,11 +21,15 @@ pub enum Reason {
     FailOpen,
     /// Denied without counting: the backend failed and the policy fails closed.
     FailClosed,
+    /// Not decided: in an independent batch, the backend failed for this
+    /// item and its policy reports errors. Nothing was consumed; the item
+    /// stands for the error a lone check would have answered.
+    Unavailable,
 }
 
 impl Reason {
     /// Every reason, in declaration order: `Reason::ALL[r as usize] == r`.
-    pub const ALL: [Reason; 7] = [
+    pub const ALL: [Reason; 8] = [
         Reason::WithinLimit,
         Reason::LimitExceeded,
         Reason::CostExceedsCapacity,
@@ -33,6 +37,7 @@ impl Reason {
         Reason::BatchRejected,
         Reason::FailOpen,
         Reason::FailClosed,
+        Reason::Unavailable,
     ];
 
     /// The snake_case name used in metric labels and logs.
@@ -45,6 +50,7 @@ impl Reason {
             Reason::BatchRejected => "batch_rejected",
             Reason::FailOpen => "fail_open",
             Reason::FailClosed => "fail_closed",
+            Reason::Unavailable => "unavailable",
         }
     }
 }

@@ -60,6 +60,7 @@ impl From<Reason> for pb::Reason {
             Reason::BatchRejected => pb::Reason::BatchRejected,
             Reason::FailOpen => pb::Reason::FailOpen,
             Reason::FailClosed => pb::Reason::FailClosed,
+            Reason::Unavailable => pb::Reason::Unavailable,
         }
     }
 }
@@ -78,6 +79,7 @@ pub fn reason(value: i32) -> Result<Reason, UnknownValue> {
         Ok(pb::Reason::BatchRejected) => Ok(Reason::BatchRejected),
         Ok(pb::Reason::FailOpen) => Ok(Reason::FailOpen),
         Ok(pb::Reason::FailClosed) => Ok(Reason::FailClosed),
+        Ok(pb::Reason::Unavailable) => Ok(Reason::Unavailable),
         Ok(pb::Reason::Unspecified) => Err(UnknownValue::Unspecified),
         Err(_) => Err(UnknownValue::Unknown(value)),
     }
@@ -184,16 +186,10 @@ mod tests {
 
     #[test]
     fn every_reason_round_trips() {
-        for r in [
-            Reason::WithinLimit,
-            Reason::LimitExceeded,
-            Reason::CostExceedsCapacity,
-            Reason::Capacity,
-            Reason::BatchRejected,
-            Reason::FailOpen,
-            Reason::FailClosed,
-        ] {
+        for r in Reason::ALL {
             assert_eq!(reason(pb::Reason::from(r).into()), Ok(r));
+            // The wire numbers follow the declaration order, from 1.
+            assert_eq!(i32::from(pb::Reason::from(r)), r as i32 + 1);
         }
         assert_eq!(reason(0), Err(UnknownValue::Unspecified));
     }

@@ -298,6 +298,49 @@ async fn an_unavailable_batch_gives_each_caller_its_own_failure_policy_and_is_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_the_backend_failed_gets_its_callers_failure_policy_and_the_others_their_decisions()
+{
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    fake.take_down("down-open");
+    fake.take_down("down-error");
+    let first = occupy_the_slot(&fake, &client).await;
+    let open = client.with_failure_policy(FailurePolicy::FailOpen);
+    let mut waiting = queue(&open, [Check::named("api", "down-open")]).await;
+    waiting.extend(queue(&client, [Check::named("api", "down-error")]).await);
+    waiting.extend(queue(&client, [Check::named("api", "up")]).await);
+    fake.open();
+    assert!(outcome(first).await.expect("decided").allowed);
+
+    let mut outcomes = Vec::new();
+    for handle in waiting {
+        outcomes.push(outcome(handle).await);
+    }
+    assert_eq!(
+        fake.calls(),
+        vec![
+            Call::Check("first".into()),
+            Call::Batch(vec!["down-open".into(), "down-error".into(), "up".into()]),
+        ],
+        "one batch, nothing sent again"
+    );
+    // As if each had been sent alone: a lone check of a failed item
+    // answers UNAVAILABLE, which the caller's failure policy turns into
+    // its outcome.
+    assert_eq!(
+        outcomes[0].as_ref().expect("fails open").reason,
+        Reason::FailOpen
+    );
+    assert!(matches!(&outcomes[1], Err(Error::Unavailable(s)) if s.code() == Code::Unavailable));
+    let up = outcomes[2].as_ref().expect("decided");
+    assert_eq!((up.allowed, up.reason), (true, Reason::WithinLimit));
+    assert!(matches!(
+        open.check(&Check::named("api", "down-error")).await,
+        Ok(d) if d.reason == Reason::FailOpen
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesced_decisions_equal_the_decisions_of_the_same_sequence_sent_one_by_one() {
     for round in 0..5 {
         // 4 keys x costs 1..=10: 55 units a key against a limit of 20, so

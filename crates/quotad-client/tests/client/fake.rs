@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use quotad_core::{
     Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, MemoryStore, OnFull, Policy,
-    StoreConfig,
+    Reason, StoreConfig,
 };
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::check_request::Policy as PolicyField;
@@ -53,6 +53,7 @@ pub(crate) struct Fake {
     gate: watch::Sender<bool>,
     batch_failure: Mutex<Option<Status>>,
     transit: Mutex<Duration>,
+    down: Mutex<Vec<String>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,6 +81,7 @@ impl Fake {
             gate,
             batch_failure: Mutex::new(None),
             transit: Mutex::new(Duration::ZERO),
+            down: Mutex::new(Vec::new()),
         })
     }
 
@@ -106,6 +108,17 @@ impl Fake {
     /// Every `CheckBatch` fails with `status` from now on.
     pub(crate) fn fail_batches(&self, status: Status) {
         *lock(&self.batch_failure) = Some(status);
+    }
+
+    /// The backend fails for `key` from now on, under a policy whose
+    /// `on_error` is `error`: a lone check answers UNAVAILABLE, an item of
+    /// a batch `REASON_UNAVAILABLE`, as quotad does.
+    pub(crate) fn take_down(&self, key: &str) {
+        lock(&self.down).push(key.to_owned());
+    }
+
+    fn is_down(&self, key: &str) -> bool {
+        lock(&self.down).iter().any(|k| k == key)
     }
 
     /// Each call advances the clock by `transit` before it is decided, as
@@ -168,6 +181,16 @@ impl Fake {
         let decisions = resolved
             .into_iter()
             .map(|(key, cost, policy)| {
+                if self.is_down(key) {
+                    return Decision {
+                        allowed: false,
+                        limit: policy.capacity(),
+                        remaining: 0,
+                        retry_after_ms: 0,
+                        reset_after_ms: 0,
+                        reason: Reason::Unavailable,
+                    };
+                }
                 let item = CheckItem::new("api", policy, key, cost).expect("validated");
                 let decision = self.store.check(&[item], BatchMode::Independent)[0];
                 decided.push(Decided {
@@ -194,6 +217,9 @@ impl Quota for FakeQuota {
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let request = request.into_inner();
         self.0.arrive(Call::Check(request.key.clone())).await;
+        if self.0.is_down(&request.key) {
+            return Err(Status::unavailable("state store unavailable"));
+        }
         let decision = self.0.decide(std::slice::from_ref(&request), false)?[0];
         Ok(Response::new(pb::CheckResponse {
             decision: Some((&decision).into()),
