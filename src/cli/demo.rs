@@ -50,21 +50,24 @@ const ATTACK_BUDGET: Duration = Duration::from_secs(10);
 /// no boundary falls inside them.
 const ROOM_MS: u64 = 500;
 
-const FIXED: &str = "fixed_window";
-const SLIDING: &str = "sliding_window";
+const FIXED: Algorithm = Algorithm::FixedWindow;
+const SLIDING: Algorithm = Algorithm::SlidingWindow;
 
-/// The in-process server's policies: the same limit, two algorithms.
-const DEMO_CONFIG: &str = r#"
-[policies.demo_fixed]
-algorithm = "fixed_window"
-limit = 10
-window = "2s"
+/// The names of the in-process server's policies: the same limit and
+/// window, the two algorithms.
+const NAMED: [(&str, Algorithm); 2] = [("demo_fixed", FIXED), ("demo_sliding", SLIDING)];
 
-[policies.demo_sliding]
-algorithm = "sliding_window"
-limit = 10
-window = "2s"
-"#;
+/// The in-process server's configuration, written from the constants.
+fn demo_config() -> String {
+    NAMED
+        .iter()
+        .map(|(name, algorithm)| {
+            format!(
+                "[policies.{name}]\nalgorithm = \"{algorithm}\"\nlimit = {LIMIT}\nwindow = \"{WINDOW_MS}ms\"\n"
+            )
+        })
+        .collect()
+}
 
 /// `quotad demo`.
 #[derive(Debug, clap::Args)]
@@ -102,7 +105,8 @@ pub(crate) async fn demo(args: DemoArgs, mut out: impl Write) -> Result<(), Fail
             let uri = format!("http://{}", server.addr);
             writeln!(
                 out,
-                "server: quotad started in this process on {uri} (policies demo_fixed and demo_sliding)"
+                "server: quotad started in this process on {uri} (policies {} and {})",
+                NAMED[0].0, NAMED[1].0
             )?;
             let played = match client(&uri, args.timeout) {
                 Ok(client) => play(&client, &uri, &Policies::named(), &mut out).await,
@@ -124,8 +128,8 @@ struct Policies {
 impl Policies {
     fn named() -> Self {
         Self {
-            fixed: PolicyRef::Named("demo_fixed".to_owned()),
-            sliding: PolicyRef::Named("demo_sliding".to_owned()),
+            fixed: PolicyRef::Named(NAMED[0].0.to_owned()),
+            sliding: PolicyRef::Named(NAMED[1].0.to_owned()),
         }
     }
 
@@ -135,8 +139,8 @@ impl Policies {
                 .expect("the demo's constant policies are valid")
         };
         Self {
-            fixed: PolicyRef::Inline(policy(Algorithm::FixedWindow)),
-            sliding: PolicyRef::Inline(policy(Algorithm::SlidingWindow)),
+            fixed: PolicyRef::Inline(policy(FIXED)),
+            sliding: PolicyRef::Inline(policy(SLIDING)),
         }
     }
 
@@ -418,7 +422,7 @@ struct InProcess {
 
 impl InProcess {
     async fn start() -> Result<Self, Failure> {
-        let config = Config::from_toml(DEMO_CONFIG)
+        let config = Config::from_toml(&demo_config())
             .map_err(|e| Failure::Failed(format!("the demo's config is invalid: {e}")))?;
         let bind = || async {
             TcpListener::bind("127.0.0.1:0")

@@ -46,12 +46,14 @@ pub const MAX_POLICY_NAME_LEN: usize = 64;
 /// # Errors
 ///
 /// A message saying what a valid name is.
-pub fn validate_policy_name(name: &str) -> Result<(), &'static str> {
+pub fn validate_policy_name(name: &str) -> Result<(), String> {
     let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
     if (1..=MAX_POLICY_NAME_LEN).contains(&name.len()) && name.chars().all(valid_char) {
         Ok(())
     } else {
-        Err("must be 1 to 64 characters from A-Z, a-z, 0-9, '_', '.' and '-'")
+        Err(format!(
+            "must be 1 to {MAX_POLICY_NAME_LEN} characters from A-Z, a-z, 0-9, '_', '.' and '-'"
+        ))
     }
 }
 

@@ -14,6 +14,12 @@ use crate::keys::KeyDistribution;
 /// request count stops at this point too.
 pub const MAX_DURATION: Duration = Duration::from_secs(300);
 
+/// The longest a request may wait for its answer.
+const MAX_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The highest paced rate, in requests per second.
+const MAX_RATE: f64 = 10_000_000.0;
+
 /// The most requests a run may keep in flight.
 const MAX_CONCURRENCY: usize = 1_024;
 
@@ -260,14 +266,17 @@ impl LoadConfig {
                 total.as_secs_f64()
             ));
         }
-        if self.timeout.is_zero() || self.timeout > Duration::from_secs(60) {
-            return invalid("timeout must be more than 0 and at most 60 s".to_owned());
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            return invalid(format!(
+                "timeout must be more than 0 and at most {} s",
+                MAX_TIMEOUT.as_secs()
+            ));
         }
         if let Some(rate) = self.rate
-            && !(rate.is_finite() && (1.0..=10_000_000.0).contains(&rate))
+            && !(rate.is_finite() && (1.0..=MAX_RATE).contains(&rate))
         {
             return invalid(format!(
-                "rate must be from 1 to 10,000,000 requests/s, got {rate}"
+                "rate must be from 1 to {MAX_RATE} requests/s, got {rate}"
             ));
         }
         Ok(())

@@ -67,7 +67,7 @@ pub enum CoalescingError {
     #[error("coalescing.max_in_flight: must be at least 1")]
     NoSlot,
     /// A batch bound of 0 items or more than the API allows.
-    #[error("coalescing.max_batch_items: must be between 1 and 1000 (got {0})")]
+    #[error("coalescing.max_batch_items: must be between 1 and {MAX_BATCH_ITEMS} (got {0})")]
     BatchItems(usize),
     /// A batch bound of 0 bytes.
     #[error("coalescing.max_batch_bytes: must be at least 1")]
