@@ -6,272 +6,30 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, Clock, Decision, Policy, Reason, SystemClock, Throttle};
+use quotad_core::{BatchMode, Clock, Decision, Reason, SystemClock, Throttle};
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::quota_client::QuotaClient;
-use thiserror::Error;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::coalesce::{self, Answer, Coalescer, Coalescing, deadline_exceeded};
-use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
-use crate::transport::{self, TlsConfig};
-
-/// The default deadline for one call, connection included.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
-
-/// What a check answers when quotad cannot be reached within the deadline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum FailurePolicy {
-    /// Admit the request; the decision's reason is [`Reason::FailOpen`].
-    FailOpen,
-    /// Deny the request; the decision's reason is [`Reason::FailClosed`].
-    FailClosed,
-    /// Return [`Error::Unavailable`] and let the caller decide.
-    #[default]
-    Error,
-}
-
-/// Why a call failed.
-#[derive(Debug, Error)]
-pub enum Error {
-    /// The address is not a valid quotad address (`http://host:port`,
-    /// `https://host:port` or `unix:///path/to.sock`), or its TLS settings
-    /// do not fit it (the message names the setting, e.g. `tls.ca`).
-    #[error("invalid quotad address: {0}")]
-    InvalidAddress(String),
-    /// quotad could not be reached, or did not answer within the deadline,
-    /// and the failure policy is [`FailurePolicy::Error`].
-    #[error("quotad is unavailable: {0}")]
-    Unavailable(Status),
-    /// quotad refused the request (bad input, unknown policy, ...): a bug in
-    /// the caller, never subject to the failure policy.
-    #[error("quotad rejected the request: {}: {}", .0.code(), .0.message())]
-    Rejected(Status),
-    /// The answer could not be understood (a server from a newer API).
-    #[error("unexpected answer from quotad: {0}")]
-    BadResponse(&'static str),
-}
-
-/// Which policy a check counts under.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum PolicyRef {
-    /// A named policy from the server's configuration.
-    Named(String),
-    /// A policy given in the request (when the server allows it).
-    Inline(Policy),
-}
-
-/// One request: `cost` units of `key` under a policy.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Check {
-    key: String,
-    cost: u64,
-    policy: PolicyRef,
-}
-
-impl Check {
-    /// One unit of `key` under the named policy `policy`.
-    pub fn named(policy: impl Into<String>, key: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            cost: 1,
-            policy: PolicyRef::Named(policy.into()),
-        }
-    }
-
-    /// One unit of `key` under an inline policy.
-    pub fn inline(policy: Policy, key: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            cost: 1,
-            policy: PolicyRef::Inline(policy),
-        }
-    }
-
-    /// Asks for `cost` units instead of one.
-    #[must_use]
-    pub fn cost(mut self, cost: u64) -> Self {
-        self.cost = cost;
-        self
-    }
-
-    /// The units asked for.
-    pub fn cost_units(&self) -> u64 {
-        self.cost
-    }
-
-    /// The key counted.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The policy referred to.
-    pub fn policy(&self) -> &PolicyRef {
-        &self.policy
-    }
-
-    /// The policy's name, or `inline`: the label of this check's metrics
-    /// (never the key).
-    fn policy_label(&self) -> String {
-        match &self.policy {
-            PolicyRef::Named(name) => name.clone(),
-            PolicyRef::Inline(_) => "inline".to_owned(),
-        }
-    }
-
-    fn to_proto(&self) -> pb::CheckRequest {
-        pb::CheckRequest {
-            key: self.key.clone(),
-            cost: Some(self.cost),
-            policy: Some(match &self.policy {
-                PolicyRef::Named(name) => pb::check_request::Policy::PolicyName(name.clone()),
-                PolicyRef::Inline(p) => pb::check_request::Policy::InlinePolicy(p.into()),
-            }),
-        }
-    }
-}
+use crate::builder::ClientBuilder;
+use crate::coalesce::{self, Answer, Coalescer, deadline_exceeded};
+use crate::deny_cache::DenyCache;
+use crate::request::{Check, Error, FailurePolicy, PolicyRef};
 
 /// How often a client (or an HTTP layer) logs that quotad is unavailable:
 /// one line per interval, carrying the number of failures kept quiet.
 pub const OUTAGE_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Settings for a [`Client`].
-#[derive(Clone, Debug)]
-pub struct ClientBuilder {
-    address: String,
-    deadline: Duration,
-    on_unavailable: FailurePolicy,
-    tls: Option<TlsConfig>,
-    coalescing: Coalescing,
-    deny_cache_capacity: usize,
-    clock: Option<Arc<dyn Clock>>,
-}
-
-impl ClientBuilder {
-    /// The longest one call may take, connecting and waiting in the
-    /// coalescing queue included; past it the failure policy applies.
-    /// Default [`DEFAULT_DEADLINE`].
-    #[must_use]
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// What to answer when quotad cannot be reached. Default
-    /// [`FailurePolicy::Error`].
-    #[must_use]
-    pub fn on_unavailable(mut self, policy: FailurePolicy) -> Self {
-        self.on_unavailable = policy;
-        self
-    }
-
-    /// TLS for an `https://` address: the CA to trust, and optionally a
-    /// client certificate (mTLS) and the server name to expect.
-    #[must_use]
-    pub fn tls(mut self, tls: TlsConfig) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// How concurrent checks are coalesced into batches ([`Coalescing::off`]
-    /// to send each alone). On by default.
-    #[must_use]
-    pub fn coalescing(mut self, coalescing: Coalescing) -> Self {
-        self.coalescing = coalescing;
-        self
-    }
-
-    /// The most keys the local deny cache holds; 0 turns it off. Default
-    /// [`DEFAULT_DENY_CACHE_CAPACITY`].
-    ///
-    /// While a `LIMIT_EXCEEDED` denial of cost `c` holds (its retry time,
-    /// timed from when the request was sent), checks of the same key and
-    /// policy for a cost of `c` or more are denied locally, without a call.
-    /// Room can come early in two ways: a `Reset` (one made through this
-    /// client drops the entry; one made elsewhere is not seen) and a policy
-    /// reload that raises the limit (seen when quotad next answers for the
-    /// key). Either way the entry lasts at most the retry time quotad gave.
-    #[must_use]
-    pub fn deny_cache(mut self, capacity: usize) -> Self {
-        self.deny_cache_capacity = capacity;
-        self
-    }
-
-    /// The clock the deny cache and the outage log read. Default: a
-    /// monotonic clock, so a wall-clock step never stretches a cached
-    /// denial. For tests and simulations.
-    #[must_use]
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    fn client(self, channel: Channel) -> Client {
-        let coalescer = self
-            .coalescing
-            .is_enabled()
-            .then(|| Coalescer::new(self.coalescing));
-        let cache =
-            (self.deny_cache_capacity > 0).then(|| DenyCache::new(self.deny_cache_capacity));
-        let clock = self
-            .clock
-            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
-        Client {
-            shared: Arc::new(Shared {
-                rpc: QuotaClient::new(channel),
-                coalescer,
-                cache,
-                clock,
-                outage_log: Throttle::new(OUTAGE_LOG_INTERVAL),
-            }),
-            deadline: self.deadline,
-            on_unavailable: self.on_unavailable,
-        }
-    }
-
-    fn endpoint(&self) -> Result<tonic::transport::Endpoint, Error> {
-        transport::endpoint(&self.address, self.tls.as_ref(), self.deadline)
-    }
-
-    /// A client that connects on first use and reconnects by itself, so it
-    /// can be made before quotad is up and outlives quotad restarts.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidAddress`] when the address is not a quotad address, or
-    /// its TLS settings do not fit it or cannot be used.
-    pub fn build(self) -> Result<Client, Error> {
-        let channel = self.endpoint()?.connect_lazy();
-        Ok(self.client(channel))
-    }
-
-    /// A client connected now: fails if quotad cannot be reached within the
-    /// deadline.
-    ///
-    /// # Errors
-    ///
-    /// As [`ClientBuilder::build`], and [`Error::Unavailable`] when no
-    /// connection could be made.
-    pub async fn connect(self) -> Result<Client, Error> {
-        let endpoint = self.endpoint()?;
-        let channel = tokio::time::timeout(self.deadline, endpoint.connect())
-            .await
-            .map_err(|_| Error::Unavailable(deadline_exceeded()))?
-            .map_err(|e| Error::Unavailable(Status::unavailable(source_chain(&e))))?;
-        Ok(self.client(channel))
-    }
-}
-
 /// What every clone of a client shares: the connection, the coalescing
 /// queue, the deny cache.
 pub(crate) struct Shared {
-    rpc: QuotaClient<Channel>,
-    coalescer: Option<Coalescer>,
-    cache: Option<DenyCache>,
-    clock: Arc<dyn Clock>,
-    outage_log: Throttle,
+    pub(crate) rpc: QuotaClient<Channel>,
+    pub(crate) coalescer: Option<Coalescer>,
+    pub(crate) cache: Option<DenyCache>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) outage_log: Throttle,
 }
 
 impl fmt::Debug for Shared {
@@ -335,13 +93,13 @@ where
 
 /// Milliseconds that only move forward, starting from the wall clock.
 #[derive(Debug)]
-struct MonotonicClock {
+pub(crate) struct MonotonicClock {
     origin: std::time::Instant,
     origin_ms: u64,
 }
 
 impl MonotonicClock {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             origin: std::time::Instant::now(),
             origin_ms: SystemClock.now_ms(),
@@ -379,9 +137,9 @@ impl Clock for MonotonicClock {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {
-    shared: Arc<Shared>,
-    deadline: Duration,
-    on_unavailable: FailurePolicy,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) deadline: Duration,
+    pub(crate) on_unavailable: FailurePolicy,
 }
 
 impl Client {
@@ -389,15 +147,7 @@ impl Client {
     /// `https://host:port` (with [`ClientBuilder::tls`]) or
     /// `unix:///path/to.sock`.
     pub fn builder(address: impl Into<String>) -> ClientBuilder {
-        ClientBuilder {
-            address: address.into(),
-            deadline: DEFAULT_DEADLINE,
-            on_unavailable: FailurePolicy::default(),
-            tls: None,
-            coalescing: Coalescing::default(),
-            deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
-            clock: None,
-        }
+        ClientBuilder::new(address.into())
     }
 
     /// Connects with default settings and fails if quotad cannot be reached

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use quotad_core::{Decision, Reason};
 
-use crate::client::{Check, PolicyRef};
+use crate::request::{Check, PolicyRef};
 
 /// The default number of keys the deny cache holds.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;

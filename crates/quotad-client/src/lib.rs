@@ -47,17 +47,17 @@
 //! # }
 //! ```
 
+mod builder;
 mod client;
 mod coalesce;
 mod deny_cache;
 #[cfg(feature = "http")]
 mod layer;
+mod request;
 mod transport;
 
-pub use client::{
-    Check, Client, ClientBuilder, DEFAULT_DEADLINE, Error, FailurePolicy, OUTAGE_LOG_INTERVAL,
-    PolicyRef,
-};
+pub use builder::ClientBuilder;
+pub use client::{Client, OUTAGE_LOG_INTERVAL};
 pub use coalesce::{Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT};
 pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 #[cfg(feature = "http")]
@@ -65,4 +65,5 @@ pub use layer::{
     IpPrefixes, KeyExtractor, PrefixError, RateLimit, RateLimitLayer, retry_after_secs,
 };
 pub use quotad_core::{BatchMode, Clock, Decision, Reason};
+pub use request::{Check, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};
 pub use transport::TlsConfig;

@@ -7,7 +7,7 @@ use std::{fmt, io};
 
 use tonic::transport::Endpoint;
 
-use crate::client::Error;
+use crate::request::Error;
 
 /// TLS settings for an `https://` address: the CA that signed quotad's
 /// certificate, and optionally a client certificate (mTLS) and the name to

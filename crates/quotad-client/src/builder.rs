@@ -1,0 +1,155 @@
+//! [`ClientBuilder`]: the settings of a [`Client`], and how it connects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_core::{Clock, Throttle};
+use quotad_proto::v1::quota_client::QuotaClient;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::client::{Client, MonotonicClock, OUTAGE_LOG_INTERVAL, Shared, source_chain};
+use crate::coalesce::{Coalescer, Coalescing, deadline_exceeded};
+use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
+use crate::request::{DEFAULT_DEADLINE, Error, FailurePolicy};
+use crate::transport::{self, TlsConfig};
+
+/// Settings for a [`Client`].
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    address: String,
+    deadline: Duration,
+    on_unavailable: FailurePolicy,
+    tls: Option<TlsConfig>,
+    coalescing: Coalescing,
+    deny_cache_capacity: usize,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl ClientBuilder {
+    /// The defaults, for quotad at `address`.
+    pub(crate) fn new(address: String) -> Self {
+        ClientBuilder {
+            address,
+            deadline: DEFAULT_DEADLINE,
+            on_unavailable: FailurePolicy::default(),
+            tls: None,
+            coalescing: Coalescing::default(),
+            deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
+            clock: None,
+        }
+    }
+
+    /// The longest one call may take, connecting and waiting in the
+    /// coalescing queue included; past it the failure policy applies.
+    /// Default [`DEFAULT_DEADLINE`].
+    #[must_use]
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// What to answer when quotad cannot be reached. Default
+    /// [`FailurePolicy::Error`].
+    #[must_use]
+    pub fn on_unavailable(mut self, policy: FailurePolicy) -> Self {
+        self.on_unavailable = policy;
+        self
+    }
+
+    /// TLS for an `https://` address: the CA to trust, and optionally a
+    /// client certificate (mTLS) and the server name to expect.
+    #[must_use]
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// How concurrent checks are coalesced into batches ([`Coalescing::off`]
+    /// to send each alone). On by default.
+    #[must_use]
+    pub fn coalescing(mut self, coalescing: Coalescing) -> Self {
+        self.coalescing = coalescing;
+        self
+    }
+
+    /// The most keys the local deny cache holds; 0 turns it off. Default
+    /// [`DEFAULT_DENY_CACHE_CAPACITY`].
+    ///
+    /// While a `LIMIT_EXCEEDED` denial of cost `c` holds (its retry time,
+    /// timed from when the request was sent), checks of the same key and
+    /// policy for a cost of `c` or more are denied locally, without a call.
+    /// Room can come early in two ways: a `Reset` (one made through this
+    /// client drops the entry; one made elsewhere is not seen) and a policy
+    /// reload that raises the limit (seen when quotad next answers for the
+    /// key). Either way the entry lasts at most the retry time quotad gave.
+    #[must_use]
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache_capacity = capacity;
+        self
+    }
+
+    /// The clock the deny cache and the outage log read. Default: a
+    /// monotonic clock, so a wall-clock step never stretches a cached
+    /// denial. For tests and simulations.
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    fn client(self, channel: Channel) -> Client {
+        let coalescer = self
+            .coalescing
+            .is_enabled()
+            .then(|| Coalescer::new(self.coalescing));
+        let cache =
+            (self.deny_cache_capacity > 0).then(|| DenyCache::new(self.deny_cache_capacity));
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        Client {
+            shared: Arc::new(Shared {
+                rpc: QuotaClient::new(channel),
+                coalescer,
+                cache,
+                clock,
+                outage_log: Throttle::new(OUTAGE_LOG_INTERVAL),
+            }),
+            deadline: self.deadline,
+            on_unavailable: self.on_unavailable,
+        }
+    }
+
+    fn endpoint(&self) -> Result<tonic::transport::Endpoint, Error> {
+        transport::endpoint(&self.address, self.tls.as_ref(), self.deadline)
+    }
+
+    /// A client that connects on first use and reconnects by itself, so it
+    /// can be made before quotad is up and outlives quotad restarts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidAddress`] when the address is not a quotad address, or
+    /// its TLS settings do not fit it or cannot be used.
+    pub fn build(self) -> Result<Client, Error> {
+        let channel = self.endpoint()?.connect_lazy();
+        Ok(self.client(channel))
+    }
+
+    /// A client connected now: fails if quotad cannot be reached within the
+    /// deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClientBuilder::build`], and [`Error::Unavailable`] when no
+    /// connection could be made.
+    pub async fn connect(self) -> Result<Client, Error> {
+        let endpoint = self.endpoint()?;
+        let channel = tokio::time::timeout(self.deadline, endpoint.connect())
+            .await
+            .map_err(|_| Error::Unavailable(deadline_exceeded()))?
+            .map_err(|e| Error::Unavailable(Status::unavailable(source_chain(&e))))?;
+        Ok(self.client(channel))
+    }
+}

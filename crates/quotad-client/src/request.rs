@@ -1,0 +1,124 @@
+//! What a caller asks and what can go wrong: a [`Check`], the policy it
+//! names, the failure policy, and the client's errors.
+
+use std::time::Duration;
+
+use quotad_core::Policy;
+use quotad_proto::v1 as pb;
+use thiserror::Error;
+use tonic::Status;
+
+/// The default deadline for one call, connection included.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
+
+/// What a check answers when quotad cannot be reached within the deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailurePolicy {
+    /// Admit the request; the decision's reason is [`Reason::FailOpen`].
+    FailOpen,
+    /// Deny the request; the decision's reason is [`Reason::FailClosed`].
+    FailClosed,
+    /// Return [`Error::Unavailable`] and let the caller decide.
+    #[default]
+    Error,
+}
+
+/// Why a call failed.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The address is not a valid quotad address (`http://host:port`,
+    /// `https://host:port` or `unix:///path/to.sock`), or its TLS settings
+    /// do not fit it (the message names the setting, e.g. `tls.ca`).
+    #[error("invalid quotad address: {0}")]
+    InvalidAddress(String),
+    /// quotad could not be reached, or did not answer within the deadline,
+    /// and the failure policy is [`FailurePolicy::Error`].
+    #[error("quotad is unavailable: {0}")]
+    Unavailable(Status),
+    /// quotad refused the request (bad input, unknown policy, ...): a bug in
+    /// the caller, never subject to the failure policy.
+    #[error("quotad rejected the request: {}: {}", .0.code(), .0.message())]
+    Rejected(Status),
+    /// The answer could not be understood (a server from a newer API).
+    #[error("unexpected answer from quotad: {0}")]
+    BadResponse(&'static str),
+}
+
+/// Which policy a check counts under.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyRef {
+    /// A named policy from the server's configuration.
+    Named(String),
+    /// A policy given in the request (when the server allows it).
+    Inline(Policy),
+}
+
+/// One request: `cost` units of `key` under a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    key: String,
+    cost: u64,
+    policy: PolicyRef,
+}
+
+impl Check {
+    /// One unit of `key` under the named policy `policy`.
+    pub fn named(policy: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            cost: 1,
+            policy: PolicyRef::Named(policy.into()),
+        }
+    }
+
+    /// One unit of `key` under an inline policy.
+    pub fn inline(policy: Policy, key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            cost: 1,
+            policy: PolicyRef::Inline(policy),
+        }
+    }
+
+    /// Asks for `cost` units instead of one.
+    #[must_use]
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The units asked for.
+    pub fn cost_units(&self) -> u64 {
+        self.cost
+    }
+
+    /// The key counted.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The policy referred to.
+    pub fn policy(&self) -> &PolicyRef {
+        &self.policy
+    }
+
+    /// The policy's name, or `inline`: the label of this check's metrics
+    /// (never the key).
+    pub(crate) fn policy_label(&self) -> String {
+        match &self.policy {
+            PolicyRef::Named(name) => name.clone(),
+            PolicyRef::Inline(_) => "inline".to_owned(),
+        }
+    }
+
+    pub(crate) fn to_proto(&self) -> pb::CheckRequest {
+        pb::CheckRequest {
+            key: self.key.clone(),
+            cost: Some(self.cost),
+            policy: Some(match &self.policy {
+                PolicyRef::Named(name) => pb::check_request::Policy::PolicyName(name.clone()),
+                PolicyRef::Inline(p) => pb::check_request::Policy::InlinePolicy(p.into()),
+            }),
+        }
+    }
+}
