@@ -899,6 +899,7 @@ impl RawConfig {
             let field = match e {
                 StoreConfigError::MaxKeysZero => "max_keys",
                 StoreConfigError::ShardsNotPowerOfTwo(_) => "shards",
+                StoreConfigError::MaxBytesTooSmall { .. } => "max_bytes",
             };
             invalid(&["store", field], e.to_string())
         })?;

@@ -48,5 +48,6 @@ pub use policy::{
     Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
 };
 pub use store::{
-    BatchMode, CheckItem, InvalidItem, MemoryStore, OnFull, StoreConfig, StoreConfigError,
+    BatchMode, CheckItem, ENTRY_BYTES, InvalidItem, MemoryStore, OnFull, StoreConfig,
+    StoreConfigError,
 };

@@ -187,6 +187,14 @@ impl Meter for SlidingLog {
         }
     }
 
+    fn heap_bytes_after_consume(&self) -> usize {
+        if self.log.last_ms() == Some(self.at) {
+            self.log.heap_bytes()
+        } else {
+            size_of::<Log>() + self.log.capacity_after_push(self.limit) * size_of::<(u64, u64)>()
+        }
+    }
+
     fn remaining(&self) -> u64 {
         self.limit.saturating_sub(self.log.total())
     }

@@ -11,3 +11,4 @@ mod shard;
 
 pub use item::{BatchMode, CheckItem, InvalidItem};
 pub use memory::{MemoryStore, OnFull, StoreConfig, StoreConfigError};
+pub use shard::ENTRY_BYTES;
