@@ -11,7 +11,9 @@
 //! - [`decision`]: the [`Decision`] a check returns, and its [`Reason`];
 //! - [`clock`]: [`SystemClock`] and the [`FakeClock`] tests drive by hand;
 //! - [`store`]: [`MemoryStore`], one atomic transition per key, sharded and
-//!   bounded.
+//!   bounded by keys and bytes; with the `snapshot` feature (on by
+//!   default), [`MemoryStore::export`] and [`SnapshotReader`] write it to
+//!   and load it from a versioned, checksummed stream.
 //!
 //! All arithmetic is in exact integers bounded by 2^53 (so a Lua script on
 //! Redis computes the same numbers); time is whole milliseconds since the
@@ -50,4 +52,8 @@ pub use policy::{
 pub use store::{
     BatchMode, CheckItem, ENTRY_BYTES, InvalidItem, MemoryStore, OnFull, StoreConfig,
     StoreConfigError,
+};
+#[cfg(feature = "snapshot")]
+pub use store::{
+    Exported, LoadReport, NamespaceCounts, SNAPSHOT_VERSION, SnapshotError, SnapshotReader,
 };

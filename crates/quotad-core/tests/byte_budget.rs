@@ -20,24 +20,16 @@ fn store(max_keys: usize, max_bytes: usize, shards: usize, on_full: OnFull) -> M
     MemoryStore::new(config, Arc::new(FakeClock::new(NOW)))
 }
 
+fn per_hour(algorithm: Algorithm, limit: u64) -> Policy {
+    Policy::try_new(algorithm, limit, Duration::from_secs(3_600), None).expect("valid policy")
+}
+
 fn log_policy(limit: u64) -> Policy {
-    Policy::try_new(
-        Algorithm::SlidingLog,
-        limit,
-        Duration::from_secs(3_600),
-        None,
-    )
-    .expect("valid policy")
+    per_hour(Algorithm::SlidingLog, limit)
 }
 
 fn hourly(limit: u64) -> Policy {
-    Policy::try_new(
-        Algorithm::FixedWindow,
-        limit,
-        Duration::from_secs(3_600),
-        None,
-    )
-    .expect("valid policy")
+    per_hour(Algorithm::FixedWindow, limit)
 }
 
 /// Fills `key`'s log with `entries` admissions, one per millisecond, on a

@@ -71,6 +71,19 @@ impl Log {
         })
     }
 
+    /// A log of `(admitted at ms, units)` entries, oldest first. The caller
+    /// guarantees strictly increasing instants and non-zero units.
+    #[cfg(feature = "snapshot")]
+    pub(crate) fn from_admissions(admissions: impl ExactSizeIterator<Item = (u64, u64)>) -> Self {
+        let mut entries = VecDeque::with_capacity(admissions.len());
+        let mut sum = 0u64;
+        for (ms, units) in admissions {
+            sum = sum.wrapping_add(units);
+            entries.push_back((ms, sum));
+        }
+        Log { entries, base: 0 }
+    }
+
     /// The number of leading entries `pred` holds for, given that it holds
     /// for a prefix of the log: galloping from the front, then a binary
     /// search, so an answer of `k` costs O(log k) steps. The common answers

@@ -573,6 +573,31 @@ impl MemoryStore {
         }
     }
 
+    /// The shards, in order.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn shards(&self) -> &[CachePadded<Mutex<Shard>>] {
+        &self.shards
+    }
+
+    /// The store's clock.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The hasher keys are placed with.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn hasher(&self) -> &KeyHasher {
+        &self.hasher
+    }
+
+    /// The shard of a key hashed `hash`, to fill a store no one else sees.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn shard_mut(&mut self, hash: u64) -> &mut Shard {
+        let i = self.shard_of(hash);
+        self.shards[i].get_mut()
+    }
+
     fn shard_of(&self, hash: u64) -> usize {
         // Bits 40 and up: the tables inside use the low bits to place an
         // entry and the top seven as its tag, so the shard choice stays

@@ -257,6 +257,16 @@ impl Shard {
                 .sum::<usize>()
     }
 
+    /// Each entry: its policy name, key, when it becomes fresh and its
+    /// state.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn entries(&self) -> impl Iterator<Item = (&str, &str, u64, &State)> {
+        self.map.iter().filter_map(|(k, slot)| {
+            let (name, key) = k.parts();
+            Some((name, key, slot.fresh_at, slot.state.as_ref()?))
+        })
+    }
+
     /// Where the key's entry is, if it has one.
     pub(super) fn find(&self, hash: u64, name: &str, key: &str) -> Option<usize> {
         self.map
