@@ -154,14 +154,22 @@ pub fn decide(
     now_ms: u64,
     cost: NonZeroU64,
 ) -> (Option<State>, Decision) {
-    let (state, decision, _) = evaluate(policy, state, now_ms, cost, true, UNBOUNDED);
-    (state, decision)
+    evaluate(policy, state, now_ms, cost, true, UNBOUNDED, &mut None)
 }
 
 /// The decision [`decide`] would make, with nothing consumed: `allowed` says
 /// whether `cost` would fit, `remaining` is what is left right now.
 pub fn peek(policy: &Policy, state: Option<&State>, now_ms: u64, cost: NonZeroU64) -> Decision {
-    evaluate(policy, state.cloned(), now_ms, cost, false, UNBOUNDED).1
+    evaluate(
+        policy,
+        state.cloned(),
+        now_ms,
+        cost,
+        false,
+        UNBOUNDED,
+        &mut None,
+    )
+    .1
 }
 
 /// No bound on the heap bytes a state may hold.
@@ -179,7 +187,9 @@ pub(crate) fn decide_within(
     cost: NonZeroU64,
     room: usize,
 ) -> (Option<State>, Decision, Option<usize>) {
-    evaluate(policy, state, now_ms, cost, true, room)
+    let mut short = None;
+    let (state, decision) = evaluate(policy, state, now_ms, cost, true, room, &mut short);
+    (state, decision, short)
 }
 
 /// [`peek`], with the room [`decide_within`] would have.
@@ -190,9 +200,16 @@ pub(crate) fn peek_within(
     cost: NonZeroU64,
     room: usize,
 ) -> Decision {
-    evaluate(policy, state.cloned(), now_ms, cost, false, room).1
+    evaluate(policy, state.cloned(), now_ms, cost, false, room, &mut None).1
 }
 
+/// Decides (or peeks, without `consume`), with the state's heap bytes
+/// bounded by `room`; sets `short` to the bytes consuming would have needed
+/// when that bound denied it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one internal entry for four public ones"
+)]
 fn evaluate(
     policy: &Policy,
     state: Option<State>,
@@ -200,7 +217,8 @@ fn evaluate(
     cost: NonZeroU64,
     consume: bool,
     room: usize,
-) -> (Option<State>, Decision, Option<usize>) {
+    short: &mut Option<usize>,
+) -> (Option<State>, Decision) {
     let state = state.filter(|s| s.algorithm() == policy.algorithm());
     let at = state
         .as_ref()
@@ -213,12 +231,13 @@ fn evaluate(
         consume,
         room,
     };
+
     match policy.algorithm() {
-        Algorithm::FixedWindow => step.run::<fixed_window::FixedWindow>(state),
-        Algorithm::SlidingWindow => step.run::<sliding_window::SlidingWindow>(state),
-        Algorithm::TokenBucket => step.run::<bucket::TokenBucket>(state),
-        Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state),
-        Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state),
+        Algorithm::FixedWindow => step.run::<fixed_window::FixedWindow>(state, short),
+        Algorithm::SlidingWindow => step.run::<sliding_window::SlidingWindow>(state, short),
+        Algorithm::TokenBucket => step.run::<bucket::TokenBucket>(state, short),
+        Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state, short),
+        Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state, short),
     }
 }
 
@@ -235,7 +254,11 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
-    fn run<M: Meter>(&self, state: Option<State>) -> (Option<State>, Decision, Option<usize>) {
+    fn run<M: Meter>(
+        &self,
+        state: Option<State>,
+        short: &mut Option<usize>,
+    ) -> (Option<State>, Decision) {
         let mut meter = M::advance(self.policy, state, self.at);
         let capacity = self.policy.capacity();
         let wait = |ms: u64| {
@@ -248,14 +271,16 @@ impl Step<'_> {
         // The capacity check comes first, so `fits` may compute
         // `capacity - cost` without underflow.
         let wanted = |meter: &M| {
+            if self.room == UNBOUNDED {
+                return None;
+            }
             let bytes = meter.heap_bytes_after_consume();
-            (self.room != UNBOUNDED && bytes > self.room).then_some(bytes)
+            (bytes > self.room).then_some(bytes)
         };
-        let mut short = None;
         let (allowed, reason, retry_after_ms) = if self.cost > capacity {
             (false, Reason::CostExceedsCapacity, 0)
         } else if meter.fits(self.cost) {
-            short = wanted(&meter);
+            *short = wanted(&meter);
             if short.is_some() {
                 (false, Reason::Capacity, 0)
             } else {
@@ -279,7 +304,7 @@ impl Step<'_> {
             reset_after_ms: wait(meter.reset_after()),
             reason,
         };
-        (meter.into_state(), decision, short)
+        (meter.into_state(), decision)
     }
 }
 

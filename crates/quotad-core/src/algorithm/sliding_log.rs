@@ -84,6 +84,15 @@ impl Log {
         Log { entries, base: 0 }
     }
 
+    /// The first entry whose leaving frees at least `excess` units.
+    #[cold]
+    #[inline(never)]
+    fn first_freeing(&self, excess: u64) -> Option<&(u64, u64)> {
+        let base = self.base;
+        let n = self.leading(|&(_, sum)| sum.wrapping_sub(base) < excess);
+        self.entries.get(n)
+    }
+
     /// The number of leading entries `pred` holds for, given that it holds
     /// for a prefix of the log: galloping from the front, then a binary
     /// search, so an answer of `k` costs O(log k) steps. The common answers
@@ -113,21 +122,39 @@ impl Log {
         lo
     }
 
-    /// Drops the entries that `expired` holds for (a prefix of the log).
-    fn expire(&mut self, expired: impl Fn(u64) -> bool) {
-        let n = self.leading(|&(ms, _)| expired(ms));
-        if n == 0 {
-            return;
+    /// Drops the entries that admitted at or before `last` (a prefix of the
+    /// log).
+    #[inline]
+    fn expire(&mut self, last: u64) {
+        let gone = |i: usize| self.entries.get(i).is_some_and(|&(ms, _)| ms <= last);
+        // Nothing or one entry expires on most checks: no search for those.
+        match (gone(0), gone(1)) {
+            (false, _) => {}
+            (true, false) => {
+                if let Some((_, sum)) = self.entries.pop_front() {
+                    self.base = sum;
+                }
+                self.give_back();
+            }
+            (true, true) => self.expire_many(last),
         }
+    }
+
+    /// [`Log::expire`] when more than one entry goes.
+    #[cold]
+    #[inline(never)]
+    fn expire_many(&mut self, last: u64) {
+        let n = self.leading(|&(ms, _)| ms <= last);
         self.base = self.entries[n - 1].1;
-        if n == 1 {
-            self.entries.pop_front();
-        } else {
-            // Entries are plain integers: dropping a prefix moves no element.
-            self.entries.drain(..n);
-        }
-        // Give back most of an allocation that a burst grew, so that an idle
-        // key does not keep room for a full log; amortized, as growing is.
+        // Entries are plain integers: dropping a prefix moves no element.
+        self.entries.drain(..n);
+        self.give_back();
+    }
+
+    /// Gives back most of an allocation that a burst grew, so that an idle
+    /// key does not keep room for a full log; amortized, as growing is.
+    #[inline]
+    fn give_back(&mut self) {
         let capacity = self.entries.capacity();
         if capacity > MIN_CAPACITY && self.entries.len() < capacity / 4 {
             self.entries
@@ -163,38 +190,49 @@ pub(super) struct SlidingLog {
     limit: u64,
     window: u64,
     at: u64,
+    /// The log's total, kept here so a check reads it once.
+    total: u64,
     log: Box<Log>,
 }
 
 impl Meter for SlidingLog {
+    #[inline]
     fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
         let window = policy.window_ms();
         let mut log = match state {
             Some(State::SlidingLog(log)) => log,
             _ => Box::default(),
         };
-        // An admission at `ms` counts during `[ms, ms + window)`.
-        log.expire(|ms| ms.saturating_add(window) <= at);
+        // An admission at `ms` counts during `[ms, ms + window)`: it has
+        // left once `ms + window <= at`.
+        if let Some(last) = at.checked_sub(window) {
+            log.expire(last);
+        }
         Self {
             limit: policy.limit(),
             window,
             at,
+            total: log.total(),
             log,
         }
     }
 
     fn fits(&self, cost: u64) -> bool {
-        self.log.total() <= self.limit - cost
+        self.total <= self.limit - cost
     }
 
+    #[inline]
     fn consume(&mut self, cost: u64) {
+        self.total += cost;
         let log = &mut *self.log;
         match log.entries.back_mut() {
             Some((ms, sum)) if *ms == self.at => *sum = sum.wrapping_add(cost),
             last => {
                 let sum = last.map_or(log.base, |&mut (_, sum)| sum);
-                let capacity = log.capacity_after_push(self.limit);
-                log.entries.reserve_exact(capacity - log.entries.len());
+                if log.entries.len() == log.entries.capacity() {
+                    let capacity = log.capacity_after_push(self.limit);
+                    log.entries.reserve_exact(capacity - log.entries.len());
+                }
                 log.entries.push_back((self.at, sum.wrapping_add(cost)));
             }
         }
@@ -209,18 +247,22 @@ impl Meter for SlidingLog {
     }
 
     fn remaining(&self) -> u64 {
-        self.limit.saturating_sub(self.log.total())
+        self.limit.saturating_sub(self.total)
     }
 
+    #[inline]
     fn retry_after(&self, cost: u64) -> u64 {
         // Wait for the oldest admissions to leave until `cost` fits: the
-        // first prefix holding at least the excess.
-        let excess = self.log.total() - (self.limit - cost);
+        // first prefix holding at least the excess (most often the oldest
+        // entry alone).
+        let excess = self.total - (self.limit - cost);
         let base = self.log.base;
-        let n = self
-            .log
-            .leading(|&(_, sum)| sum.wrapping_sub(base) < excess);
-        match self.log.entries.get(n) {
+        let frees = |&(_, sum): &(u64, u64)| sum.wrapping_sub(base) >= excess;
+        let first = match self.log.entries.front() {
+            Some(e) if frees(e) => Some(e),
+            _ => self.log.first_freeing(excess),
+        };
+        match first {
             Some(&(ms, _)) => ms.saturating_add(self.window) - self.at,
             None => self.window,
         }
