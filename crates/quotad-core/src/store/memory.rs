@@ -111,27 +111,34 @@ impl StoreConfig {
         })
     }
 
-    /// The same configuration, with the memory its entries may take bounded
-    /// by `max_bytes` as well.
+    /// The same configuration, with the memory its keys may take bounded by
+    /// `max_bytes` as well.
     ///
-    /// The budget counts, for each live key: [`ENTRY_BYTES`] (its table
-    /// entry, measured), its `policy name + 1 + key` bytes when that is
-    /// longer than the 24 kept inline (at least 32, as allocated), and a
-    /// sliding log's entries at 16 bytes each, by the capacity allocated
-    /// (a log allocates room for at most its limit). It is kept per shard,
-    /// `max_bytes / shards` each; fewer shards are used when that share
-    /// would be below 64 entries.
+    /// The budget is kept per shard, `max_bytes / shards` each (fewer shards
+    /// are used when a share would be below 64 entries), and counts what
+    /// the shard holds: every table slot it has reserved, used or not, at
+    /// [`ENTRY_BYTES`] (measured); each key's `policy name + 1 + key` bytes
+    /// when longer than the 24 kept inline (at least 32, as allocated); and
+    /// each sliding log's 40 bytes and 16 per entry it has room for (a log
+    /// allocates room for at most its limit). A table grows by doubling,
+    /// only into bytes its shard has free, and shrinks when that makes room
+    /// or when a purge leaves it under a quarter full.
+    /// [`MemoryStore::used_bytes`] reports the count.
     ///
-    /// When a new key, or a state that must grow (a sliding log reaching
-    /// its allocation), would take a shard past either budget, state
-    /// equivalent to fresh is dropped first, then `on_full` applies: deny
-    /// with [`Reason::Capacity`], consuming nothing, or evict other keys.
-    /// A sliding log admits into its existing allocation without needing
-    /// room, so at the budget a log keeps working at the size it has.
+    /// When a new key, or a state that must grow (a sliding log whose
+    /// allocation is full), would take a shard past either budget, state
+    /// equivalent to fresh and unused table slots go first, then `on_full`
+    /// applies: deny with [`Reason::Capacity`], consuming nothing (a log
+    /// that cannot grow stays as it was), or evict other keys, never the
+    /// key decided nor a batch's own. A sliding log admits within its
+    /// allocation without needing room, so at the budget a log keeps
+    /// working at the size it has, which may hold fewer entries than its
+    /// limit until room frees.
     ///
-    /// Not counted: a shard's fixed size, and table slots that its keys
-    /// left (a table grows by doubling, never past `max_bytes / shards /
-    /// ENTRY_BYTES` slots, and does not shrink).
+    /// Not counted: a shard's fixed size, the allocator's own overhead (the
+    /// process's resident memory runs a few percent above the count, more
+    /// with many small logs), and an index table the hash table may rebuild
+    /// larger after heavy churn.
     ///
     /// # Errors
     ///

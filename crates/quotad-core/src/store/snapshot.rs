@@ -615,12 +615,16 @@ impl<R: Read> SnapshotReader<R> {
         }
         let mut header = Vec::new();
         let at = input.at;
-        if input.frame(&mut header)?.is_none() || header.len() < 8 {
+        // The writer's header frame always holds the 8-byte time; a missing
+        // or shorter one (its length damaged) is reported as that damage.
+        let Some(&taken_at) = input
+            .frame(&mut header)?
+            .and_then(|()| header.first_chunk::<8>())
+        else {
             return Err(SnapshotError::Checksum { what: "frame", at });
-        }
-        let taken_at = header.drain(..8).collect::<Vec<u8>>();
-        let taken_at_ms =
-            u64::from_le_bytes(taken_at.try_into().expect("eight bytes were drained"));
+        };
+        let taken_at_ms = u64::from_le_bytes(taken_at);
+        header.drain(..8);
         Ok(SnapshotReader {
             input,
             taken_at_ms,
