@@ -68,6 +68,7 @@ impl StoreSettings {
                         let field = match e {
                             StoreConfigError::MaxKeysZero => "max_keys",
                             StoreConfigError::ShardsNotPowerOfTwo(_) => "shards",
+                            StoreConfigError::MaxBytesTooSmall { .. } => "max_bytes",
                         };
                         invalid(&["store", field], e.to_string())
                     })?;

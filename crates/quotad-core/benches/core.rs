@@ -121,6 +121,46 @@ fn bench_decide(c: &mut Criterion) {
     group.finish();
 }
 
+/// A sliding log at its cap: 10,000 entries of cost 1, one per millisecond.
+/// `allowed`: a 10,000 ms window, so each check lets the oldest entry go and
+/// adds one (the log stays full). `denied_cost_1` and `denied_cost_10000`:
+/// a 365-day window, so nothing leaves and every check is denied; the exact
+/// retry time needs the oldest entry to leave for a cost of 1, and the whole
+/// log for a cost of 10,000 (the case a hostile caller would pick).
+fn bench_full_log(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decide_full_log");
+    let cap = quotad_core::SLIDING_LOG_MAX_LIMIT;
+    let cases = [
+        ("allowed", Duration::from_millis(cap), 1),
+        ("denied_cost_1", LONG_WINDOW, 1),
+        ("denied_cost_10000", LONG_WINDOW, cap),
+    ];
+    for (path, window, cost) in cases {
+        let denied = path != "allowed";
+        let cost = NonZeroU64::new(cost).expect("costs are >= 1");
+        let policy = policy(Algorithm::SlidingLog, cap, window);
+        let (mut state, mut now) = warm_state(&policy, cap);
+        let entries = |s: &Option<State>| match s {
+            Some(State::SlidingLog(log)) => log.len() as u64,
+            _ => 0,
+        };
+        assert_eq!(entries(&state), cap, "the log is full");
+        group.bench_function(BenchmarkId::new("sliding_log_10000", path), |b| {
+            b.iter(|| {
+                now += STEP_MS;
+                let (next, decision) =
+                    decide(black_box(&policy), state.take(), black_box(now), cost);
+                state = next;
+                black_box(decision)
+            });
+        });
+        assert_eq!(entries(&state), cap, "the log stayed full");
+        let last = decide(&policy, state, now + STEP_MS, cost).1;
+        assert_eq!(last.allowed, !denied, "stayed on the {path} path");
+    }
+    group.finish();
+}
+
 /// A small deterministic generator (xorshift64*), so the benches need no
 /// extra dependency and every run visits keys in the same order.
 #[derive(Debug)]
@@ -370,7 +410,7 @@ fn run_threads(iters: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
 }
 
 fn config() -> Criterion {
-    // Bounded: 20 benches x (1 s warm-up + 3 s measuring + analysis) plus
+    // Bounded: 23 benches x (1 s warm-up + 3 s measuring + analysis) plus
     // building the populated stores keeps the run near a minute and a half.
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
@@ -382,6 +422,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_decide, bench_store, bench_floor
+    targets = bench_decide, bench_full_log, bench_store, bench_floor
 }
 criterion_main!(benches);

@@ -12,7 +12,9 @@ pub enum Reason {
     /// Denied: the cost is larger than the policy's capacity and can never
     /// fit. Nothing was consumed and there is no retry time.
     CostExceedsCapacity,
-    /// Denied: the store's key table is full and new keys are refused.
+    /// Denied: the store is full, by its key or byte budget: a new key
+    /// cannot be stored, or a key's state cannot grow (a sliding log that
+    /// needs a larger allocation). Nothing was consumed; no retry time.
     Capacity,
     /// Denied: in an all-or-nothing batch this item would have fit, but
     /// another item did not, so nothing was consumed.

@@ -11,7 +11,9 @@
 //! - [`decision`]: the [`Decision`] a check returns, and its [`Reason`];
 //! - [`clock`]: [`SystemClock`] and the [`FakeClock`] tests drive by hand;
 //! - [`store`]: [`MemoryStore`], one atomic transition per key, sharded and
-//!   bounded;
+//!   bounded by keys and bytes; with the `snapshot` feature (on by
+//!   default), [`MemoryStore::export`] and [`SnapshotReader`] write it to
+//!   and load it from a versioned, checksummed stream;
 //! - [`throttle`]: [`Throttle`], one log line per interval with the count of
 //!   the events it kept quiet.
 //!
@@ -51,6 +53,11 @@ pub use policy::{
     Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
 };
 pub use store::{
-    BatchMode, CheckItem, InvalidItem, MemoryStore, OnFull, StoreConfig, StoreConfigError,
+    BatchMode, CheckItem, ENTRY_BYTES, InvalidItem, MemoryStore, OnFull, StoreConfig,
+    StoreConfigError,
+};
+#[cfg(feature = "snapshot")]
+pub use store::{
+    Exported, LoadReport, NamespaceCounts, SNAPSHOT_VERSION, SnapshotError, SnapshotReader,
 };
 pub use throttle::Throttle;

@@ -4,7 +4,9 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use quotad_core::{Algorithm, Decision, Policy, Reason, State, decide, peek};
+use quotad_core::{
+    Algorithm, Decision, Policy, Reason, SLIDING_LOG_MAX_LIMIT, State, decide, peek,
+};
 
 /// Far from the epoch, as real time is, with room for any step.
 const START: u64 = 1_767_268_800_000;
@@ -180,6 +182,25 @@ proptest! {
     }
 
     #[test]
+    fn sliding_log_admits_exactly_when_a_brute_force_count_of_the_window_allows(
+        (policy, requests) in policy_and_traffic(Algorithm::SlidingLog)
+    ) {
+        let steps = run(&policy, &requests);
+        let w = policy.window_ms();
+        for (i, s) in steps.iter().enumerate() {
+            // Every admission within (at - window, at] still counts.
+            let history = admitted(&steps[..i]);
+            let from = (s.at + 1).saturating_sub(w);
+            let used = admitted_within(&history, from, w);
+            let fits = s.cost <= policy.limit() && used + s.cost <= policy.limit();
+            prop_assert_eq!(s.decision.allowed, fits, "at {} cost {}", s.at, s.cost);
+            prop_assert_eq!(s.decision.remaining, policy.limit().saturating_sub(
+                used + if s.decision.allowed { s.cost } else { 0 }
+            ));
+        }
+    }
+
+    #[test]
     fn retry_after_is_exact_on_both_sides((policy, requests) in any_policy_and_traffic()) {
         for s in run(&policy, &requests) {
             if s.decision.reason != Reason::LimitExceeded {
@@ -304,4 +325,51 @@ fn check_bucket_bound(policy: &Policy, admitted: &[(u64, u64)]) -> Result<(), Te
         }
     }
     Ok(())
+}
+
+/// `(step ms, cost)` of each admission, then `(ms later, cost)` of each
+/// query.
+type LogAndQueries = (Vec<(u64, u64)>, Vec<(u64, u64)>);
+
+/// A sliding log at its cap: `limit` 10,000 and up to 10,000 entries.
+fn full_log() -> impl Strategy<Value = LogAndQueries> {
+    // (step ms, cost) of each admission: costs of 1 mostly, so the log holds
+    // close to 10,000 entries.
+    let admission = (1u64..=3, prop_oneof![8 => Just(1u64), 1 => 2u64..=4]);
+    let queries = prop::collection::vec((0u64..40_000, 1u64..=SLIDING_LOG_MAX_LIMIT), 1..16);
+    (prop::collection::vec(admission, 9_000..=10_000), queries)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn retry_after_is_exact_on_a_full_10_000_entry_log((admissions, queries) in full_log()) {
+        let limit = SLIDING_LOG_MAX_LIMIT;
+        let policy = Policy::try_new(Algorithm::SlidingLog, limit, Duration::from_secs(40), None)
+            .expect("valid");
+        let mut now = START;
+        let mut state = None;
+        for &(step, cost) in &admissions {
+            now += step;
+            state = decide(&policy, state, now, self::cost(cost)).0;
+        }
+        let Some(State::SlidingLog(log)) = &state else {
+            return Err(TestCaseError::fail("the log holds admissions"));
+        };
+        prop_assert!(log.len() >= 2_000 && log.total() <= limit);
+        for &(later, c) in &queries {
+            let at = now + later;
+            let d = peek(&policy, state.as_ref(), at, self::cost(c));
+            if d.allowed {
+                continue;
+            }
+            let r = d.retry_after_ms;
+            prop_assert!(r >= 1);
+            let then = peek(&policy, state.as_ref(), at + r, self::cost(c));
+            prop_assert!(then.allowed, "not allowed at now + retry_after ({r})");
+            let sooner = peek(&policy, state.as_ref(), at + r - 1, self::cost(c));
+            prop_assert!(!sooner.allowed, "already allowed at now + retry_after - 1 ({r})");
+        }
+    }
 }

@@ -81,6 +81,15 @@ impl State {
         }
     }
 
+    /// Heap bytes the state holds beyond its own size: a sliding log's, by
+    /// the capacity it has allocated; nothing for the others.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            State::SlidingLog(log) => log.heap_bytes(),
+            _ => 0,
+        }
+    }
+
     /// The latest instant the state has seen. A clock reading earlier than
     /// this is treated as this instant: time never runs backwards for a key,
     /// so a clock step back neither panics nor refunds.
@@ -103,6 +112,11 @@ trait Meter: Sized {
     fn fits(&self, cost: u64) -> bool;
     /// Takes `cost`. Only called when it fits.
     fn consume(&mut self, cost: u64);
+    /// The heap bytes the state will hold once `consume` has run: more than
+    /// now only if consuming allocates.
+    fn heap_bytes_after_consume(&self) -> usize {
+        0
+    }
     /// Unit-cost requests that would be admitted at this instant.
     fn remaining(&self) -> u64;
     /// The exact wait until `cost` fits, with no other traffic. Only called
@@ -140,21 +154,70 @@ pub fn decide(
     now_ms: u64,
     cost: NonZeroU64,
 ) -> (Option<State>, Decision) {
-    evaluate(policy, state, now_ms, cost, true)
+    evaluate(policy, state, now_ms, cost, true, UNBOUNDED, &mut None)
 }
 
 /// The decision [`decide`] would make, with nothing consumed: `allowed` says
 /// whether `cost` would fit, `remaining` is what is left right now.
 pub fn peek(policy: &Policy, state: Option<&State>, now_ms: u64, cost: NonZeroU64) -> Decision {
-    evaluate(policy, state.cloned(), now_ms, cost, false).1
+    evaluate(
+        policy,
+        state.cloned(),
+        now_ms,
+        cost,
+        false,
+        UNBOUNDED,
+        &mut None,
+    )
+    .1
 }
 
+/// No bound on the heap bytes a state may hold.
+const UNBOUNDED: usize = usize::MAX;
+
+/// [`decide`], with the state's heap bytes bounded by `room`: a cost that
+/// fits but whose consumption would make the state allocate past `room` is
+/// denied with [`Reason::Capacity`] and not consumed. The state comes back
+/// brought forward to `now_ms` either way, and, on that denial, with the
+/// heap bytes consuming needs.
+pub(crate) fn decide_within(
+    policy: &Policy,
+    state: Option<State>,
+    now_ms: u64,
+    cost: NonZeroU64,
+    room: usize,
+) -> (Option<State>, Decision, Option<usize>) {
+    let mut short = None;
+    let (state, decision) = evaluate(policy, state, now_ms, cost, true, room, &mut short);
+    (state, decision, short)
+}
+
+/// [`peek`], with the room [`decide_within`] would have.
+pub(crate) fn peek_within(
+    policy: &Policy,
+    state: Option<&State>,
+    now_ms: u64,
+    cost: NonZeroU64,
+    room: usize,
+) -> Decision {
+    evaluate(policy, state.cloned(), now_ms, cost, false, room, &mut None).1
+}
+
+/// Decides (or peeks, without `consume`), with the state's heap bytes
+/// bounded by `room`; sets `short` to the bytes consuming would have needed
+/// when that bound denied it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one internal entry for four public ones"
+)]
 fn evaluate(
     policy: &Policy,
     state: Option<State>,
     now_ms: u64,
     cost: NonZeroU64,
     consume: bool,
+    room: usize,
+    short: &mut Option<usize>,
 ) -> (Option<State>, Decision) {
     let state = state.filter(|s| s.algorithm() == policy.algorithm());
     let at = state
@@ -166,13 +229,15 @@ fn evaluate(
         skew: at - now_ms,
         cost: cost.get(),
         consume,
+        room,
     };
+
     match policy.algorithm() {
-        Algorithm::FixedWindow => step.run::<fixed_window::FixedWindow>(state),
-        Algorithm::SlidingWindow => step.run::<sliding_window::SlidingWindow>(state),
-        Algorithm::TokenBucket => step.run::<bucket::TokenBucket>(state),
-        Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state),
-        Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state),
+        Algorithm::FixedWindow => step.run::<fixed_window::FixedWindow>(state, short),
+        Algorithm::SlidingWindow => step.run::<sliding_window::SlidingWindow>(state, short),
+        Algorithm::TokenBucket => step.run::<bucket::TokenBucket>(state, short),
+        Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state, short),
+        Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state, short),
     }
 }
 
@@ -184,10 +249,16 @@ struct Step<'a> {
     skew: u64,
     cost: u64,
     consume: bool,
+    /// The most heap bytes the state may hold after consuming.
+    room: usize,
 }
 
 impl Step<'_> {
-    fn run<M: Meter>(&self, state: Option<State>) -> (Option<State>, Decision) {
+    fn run<M: Meter>(
+        &self,
+        state: Option<State>,
+        short: &mut Option<usize>,
+    ) -> (Option<State>, Decision) {
         let mut meter = M::advance(self.policy, state, self.at);
         let capacity = self.policy.capacity();
         let wait = |ms: u64| {
@@ -199,13 +270,25 @@ impl Step<'_> {
         };
         // The capacity check comes first, so `fits` may compute
         // `capacity - cost` without underflow.
+        let wanted = |meter: &M| {
+            if self.room == UNBOUNDED {
+                return None;
+            }
+            let bytes = meter.heap_bytes_after_consume();
+            (bytes > self.room).then_some(bytes)
+        };
         let (allowed, reason, retry_after_ms) = if self.cost > capacity {
             (false, Reason::CostExceedsCapacity, 0)
         } else if meter.fits(self.cost) {
-            if self.consume {
-                meter.consume(self.cost);
+            *short = wanted(&meter);
+            if short.is_some() {
+                (false, Reason::Capacity, 0)
+            } else {
+                if self.consume {
+                    meter.consume(self.cost);
+                }
+                (true, Reason::WithinLimit, 0)
             }
-            (true, Reason::WithinLimit, 0)
         } else {
             (
                 false,

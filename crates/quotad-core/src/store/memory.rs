@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard};
 use thiserror::Error;
 
 use super::item::{BatchMode, CheckItem};
-use super::shard::{KeyHasher, Shard, StoreKey, key_hash};
+use super::shard::{ENTRY_BYTES, KeyHasher, Room, Shard, StoreKey, extra_bytes, key_hash};
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
@@ -23,7 +23,12 @@ const MIN_KEYS_PER_SHARD: usize = 64;
 /// The shard index comes from 16 bits of the key hash.
 const MAX_SHARDS: usize = 1 << 16;
 
-/// What to do with a new key when its shard is full of live state.
+/// A shard has a byte budget for at least this much before the store splits
+/// further: [`MIN_KEYS_PER_SHARD`] entries of [`ENTRY_BYTES`].
+const MIN_BYTES_PER_SHARD: usize = MIN_KEYS_PER_SHARD * ENTRY_BYTES;
+
+/// What to do when a shard is full of live state, by keys or bytes, and a
+/// new key must be stored or a key's state must grow.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(
     feature = "serde",
@@ -31,11 +36,15 @@ const MAX_SHARDS: usize = 1 << 16;
     serde(rename_all = "snake_case")
 )]
 pub enum OnFull {
-    /// Deny the new key with reason [`Reason::Capacity`]; existing keys go on.
+    /// Deny with reason [`Reason::Capacity`], consuming nothing: a new key
+    /// is not stored, a state that must grow stays as it was. Existing
+    /// keys whose state need not grow go on.
     #[default]
     Deny,
-    /// Evict the live key closest to fresh (about the least recently used).
-    /// Its budget starts over; every eviction is counted.
+    /// Evict live keys closest to fresh (about the least recently used)
+    /// until there is room; never the key being decided, nor any key of the
+    /// batch. An evicted key's budget starts over; every eviction is
+    /// counted.
     Evict,
 }
 
@@ -48,12 +57,21 @@ pub enum StoreConfigError {
     /// `shards` is not a power of two between 1 and 65,536.
     #[error("shards must be a power of two from 1 to 65536 (got {0})")]
     ShardsNotPowerOfTwo(usize),
+    /// `max_bytes` is below the smallest byte budget.
+    #[error("max_bytes must be at least {min} (got {max_bytes})")]
+    MaxBytesTooSmall {
+        /// The budget given.
+        max_bytes: usize,
+        /// The smallest budget: room for 64 fixed-size entries.
+        min: usize,
+    },
 }
 
 /// Bounds and layout of a [`MemoryStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreConfig {
     max_keys: usize,
+    max_bytes: usize,
     shards: usize,
     on_full: OnFull,
 }
@@ -64,6 +82,9 @@ impl StoreConfig {
     ///
     /// The bound is kept per shard, `max_keys / shards` each, so a shard that
     /// hashing filled early is full a little before the table is.
+    ///
+    /// Memory is then bounded by keys alone; add a byte budget with
+    /// [`StoreConfig::with_max_bytes`].
     ///
     /// # Errors
     ///
@@ -84,14 +105,77 @@ impl StoreConfig {
         let fit = 1 << fit.ilog2();
         Ok(Self {
             max_keys,
+            max_bytes: usize::MAX,
             shards: shards.min(fit),
             on_full,
+        })
+    }
+
+    /// The same configuration, with the memory its keys may take bounded by
+    /// `max_bytes` as well.
+    ///
+    /// The budget is kept per shard, `max_bytes / shards` each (fewer shards
+    /// are used when a share would be below 64 entries), and counts what
+    /// the shard holds: every table slot it has reserved, used or not, at
+    /// [`ENTRY_BYTES`] (measured); each key's `policy name + 1 + key` bytes
+    /// when longer than the 24 kept inline (at least 32, as allocated); and
+    /// each sliding log's 40 bytes and 16 per entry it has room for (a log
+    /// allocates room for at most its limit). A table grows by doubling,
+    /// only into bytes its shard has free, and shrinks when that makes room
+    /// or when a purge leaves it under a quarter full.
+    /// [`MemoryStore::used_bytes`] reports the count.
+    ///
+    /// When a new key, or a state that must grow (a sliding log whose
+    /// allocation is full), would take a shard past either budget, state
+    /// equivalent to fresh and unused table slots go first, then `on_full`
+    /// applies: deny with [`Reason::Capacity`], consuming nothing (a log
+    /// that cannot grow stays as it was), or evict other keys, never the
+    /// key decided nor a batch's own. A sliding log admits within its
+    /// allocation without needing room, so at the budget a log keeps
+    /// working at the size it has, which may hold fewer entries than its
+    /// limit until room frees.
+    ///
+    /// Not counted: a shard's fixed size, the allocator's own overhead (the
+    /// process's resident memory runs a few percent above the count, more
+    /// with many small logs), and an index table the hash table may rebuild
+    /// larger after heavy churn.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreConfigError::MaxBytesTooSmall`] when `max_bytes` is below 64
+    /// entries of [`ENTRY_BYTES`] (6,144 bytes).
+    ///
+    /// ```
+    /// use quotad_core::{OnFull, StoreConfig};
+    ///
+    /// let config = StoreConfig::try_new(1_000_000, 64, OnFull::Deny)?.with_max_bytes(512 << 20)?;
+    /// assert_eq!(config.max_bytes(), Some(512 << 20));
+    /// assert!(StoreConfig::try_new(10, 1, OnFull::Deny)?.with_max_bytes(1_000).is_err());
+    /// # Ok::<(), quotad_core::StoreConfigError>(())
+    /// ```
+    pub fn with_max_bytes(self, max_bytes: usize) -> Result<Self, StoreConfigError> {
+        if max_bytes < MIN_BYTES_PER_SHARD {
+            return Err(StoreConfigError::MaxBytesTooSmall {
+                max_bytes,
+                min: MIN_BYTES_PER_SHARD,
+            });
+        }
+        let fit = 1 << (max_bytes / MIN_BYTES_PER_SHARD).ilog2();
+        Ok(Self {
+            max_bytes,
+            shards: self.shards.min(fit),
+            ..self
         })
     }
 
     /// The bound on live keys.
     pub fn max_keys(&self) -> usize {
         self.max_keys
+    }
+
+    /// The byte budget, if one was set.
+    pub fn max_bytes(&self) -> Option<usize> {
+        (self.max_bytes != usize::MAX).then_some(self.max_bytes)
     }
 
     /// Shards in use.
@@ -106,7 +190,8 @@ impl StoreConfig {
 }
 
 /// The sharded in-memory store: every transition of one key is serialized by
-/// its shard's lock; memory is bounded by `max_keys`.
+/// its shard's lock; memory is bounded by `max_keys` and, if set, a byte
+/// budget (see [`StoreConfig::with_max_bytes`]).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -126,7 +211,6 @@ impl StoreConfig {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
-    per_shard: usize,
     config: StoreConfig,
     hasher: KeyHasher,
     clock: Arc<dyn Clock>,
@@ -150,16 +234,16 @@ impl MemoryStore {
     /// An empty store reading time from `clock`.
     ///
     /// Each shard's table grows with its keys, never past its share of
-    /// `max_keys`.
+    /// `max_keys` nor of what the byte budget holds.
     pub fn new(config: StoreConfig, clock: Arc<dyn Clock>) -> Self {
-        let per_shard = config.max_keys() / config.shards();
+        let keys = config.max_keys() / config.shards();
+        let bytes = config.max_bytes / config.shards();
         let hasher = KeyHasher::default();
         let shards = (0..config.shards())
-            .map(|_| CachePadded::new(Mutex::new(Shard::new(per_shard, hasher.clone()))))
+            .map(|_| CachePadded::new(Mutex::new(Shard::new(keys, bytes, hasher.clone()))))
             .collect();
         Self {
             shards,
-            per_shard,
             config,
             hasher,
             clock,
@@ -198,24 +282,49 @@ impl MemoryStore {
     /// creating nothing.
     pub fn peek(&self, item: &CheckItem<'_>) -> Decision {
         let now = self.clock.now_ms();
-        let (name, key) = (item.name(), item.key());
-        let hash = key_hash(&self.hasher, name, key);
+        let hash = key_hash(&self.hasher, item.name(), item.key());
         let mut shard = self.lock(self.shard_of(hash));
+        let decision = self.peek_in(&shard, item, hash, now);
+        if decision.reason != Reason::Capacity {
+            return decision;
+        }
+        // A check would first drop fresh-equivalent state; so does peek, to
+        // find out, which changes no decision.
+        let dropped = shard.purge_expired(now);
+        self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+        self.peek_in(&shard, item, hash, now)
+    }
+
+    /// What a check would decide in `shard` as it is, dropping nothing; in
+    /// evict mode, room is what evicting every other key would leave.
+    fn peek_in(&self, shard: &Shard, item: &CheckItem<'_>, hash: u64, now: u64) -> Decision {
+        let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
+        let evict = self.config.on_full() == OnFull::Evict;
         if let Some(i) = shard.find(hash, name, key) {
-            return algorithm::peek(item.policy(), shard.state(i), now, item.cost());
+            let room = shard.room_for_state(i, evict);
+            return algorithm::peek_within(policy, shard.state(i), now, cost, room);
         }
-        let decision = algorithm::peek(item.policy(), None, now, item.cost());
-        // A new key that a check would refuse for want of room: say so.
-        // Dropping fresh-equivalent state to find out changes no decision.
-        let full = self.per_shard.saturating_sub(shard.len()) == 0;
-        if decision.allowed && full && self.config.on_full() == OnFull::Deny {
-            let dropped = shard.purge_expired(now);
-            self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
-            if self.per_shard.saturating_sub(shard.len()) == 0 {
-                return capacity_denial(item.policy());
-            }
+        let decision = algorithm::peek(policy, None, now, cost);
+        if !decision.allowed {
+            return decision;
         }
-        decision
+        let Some(state) = algorithm::decide(policy, None, now, cost).0 else {
+            return decision;
+        };
+        let need = Room {
+            keys: 1,
+            bytes: extra_bytes(name, key, &state),
+        };
+        let fits = if evict {
+            shard.can_evict_for(need, &|_| false)
+        } else {
+            shard.short(need, true).is_empty()
+        };
+        if fits {
+            decision
+        } else {
+            capacity_denial(policy)
+        }
     }
 
     /// Forgets the state of `key` under the policy `name`. Returns whether
@@ -235,6 +344,13 @@ impl MemoryStore {
     /// Keys holding state now. Locks each shard in turn; for metrics.
     pub fn live_keys(&self) -> usize {
         self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Bytes the live keys cost, as the byte budget counts them (see
+    /// [`StoreConfig::with_max_bytes`]). Locks each shard in turn; for
+    /// metrics.
+    pub fn used_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().bytes()).sum()
     }
 
     /// Live keys evicted to make room since the store was made.
@@ -259,20 +375,43 @@ impl MemoryStore {
     }
 
     fn check_at(&self, item: &CheckItem<'_>, now: u64) -> Decision {
-        let (name, key) = (item.name(), item.key());
+        let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
         let hash = key_hash(&self.hasher, name, key);
         let mut shard = self.lock(self.shard_of(hash));
-        // One probe: the entry found is written back in place.
-        if let Some(i) = shard.find(hash, name, key) {
+        let this = |k: &StoreKey| k.is(name, key);
+        // One probe: the entry found is written back in place. A state that
+        // must grow and finds no room gets room made once (never by evicting
+        // itself), then is decided again at the same instant.
+        for attempt in 0..2 {
+            let Some(i) = shard.find(hash, name, key) else {
+                break;
+            };
             let state = shard.take(i);
-            let (state, decision) = algorithm::decide(item.policy(), state, now, item.cost());
+            // The state is not counted while taken: what is free is its room.
+            let room = shard.free_bytes();
+            let (state, decision, wanted) =
+                algorithm::decide_within(policy, state, now, cost, room);
+            let held = state.as_ref().map_or(0, State::heap_bytes);
             shard.write(i, state, fresh_at(now, &decision));
-            return decision;
+            let Some(wanted) = wanted else {
+                return decision;
+            };
+            let grow = Room {
+                keys: 0,
+                bytes: wanted.saturating_sub(held),
+            };
+            if attempt > 0 || !self.make_room(&mut shard, &|_| grow, now, &this) {
+                return decision;
+            }
         }
-        let (state, decision) = algorithm::decide(item.policy(), None, now, item.cost());
+        let (state, decision) = algorithm::decide(policy, None, now, cost);
         if let Some(state) = state {
-            if !self.make_room(&mut shard, &|_| 1, now, &|_| false) {
-                return capacity_denial(item.policy());
+            let need = Room {
+                keys: 1,
+                bytes: extra_bytes(name, key, &state),
+            };
+            if !self.make_room(&mut shard, &|_| need, now, &|_| false) {
+                return capacity_denial(policy);
             }
             shard.insert(hash, name, key, state, fresh_at(now, &decision));
         }
@@ -336,17 +475,27 @@ impl MemoryStore {
                 let shard = order[g];
                 let members: Vec<&Pending<'_>> =
                     pending.iter().filter(|p| p.shard == shard).collect();
+                // New keys, and the bytes the shard's entries grow by in all
+                // (beyond the slots of new keys, which the shard counts).
                 let needed = |s: &Shard| {
-                    members
-                        .iter()
-                        .filter(|p| p.state.is_some() && s.find(p.hash, p.name, p.key).is_none())
-                        .count()
+                    let (mut keys, mut grows, mut shrinks) = (0, 0, 0);
+                    for p in &members {
+                        let (new, before, after) = p.change(s);
+                        keys += usize::from(new);
+                        grows += after.saturating_sub(before);
+                        shrinks += before.saturating_sub(after);
+                    }
+                    Room {
+                        keys,
+                        bytes: grows.saturating_sub(shrinks),
+                    }
                 };
                 let protect = |k: &StoreKey| members.iter().any(|p| k.is(p.name, p.key));
                 if !self.make_room(guard, &needed, now, &protect) {
                     for (i, item) in items.iter().enumerate() {
                         let p = &pending[slot_of_item[i]];
-                        if p.shard == shard && guard.find(p.hash, p.name, p.key).is_none() {
+                        let (new, before, after) = p.change(guard);
+                        if p.shard == shard && (new || after > before) {
                             decisions[i] = capacity_denial(item.policy());
                         }
                     }
@@ -355,6 +504,17 @@ impl MemoryStore {
         }
 
         if decisions.iter().all(|d| d.allowed) {
+            // Slots for every new key first, so no insert grows the table
+            // into bytes another entry of the batch was counted on.
+            for (g, guard) in guards.iter_mut().enumerate() {
+                let (mut keys, mut keep) = (0, 0);
+                for p in pending.iter().filter(|p| p.shard == order[g]) {
+                    let (new, before, after) = p.change(guard);
+                    keys += usize::from(new);
+                    keep += after.saturating_sub(before);
+                }
+                guard.reserve(keys, keep);
+            }
             for p in pending {
                 let shard = &mut guards[guard_of(p.shard)];
                 match (shard.find(p.hash, p.name, p.key), p.state) {
@@ -380,38 +540,69 @@ impl MemoryStore {
         decisions
     }
 
-    /// Makes room for the new keys `needed` counts in `shard`: first by
-    /// dropping state that is already fresh, then as `on_full` says,
-    /// evicting only keys `protect` does not cover. Returns false, having
-    /// evicted nothing, when the new keys must be denied.
+    /// Makes `needed` free in `shard`, keys and bytes: first by dropping
+    /// state that is already fresh and table slots no entry uses, then as
+    /// `on_full` says, evicting only keys `protect` does not cover. Returns
+    /// false, having evicted nothing, when the change must be denied.
     fn make_room(
         &self,
         shard: &mut Shard,
-        needed: &dyn Fn(&Shard) -> usize,
+        needed: &dyn Fn(&Shard) -> Room,
         now: u64,
         protect: &dyn Fn(&StoreKey) -> bool,
     ) -> bool {
-        let short = |s: &Shard| needed(s).saturating_sub(self.per_shard.saturating_sub(s.len()));
-        if short(shard) == 0 {
+        if shard.short(needed(shard), false).is_empty() {
             return true;
         }
-        // Dropping fresh-equivalent state changes no decision; needed is
-        // counted again after, as it may have dropped a key about to be
-        // written.
+        // Neither dropping fresh-equivalent state nor unused slots changes
+        // a decision. `needed` is counted again after each step, as a purge
+        // may have dropped a key about to be written.
         let dropped = shard.purge_expired(now);
         self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
-        let missing = short(shard);
-        if missing == 0 {
-            return true;
-        }
-        if self.config.on_full() == OnFull::Deny || shard.count_unprotected(protect) < missing {
+        let evict = self.config.on_full() == OnFull::Evict;
+        if evict && !shard.can_evict_for(needed(shard), protect) {
             return false;
         }
-        for _ in 0..missing {
-            shard.evict_one(protect);
+        loop {
+            let need = needed(shard);
+            if shard.short(need, false).is_empty() {
+                return true;
+            }
+            if shard.short(need, true).is_empty() {
+                shard.shrink(need.keys);
+                return true;
+            }
+            // Evicting all the unprotected keys would do, so this ends.
+            if !evict || !shard.evict_one(protect) {
+                return false;
+            }
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
-        true
+    }
+
+    /// The shards, in order.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn shards(&self) -> &[CachePadded<Mutex<Shard>>] {
+        &self.shards
+    }
+
+    /// The store's clock.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// The hasher keys are placed with.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn hasher(&self) -> &KeyHasher {
+        &self.hasher
+    }
+
+    /// The shard of a key hashed `hash`, to fill a store no one else sees.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn shard_mut(&mut self, hash: u64) -> &mut Shard {
+        let i = self.shard_of(hash);
+        self.shards[i].get_mut()
     }
 
     fn shard_of(&self, hash: u64) -> usize {
@@ -423,6 +614,20 @@ impl MemoryStore {
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         self.shards[shard].lock()
+    }
+}
+
+impl Pending<'_> {
+    /// What writing this key's outcome changes in `shard`: whether it adds
+    /// a key, and the entry's bytes beyond its slot before and after.
+    fn change(&self, shard: &Shard) -> (bool, usize, usize) {
+        let found = shard.find(self.hash, self.name, self.key);
+        let before = found.map_or(0, |i| shard.extra_at(i));
+        let after = self
+            .state
+            .as_ref()
+            .map_or(0, |s| extra_bytes(self.name, self.key, s));
+        (found.is_none() && self.state.is_some(), before, after)
     }
 }
 
@@ -438,5 +643,132 @@ fn capacity_denial(policy: &Policy) -> Decision {
         retry_after_ms: 0,
         reset_after_ms: 0,
         reason: Reason::Capacity,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::policy::Algorithm;
+
+    /// Policies the operations pick from: small limits, so logs fill and
+    /// windows pass within a run.
+    fn policies() -> [Policy; 4] {
+        let p = |a, limit, ms| {
+            Policy::try_new(a, limit, Duration::from_millis(ms), None).expect("valid")
+        };
+        [
+            p(Algorithm::FixedWindow, 5, 1_000),
+            p(Algorithm::SlidingLog, 8, 2_000),
+            p(Algorithm::SlidingLog, 64, 5_000),
+            p(Algorithm::TokenBucket, 3, 1_000),
+        ]
+    }
+
+    /// Short keys, kept inline, and long ones, on the heap.
+    fn key(k: u8) -> String {
+        match k % 3 {
+            0 => format!("k{k}"),
+            1 => format!("k{k}-{}", "x".repeat(40)),
+            _ => format!("k{k}-{}", "y".repeat(300)),
+        }
+    }
+
+    /// `(policy name, policy, key, cost)`: the name and the policy are
+    /// drawn apart, so a key's state is sometimes another algorithm's.
+    type Req = (u8, u8, u8, u64);
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Check(Req),
+        Batch(Vec<Req>),
+        Peek(Req),
+        Reset(u8, u8),
+        Sweep,
+        Advance(u64),
+    }
+
+    fn req() -> impl Strategy<Value = Req> {
+        (
+            0u8..2,
+            0u8..4,
+            0u8..40,
+            prop_oneof![4 => Just(1u64), 1 => 1u64..=10],
+        )
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => req().prop_map(Op::Check),
+            2 => prop::collection::vec(req(), 1..5).prop_map(Op::Batch),
+            1 => req().prop_map(Op::Peek),
+            1 => (0u8..2, 0u8..40).prop_map(|(n, k)| Op::Reset(n, k)),
+            1 => Just(Op::Sweep),
+            2 => prop_oneof![3 => 0u64..20, 1 => 0u64..3_000].prop_map(Op::Advance),
+        ]
+    }
+
+    fn assert_accounting_exact(store: &MemoryStore) -> Result<(), TestCaseError> {
+        let keys = store.config.max_keys() / store.shards.len();
+        let bytes = store.config.max_bytes / store.shards.len();
+        for (i, shard) in store.shards.iter().enumerate() {
+            let shard = shard.lock();
+            prop_assert_eq!(shard.bytes(), shard.recount(), "shard {}", i);
+            prop_assert!(shard.bytes() <= bytes, "shard {} over its byte budget", i);
+            prop_assert!(shard.len() <= keys, "shard {} over its key budget", i);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn the_byte_count_equals_a_recount_after_any_operations(
+            ops in prop::collection::vec(op(), 1..400),
+            max_bytes in 6_144usize..16_000,
+            evict in any::<bool>(),
+        ) {
+            let on_full = if evict { OnFull::Evict } else { OnFull::Deny };
+            let config = StoreConfig::try_new(256, 4, on_full)
+                .and_then(|c| c.with_max_bytes(max_bytes))
+                .expect("valid config");
+            let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+            let store = MemoryStore::new(config, clock.clone());
+            let policies = policies();
+            let names = ["a", "b"];
+            let keys: Vec<String> = (0..40).map(key).collect();
+            let item = |&(n, p, k, cost): &Req| {
+                CheckItem::new(names[usize::from(n)], policies[usize::from(p)], &keys[usize::from(k)], cost)
+                    .expect("valid item")
+            };
+            for op in &ops {
+                match op {
+                    Op::Check(r) => {
+                        store.check_one(&item(r));
+                    }
+                    Op::Batch(rs) => {
+                        let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
+                        store.check(&items, BatchMode::AllOrNothing);
+                    }
+                    Op::Peek(r) => {
+                        store.peek(&item(r));
+                    }
+                    Op::Reset(n, k) => {
+                        store.reset(names[usize::from(*n)], &keys[usize::from(*k)]);
+                    }
+                    Op::Sweep => {
+                        store.sweep_step();
+                    }
+                    Op::Advance(ms) => clock.advance(Duration::from_millis(*ms)),
+                }
+                assert_accounting_exact(&store)?;
+            }
+        }
     }
 }

@@ -8,6 +8,13 @@
 mod item;
 mod memory;
 mod shard;
+#[cfg(feature = "snapshot")]
+mod snapshot;
 
 pub use item::{BatchMode, CheckItem, InvalidItem};
 pub use memory::{MemoryStore, OnFull, StoreConfig, StoreConfigError};
+pub use shard::ENTRY_BYTES;
+#[cfg(feature = "snapshot")]
+pub use snapshot::{
+    Exported, LoadReport, NamespaceCounts, SNAPSHOT_VERSION, SnapshotError, SnapshotReader,
+};

@@ -17,6 +17,56 @@ use crate::algorithm::State;
 /// How many entries an eviction looks at to choose its victim.
 const EVICTION_SAMPLE: usize = 16;
 
+/// The heap bytes one slot of a shard's table costs, used or not: the
+/// 72-byte entry (8-byte hash, 24-byte key with its inline buffer, 40-byte
+/// slot) and its share of the index table.
+///
+/// Measured with `cargo run --release -p quotad-core --example
+/// bytes_per_key`: 1,000,000 fixed-window keys of 16 bytes (inline) in 64
+/// shards take 94.4 heap bytes per key, index table included; rounded up,
+/// since the index table's share of a slot varies with how full it is
+/// (from 10 to 21 bytes). A key's heap bytes beyond the inline buffer, and a
+/// sliding log's entries, come on top (see
+/// [`crate::StoreConfig::with_max_bytes`]).
+pub const ENTRY_BYTES: usize = 96;
+
+/// Bytes a table key is stored in inline, without a heap allocation.
+const INLINE_KEY_BYTES: usize = 24;
+
+/// The smallest heap buffer a table key longer than [`INLINE_KEY_BYTES`]
+/// gets (compact_str's minimum heap capacity).
+const MIN_HEAP_KEY_BYTES: usize = 32;
+
+/// The heap bytes of a table key of `len` bytes (`name`, NUL, `key`), as
+/// [`StoreKey::new`] allocates it.
+fn key_heap_bytes(len: usize) -> usize {
+    if len <= INLINE_KEY_BYTES {
+        0
+    } else {
+        len.max(MIN_HEAP_KEY_BYTES)
+    }
+}
+
+/// The bytes the entry of `(name, key)` holding `state` costs its shard
+/// beyond its table slot: its key's heap bytes and its state's.
+pub(super) fn extra_bytes(name: &str, key: &str, state: &State) -> usize {
+    key_heap_bytes(name.len() + 1 + key.len()) + state.heap_bytes()
+}
+
+/// Keys, and bytes beyond table slots: what a change needs free in a shard,
+/// or what it lacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Room {
+    pub(super) keys: usize,
+    pub(super) bytes: usize,
+}
+
+impl Room {
+    pub(super) fn is_empty(self) -> bool {
+        self.keys == 0 && self.bytes == 0
+    }
+}
+
 /// The hasher shared by every shard.
 pub(super) type KeyHasher = foldhash::fast::RandomState;
 
@@ -44,8 +94,14 @@ impl StoreKey {
             && s.ends_with(key.as_bytes())
     }
 
-    fn parts(&self) -> (&str, &str) {
+    /// The policy name and the key.
+    pub(super) fn parts(&self) -> (&str, &str) {
         self.0.split_once('\0').unwrap_or((self.0.as_str(), ""))
+    }
+
+    /// Heap bytes held beyond the inline buffer.
+    fn heap_bytes(&self) -> usize {
+        key_heap_bytes(self.0.len())
     }
 }
 
@@ -78,12 +134,35 @@ struct Slot {
     state: Option<State>,
 }
 
+impl Slot {
+    fn state_bytes(&self) -> usize {
+        self.state.as_ref().map_or(0, State::heap_bytes)
+    }
+}
+
+/// What an entry costs beyond its table slot.
+fn extra_of(key: &StoreKey, slot: &Slot) -> usize {
+    key.heap_bytes() + slot.state_bytes()
+}
+
+/// A shard's table and its budgets. Its cost is counted as every table slot
+/// it has allocated, used or not, at [`ENTRY_BYTES`], plus each entry's
+/// extra bytes: so what it counts is what it holds, and the table grows
+/// only into bytes the budget has free.
 #[derive(Debug)]
 pub(super) struct Shard {
     map: IndexMap<StoreKey, Slot, KeyHasher>,
     /// The most keys this shard may hold; its table never grows past room
     /// for exactly this many.
-    limit: usize,
+    max_keys: usize,
+    /// The most bytes it may cost.
+    max_bytes: usize,
+    /// Entries the table has room for: what it has reserved. (The index
+    /// table's own count can dip below this after removals.)
+    slots: usize,
+    /// What it costs now: its slots and its entries' extra bytes, less the
+    /// state of an entry taken out for a transition.
+    bytes: usize,
     /// No entry becomes fresh before this instant (a lower bound), so a
     /// purge before it would find nothing.
     next_expiry: u64,
@@ -92,11 +171,15 @@ pub(super) struct Shard {
 }
 
 impl Shard {
-    /// An empty shard that will hold at most `limit` keys.
-    pub(super) fn new(limit: usize, hasher: KeyHasher) -> Self {
+    /// An empty shard that will hold at most `max_keys` keys and cost at
+    /// most `max_bytes`.
+    pub(super) fn new(max_keys: usize, max_bytes: usize, hasher: KeyHasher) -> Self {
         Self {
             map: IndexMap::with_hasher(hasher),
-            limit,
+            max_keys,
+            max_bytes,
+            slots: 0,
+            bytes: 0,
             next_expiry: u64::MAX,
             cursor: 0,
         }
@@ -106,6 +189,84 @@ impl Shard {
         self.map.len()
     }
 
+    /// What the shard costs now.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Bytes free under the budget.
+    pub(super) fn free_bytes(&self) -> usize {
+        self.max_bytes.saturating_sub(self.bytes)
+    }
+
+    /// What `need` lacks here: keys beyond the key budget, and bytes beyond
+    /// the byte budget, counting the slots the table would have to add;
+    /// with `shrink`, as if the table were first shrunk to fit its entries
+    /// and `need`.
+    pub(super) fn short(&self, need: Room, shrink: bool) -> Room {
+        self.short_with(need, self.map.len(), self.bytes, shrink)
+    }
+
+    /// [`Shard::short`] with `len` entries costing `bytes` in all.
+    fn short_with(&self, need: Room, len: usize, bytes: usize, shrink: bool) -> Room {
+        let wanted = len + need.keys;
+        let slots = if shrink {
+            wanted
+        } else {
+            self.slots.max(wanted)
+        };
+        let bytes = bytes - self.slots * ENTRY_BYTES + slots * ENTRY_BYTES + need.bytes;
+        Room {
+            keys: wanted.saturating_sub(self.max_keys),
+            bytes: bytes.saturating_sub(self.max_bytes),
+        }
+    }
+
+    /// The most heap bytes the state of the entry at `index` may hold after
+    /// a check: with `evict`, what the budget leaves were every other entry
+    /// evicted and the table shrunk to this one; otherwise, what is free
+    /// now, with the table shrunk to fit its entries.
+    pub(super) fn room_for_state(&self, index: usize, evict: bool) -> usize {
+        let Some((key, slot)) = self.map.get_index(index) else {
+            return 0;
+        };
+        if evict {
+            self.max_bytes
+                .saturating_sub(ENTRY_BYTES + key.heap_bytes())
+        } else {
+            self.free_bytes() + slot.state_bytes() + (self.slots - self.map.len()) * ENTRY_BYTES
+        }
+    }
+
+    /// What the entry at `index` costs beyond its slot.
+    pub(super) fn extra_at(&self, index: usize) -> usize {
+        self.map
+            .get_index(index)
+            .map_or(0, |(k, slot)| extra_of(k, slot))
+    }
+
+    /// What the shard costs, counted from scratch.
+    #[cfg(test)]
+    pub(super) fn recount(&self) -> usize {
+        assert!(self.map.len() <= self.slots);
+        self.slots * ENTRY_BYTES
+            + self
+                .map
+                .iter()
+                .map(|(k, slot)| extra_of(k, slot))
+                .sum::<usize>()
+    }
+
+    /// Each entry: its policy name, key, when it becomes fresh and its
+    /// state.
+    #[cfg(feature = "snapshot")]
+    pub(super) fn entries(&self) -> impl Iterator<Item = (&str, &str, u64, &State)> {
+        self.map.iter().filter_map(|(k, slot)| {
+            let (name, key) = k.parts();
+            Some((name, key, slot.fresh_at, slot.state.as_ref()?))
+        })
+    }
+
     /// Where the key's entry is, if it has one.
     pub(super) fn find(&self, hash: u64, name: &str, key: &str) -> Option<usize> {
         self.map
@@ -113,11 +274,15 @@ impl Shard {
             .index_from_hash(hash, |k| k.is(name, key))
     }
 
-    /// The state at `index`, taken out for one transition.
+    /// The state at `index`, taken out for one transition; until it is
+    /// written back, its bytes are not counted.
     pub(super) fn take(&mut self, index: usize) -> Option<State> {
-        self.map
+        let state = self
+            .map
             .get_index_mut(index)
-            .and_then(|(_, slot)| slot.state.take())
+            .and_then(|(_, slot)| slot.state.take());
+        self.bytes -= state.as_ref().map_or(0, State::heap_bytes);
+        state
     }
 
     /// The state at `index`, to read.
@@ -130,17 +295,21 @@ impl Shard {
     /// Writes `state` back at `index`, or removes the entry when `state` is
     /// fresh.
     pub(super) fn write(&mut self, index: usize, state: Option<State>, fresh_at: u64) {
+        let Some((key, slot)) = self.map.get_index_mut(index) else {
+            return;
+        };
+        self.bytes -= slot.state_bytes();
         match state {
             Some(state) => {
                 self.next_expiry = self.next_expiry.min(fresh_at);
-                if let Some((_, slot)) = self.map.get_index_mut(index) {
-                    *slot = Slot {
-                        fresh_at,
-                        state: Some(state),
-                    };
-                }
+                self.bytes += state.heap_bytes();
+                *slot = Slot {
+                    fresh_at,
+                    state: Some(state),
+                };
             }
             None => {
+                self.bytes -= key.heap_bytes();
                 self.map.swap_remove_index(index);
             }
         }
@@ -148,8 +317,9 @@ impl Shard {
 
     /// Adds a key that has no entry yet. The caller has made room.
     pub(super) fn insert(&mut self, hash: u64, name: &str, key: &str, state: State, fresh_at: u64) {
-        self.grow();
+        self.reserve(1, extra_bytes(name, key, &state));
         self.next_expiry = self.next_expiry.min(fresh_at);
+        self.bytes += state.heap_bytes();
         let slot = Slot {
             fresh_at,
             state: Some(state),
@@ -160,27 +330,50 @@ impl Shard {
             .from_hash(hash, |k| k.is(name, key))
         {
             RawEntryMut::Vacant(v) => {
-                v.insert_hashed_nocheck(hash, StoreKey::new(name, key), slot);
+                let key = StoreKey::new(name, key);
+                self.bytes += key.heap_bytes();
+                v.insert_hashed_nocheck(hash, key, slot);
             }
             RawEntryMut::Occupied(mut o) => {
+                self.bytes -= o.get().state_bytes();
                 o.insert(slot);
             }
         }
     }
 
-    /// Makes room for one more entry: doubling, as usual, but never past
-    /// `limit`, so a full shard holds no unused slots (left alone, the entry
-    /// list would grow to the index table's size, up to 1.75x the keys). A
-    /// table that grows with its keys also stays small, and cache-resident,
-    /// when far fewer keys than `max_keys` are live.
-    fn grow(&mut self) {
+    /// Makes sure the table has slots for `keys` more entries, leaving
+    /// `keep` bytes free for what they hold. It grows by doubling, as
+    /// usual, but never past `max_keys` slots, so a full shard holds no
+    /// unused slots (left alone, the entry list would grow to the index
+    /// table's size, up to 1.75x the keys), and never into bytes the budget
+    /// does not have. A table that grows with its keys also stays small,
+    /// and cache-resident, when far fewer keys than `max_keys` are live.
+    pub(super) fn reserve(&mut self, keys: usize, keep: usize) {
         let len = self.map.len();
-        if len < self.map.capacity() {
+        let capacity = self.slots;
+        if len + keys <= capacity {
             return;
         }
-        let cap = self.limit.max(len + 1);
-        let target = (len * 2).max(16).min(cap);
+        let affordable = capacity + self.free_bytes().saturating_sub(keep) / ENTRY_BYTES;
+        let target = (capacity * 2)
+            .max(16)
+            .min(self.max_keys)
+            .min(affordable)
+            .max(len + keys);
         self.map.reserve_exact(target - len);
+        self.slots = target;
+        self.bytes += (target - capacity) * ENTRY_BYTES;
+    }
+
+    /// Shrinks the table to slots for its entries and `keys` more, giving
+    /// the rest back to the allocator (and to the budget).
+    pub(super) fn shrink(&mut self, keys: usize) {
+        let target = self.map.len() + keys;
+        if target < self.slots {
+            self.map.shrink_to(target);
+            self.bytes -= (self.slots - target) * ENTRY_BYTES;
+            self.slots = target;
+        }
     }
 
     /// Drops every entry that is fresh by `now`, if any can be. Returns how
@@ -191,20 +384,46 @@ impl Shard {
         }
         let before = self.map.len();
         let mut next = u64::MAX;
-        self.map.retain(|_, slot| {
+        let mut freed = 0;
+        self.map.retain(|key, slot| {
             let keep = slot.fresh_at > now;
             if keep {
                 next = next.min(slot.fresh_at);
+            } else {
+                freed += extra_of(key, slot);
             }
             keep
         });
+        self.bytes -= freed;
         self.next_expiry = next;
-        before - self.map.len()
+        // A table left under a quarter full gives most of its room back,
+        // as the keys that needed it are gone.
+        let len = self.map.len();
+        if self.slots > 64 && len < self.slots / 4 {
+            self.shrink(len.max(16));
+        }
+        before - len
     }
 
-    /// How many entries `protect` does not cover.
-    pub(super) fn count_unprotected(&self, protect: &dyn Fn(&StoreKey) -> bool) -> usize {
-        self.map.keys().filter(|k| !protect(k)).count()
+    /// Whether evicting entries `protect` does not cover, then shrinking
+    /// the table, can make `need` fit. Stops looking as soon as evicting
+    /// those seen so far would.
+    pub(super) fn can_evict_for(&self, need: Room, protect: &dyn Fn(&StoreKey) -> bool) -> bool {
+        let (mut len, mut bytes) = (self.map.len(), self.bytes);
+        if self.short_with(need, len, bytes, true).is_empty() {
+            return true;
+        }
+        for (key, slot) in &self.map {
+            if protect(key) {
+                continue;
+            }
+            len -= 1;
+            bytes -= extra_of(key, slot);
+            if self.short_with(need, len, bytes, true).is_empty() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Evicts the entry closest to fresh among a sample of those `protect`
@@ -223,7 +442,13 @@ impl Shard {
             .take(EVICTION_SAMPLE)
             .min_by_key(|&(_, fresh_at)| fresh_at);
         self.cursor = start + EVICTION_SAMPLE;
-        victim.is_some_and(|(i, _)| self.map.swap_remove_index(i).is_some())
+        match victim.and_then(|(i, _)| self.map.swap_remove_index(i)) {
+            Some((key, slot)) => {
+                self.bytes -= extra_of(&key, &slot);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -239,5 +464,19 @@ mod tests {
         assert!(whole.is("api", "user-1"));
         assert!(!whole.is("ap", "i\0user-1"));
         assert!(!whole.is("api", "user-12"));
+    }
+
+    #[test]
+    fn a_key_costs_the_heap_bytes_its_string_really_allocated() {
+        for len in 1..300 {
+            let key = "k".repeat(len);
+            let k = StoreKey::new("api", &key);
+            let allocated = if k.0.is_heap_allocated() {
+                k.0.capacity()
+            } else {
+                0
+            };
+            assert_eq!(k.heap_bytes(), allocated, "key of {len} bytes");
+        }
     }
 }

@@ -1,0 +1,786 @@
+//! Snapshots of the memory store: a versioned, checksummed binary stream
+//! written shard by shard ([`MemoryStore::export`]) and loaded into a new
+//! store ([`SnapshotReader`]).
+//!
+//! # Format (version 1)
+//!
+//! All fixed-width integers are little-endian.
+//!
+//! ```text
+//! magic    8 bytes    "QUOTADSN"
+//! version  u32        1
+//! frames   each: len u32 (> 0), crc u32 (CRC-32 of the payload), payload
+//!          the first: taken_at_ms u64, then the caller's header bytes
+//!          then: entries, whole records, each frame's namespaces its own
+//! end      u32        0
+//! count    u64        entries in the frames
+//! crc      u32        CRC-32 of every byte from the magic through count
+//! ```
+//!
+//! An entry record is a sequence of postcard values (varints):
+//! the namespace (0 then the policy name when first seen in its frame, or
+//! `i + 1` for the frame's `i`-th), then the key, the milliseconds from
+//! `taken_at_ms` until the entry is fresh, and the state, whose instants
+//! are counted back from that moment (zigzag, so any value round-trips).
+//! Frames hold about 64 KiB each, and never span two shards.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use foldhash::HashMap;
+use serde::{Deserialize, Serialize, Serializer};
+use thiserror::Error;
+
+use super::memory::{MemoryStore, StoreConfig};
+use super::shard::{Room, Shard, extra_bytes, key_hash};
+use crate::algorithm::{Log, State};
+use crate::clock::Clock;
+use crate::policy::{MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
+
+/// The first bytes of every snapshot.
+const MAGIC: [u8; 8] = *b"QUOTADSN";
+
+/// The snapshot format this build writes, and the only one it reads.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// A frame is closed once its payload reaches this size.
+const FRAME_BYTES: usize = 64 * 1024;
+
+/// Why a snapshot could not be written or loaded. A load that fails hands
+/// back no store.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// Reading or writing failed.
+    #[error("snapshot i/o failed: {0}")]
+    Io(#[from] io::Error),
+    /// The input does not start with the snapshot magic bytes.
+    #[error("not a quotad snapshot (wrong magic bytes)")]
+    WrongMagic,
+    /// The input is a snapshot of a format this build does not read.
+    #[error(
+        "snapshot format version {found} is not supported (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// The version found.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The input ends before the snapshot's trailer does.
+    #[error("snapshot is truncated (it ends at byte {at}, before its trailer)")]
+    Truncated {
+        /// Bytes read before the input ended.
+        at: u64,
+    },
+    /// A frame or the whole snapshot does not match its checksum.
+    #[error("snapshot checksum mismatch (the {what} at byte {at})")]
+    Checksum {
+        /// `frame` or `snapshot`.
+        what: &'static str,
+        /// Where the checked bytes start.
+        at: u64,
+    },
+    /// A frame passed its checksum but holds an entry that breaks a rule.
+    #[error("snapshot entry {index} is invalid: {reason}")]
+    InvalidEntry {
+        /// The entry's position in the snapshot, from 0.
+        index: u64,
+        /// The rule broken.
+        reason: String,
+    },
+    /// The trailer's entry count differs from the entries read.
+    #[error("snapshot trailer counts {expected} entries, but {found} were read")]
+    CountMismatch {
+        /// The count in the trailer.
+        expected: u64,
+        /// The entries read.
+        found: u64,
+    },
+    /// Bytes follow the trailer.
+    #[error("snapshot has bytes after its trailer")]
+    TrailingBytes,
+}
+
+/// What an export wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exported {
+    /// Entries written: the keys that held live state.
+    pub entries: u64,
+    /// Bytes written, in all.
+    pub bytes: u64,
+}
+
+/// What happened to the entries of one namespace (policy name) on load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceCounts {
+    /// Entries now held by the new store.
+    pub loaded: u64,
+    /// Entries already fresh at load time (`fresh_at <= now`): dropped, as a
+    /// key without state is fresh.
+    pub expired: u64,
+    /// Entries the new store had no room for, by its key or byte budget:
+    /// dropped, so those keys start fresh.
+    pub over_capacity: u64,
+    /// Entries under a namespace the caller did not keep: dropped.
+    pub skipped: u64,
+}
+
+/// What a load did, by namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// When the snapshot was taken, in ms since the Unix epoch.
+    pub taken_at_ms: u64,
+    /// Counts for each namespace found, by name.
+    pub namespaces: BTreeMap<String, NamespaceCounts>,
+}
+
+impl LoadReport {
+    /// The counts of every namespace added up.
+    pub fn total(&self) -> NamespaceCounts {
+        self.namespaces
+            .values()
+            .fold(NamespaceCounts::default(), |t, c| NamespaceCounts {
+                loaded: t.loaded + c.loaded,
+                expired: t.expired + c.expired,
+                over_capacity: t.over_capacity + c.over_capacity,
+                skipped: t.skipped + c.skipped,
+            })
+    }
+}
+
+impl MemoryStore {
+    /// Writes a snapshot of every key holding live state to `writer`, after
+    /// the caller's `header` (opaque here, returned as is by
+    /// [`SnapshotReader::header`]).
+    ///
+    /// Shards are visited one at a time: each is locked only while its
+    /// entries are encoded into a buffer, and the buffer is written after
+    /// the lock is released, so checks go on meanwhile, memory grows by
+    /// about one shard's encoding, and every key is written exactly once
+    /// (a key lives in one shard). Each key is written as its shard held it
+    /// when visited; state already fresh is left out. The clock is read once.
+    /// Wrap a file in a `BufWriter`; nothing is flushed but at the end.
+    ///
+    /// # Errors
+    ///
+    /// [`SnapshotError::Io`] when `writer` fails; what was written is then
+    /// not a snapshot.
+    pub fn export<W: Write>(&self, writer: W, header: &[u8]) -> Result<Exported, SnapshotError> {
+        let now = self.clock().now_ms();
+        let mut out = Hashed::new(writer);
+        out.write(&MAGIC)?;
+        out.write(&SNAPSHOT_VERSION.to_le_bytes())?;
+        let mut buf = Vec::with_capacity(FRAME_BYTES + 8 + header.len());
+        let frame = Frame::open(&mut buf);
+        frame.buf.extend_from_slice(&now.to_le_bytes());
+        frame.buf.extend_from_slice(header);
+        frame.close()?;
+        out.write(&buf)?;
+
+        let mut entries = 0;
+        for shard in self.shards() {
+            buf.clear();
+            entries += encode_shard(&shard.lock(), now, &mut buf)?;
+            out.write(&buf)?;
+        }
+        out.write(&0u32.to_le_bytes())?;
+        out.write(&entries.to_le_bytes())?;
+        let crc = out.crc.clone().finalize();
+        out.write(&crc.to_le_bytes())?;
+        out.inner.flush()?;
+        Ok(Exported {
+            entries,
+            bytes: out.at,
+        })
+    }
+}
+
+/// Encodes every live entry of `shard` into frames appended to `buf`.
+/// Returns how many.
+fn encode_shard(shard: &Shard, now: u64, buf: &mut Vec<u8>) -> Result<u64, SnapshotError> {
+    let mut entries = 0;
+    let mut frame = Frame::open(buf);
+    let mut names: HashMap<&str, u32> = HashMap::default();
+    for (name, key, fresh_at, state) in shard.entries() {
+        if fresh_at <= now {
+            continue;
+        }
+        match names.get(name) {
+            Some(&i) => frame.put(&(i + 1)),
+            None => {
+                let i = u32::try_from(names.len()).expect("a shard holds fewer than 2^32 keys");
+                names.insert(name, i);
+                frame.put(&0u32);
+                frame.put(name);
+            }
+        }
+        frame.put(&RecordOut {
+            key,
+            fresh_in: fresh_at - now,
+            state: Stored::new(state, fresh_at),
+        });
+        entries += 1;
+        if frame.len() >= FRAME_BYTES {
+            frame.close()?;
+            frame = Frame::open(buf);
+            names.clear();
+        }
+    }
+    if frame.len() > 0 {
+        frame.close()?;
+    } else {
+        frame.discard();
+    }
+    Ok(entries)
+}
+
+/// A frame being encoded at the end of a buffer: its header is filled in
+/// when it is closed.
+struct Frame<'a> {
+    buf: &'a mut Vec<u8>,
+    start: usize,
+}
+
+impl<'a> Frame<'a> {
+    fn open(buf: &'a mut Vec<u8>) -> Self {
+        let start = buf.len();
+        buf.extend_from_slice(&[0; 8]);
+        Frame { buf, start }
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len() - self.start - 8
+    }
+
+    fn put<T: Serialize + ?Sized>(&mut self, value: &T) {
+        let buf = std::mem::take(self.buf);
+        *self.buf = postcard::to_extend(value, buf).expect("encoding into a Vec cannot fail");
+    }
+
+    fn close(self) -> Result<(), SnapshotError> {
+        let payload = &self.buf[self.start + 8..];
+        let len = u32::try_from(payload.len()).map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "a snapshot frame passed 4 GiB")
+        })?;
+        let crc = crc32fast::hash(payload);
+        self.buf[self.start..self.start + 4].copy_from_slice(&len.to_le_bytes());
+        self.buf[self.start + 4..self.start + 8].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    fn discard(self) {
+        self.buf.truncate(self.start);
+    }
+}
+
+/// A writer that checksums and counts what goes through.
+struct Hashed<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    at: u64,
+}
+
+impl<W: Write> Hashed<W> {
+    fn new(inner: W) -> Self {
+        Hashed {
+            inner,
+            crc: crc32fast::Hasher::new(),
+            at: 0,
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.inner.write_all(bytes)?;
+        self.crc.update(bytes);
+        self.at += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+/// One entry as written.
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    key: &'a str,
+    fresh_in: u64,
+    state: Stored<LogOut<'a>>,
+}
+
+/// One entry as read; the same layout as [`RecordOut`].
+#[derive(Deserialize)]
+struct RecordIn<'a> {
+    key: &'a str,
+    fresh_in: u64,
+    state: Stored<Vec<(i64, u64)>>,
+}
+
+/// `fresh_at - t` as a signed varint: small for the instants a state holds
+/// (never after its `fresh_at`), and exact for any.
+fn back(fresh_at: u64, t: u64) -> i64 {
+    fresh_at.wrapping_sub(t) as i64
+}
+
+fn forth(fresh_at: u64, back: i64) -> u64 {
+    fresh_at.wrapping_sub(back as u64)
+}
+
+/// A state as stored: instants counted back from the entry's `fresh_at`.
+/// A log is written from the live one (`L` = [`LogOut`]) and read as
+/// `(step, units)` pairs, the same sequence.
+#[derive(Serialize, Deserialize)]
+enum Stored<L> {
+    FixedWindow {
+        start: i64,
+        count: u64,
+    },
+    SlidingWindow {
+        start: i64,
+        previous: u64,
+        current: u64,
+    },
+    TokenBucket {
+        tokens: u64,
+        at: i64,
+        window_ms: u64,
+    },
+    LeakyBucket {
+        level: u64,
+        at: i64,
+        window_ms: u64,
+    },
+    SlidingLog(L),
+}
+
+/// A log as written: a sequence of `(instant, units)`, the first instant
+/// counted back from `fresh_at` and each later one from the one before.
+struct LogOut<'a> {
+    log: &'a Log,
+    fresh_at: u64,
+}
+
+impl Serialize for LogOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut previous = None;
+        serializer.collect_seq(self.log.admissions().map(|(ms, units)| {
+            let step = match previous {
+                None => back(self.fresh_at, ms),
+                Some(p) => ms.wrapping_sub(p) as i64,
+            };
+            previous = Some(ms);
+            (step, units)
+        }))
+    }
+}
+
+impl<'a> Stored<LogOut<'a>> {
+    fn new(state: &'a State, fresh_at: u64) -> Self {
+        match *state {
+            State::FixedWindow { start_ms, count } => Stored::FixedWindow {
+                start: back(fresh_at, start_ms),
+                count,
+            },
+            State::SlidingWindow {
+                start_ms,
+                previous,
+                current,
+            } => Stored::SlidingWindow {
+                start: back(fresh_at, start_ms),
+                previous,
+                current,
+            },
+            State::TokenBucket {
+                tokens,
+                at_ms,
+                window_ms,
+            } => Stored::TokenBucket {
+                tokens,
+                at: back(fresh_at, at_ms),
+                window_ms,
+            },
+            State::LeakyBucket {
+                level,
+                at_ms,
+                window_ms,
+            } => Stored::LeakyBucket {
+                level,
+                at: back(fresh_at, at_ms),
+                window_ms,
+            },
+            State::SlidingLog(ref log) => Stored::SlidingLog(LogOut { log, fresh_at }),
+        }
+    }
+}
+
+impl Stored<Vec<(i64, u64)>> {
+    /// The state, if it keeps the rules a live state keeps.
+    fn into_state(self, fresh_at: u64) -> Result<State, &'static str> {
+        let exact = |v: u64, what| if v <= MAX_EXACT { Ok(v) } else { Err(what) };
+        Ok(match self {
+            Stored::FixedWindow { start, count } => {
+                if count == 0 {
+                    return Err("a fixed window counting nothing");
+                }
+                State::FixedWindow {
+                    start_ms: forth(fresh_at, start),
+                    count: exact(count, "a count above 2^53")?,
+                }
+            }
+            Stored::SlidingWindow {
+                start,
+                previous,
+                current,
+            } => {
+                if previous == 0 && current == 0 {
+                    return Err("a sliding window counting nothing");
+                }
+                State::SlidingWindow {
+                    start_ms: forth(fresh_at, start),
+                    previous: exact(previous, "a count above 2^53")?,
+                    current: exact(current, "a count above 2^53")?,
+                }
+            }
+            Stored::TokenBucket {
+                tokens,
+                at,
+                window_ms,
+            } => {
+                if window_ms == 0 {
+                    return Err("a bucket with a zero window");
+                }
+                State::TokenBucket {
+                    tokens: exact(tokens, "tokens above 2^53")?,
+                    at_ms: forth(fresh_at, at),
+                    window_ms,
+                }
+            }
+            Stored::LeakyBucket {
+                level,
+                at,
+                window_ms,
+            } => {
+                if window_ms == 0 || level == 0 {
+                    return Err("a leaky bucket with a zero window or level");
+                }
+                State::LeakyBucket {
+                    level: exact(level, "a level above 2^53")?,
+                    at_ms: forth(fresh_at, at),
+                    window_ms,
+                }
+            }
+            Stored::SlidingLog(steps) => {
+                let max = usize::try_from(SLIDING_LOG_MAX_LIMIT).unwrap_or(usize::MAX);
+                if steps.is_empty() || steps.len() > max {
+                    return Err("a sliding log of no entries or more than 10,000");
+                }
+                let (mut ms, mut total) = (0u64, 0u64);
+                let mut admissions = Vec::with_capacity(steps.len());
+                for (i, &(step, units)) in steps.iter().enumerate() {
+                    if i == 0 {
+                        ms = forth(fresh_at, step);
+                    } else if step <= 0 {
+                        return Err("a sliding log whose instants do not increase");
+                    } else {
+                        ms = ms
+                            .checked_add(step as u64)
+                            .ok_or("a sliding log past u64 ms")?;
+                    }
+                    total += units;
+                    if units == 0 || total > SLIDING_LOG_MAX_LIMIT {
+                        return Err("a sliding log entry of 0 units, or more than 10,000 in all");
+                    }
+                    admissions.push((ms, units));
+                }
+                State::SlidingLog(Box::new(Log::from_admissions(admissions.into_iter())))
+            }
+        })
+    }
+}
+
+/// A reader that checksums and counts what comes through, and reports an
+/// early end as [`SnapshotError::Truncated`].
+struct Checked<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+    at: u64,
+}
+
+impl<R: Read> Checked<R> {
+    fn exact<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
+        let mut bytes = [0; N];
+        match self.inner.read_exact(&mut bytes) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(SnapshotError::Truncated { at: self.at });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.crc.update(&bytes);
+        self.at += N as u64;
+        Ok(bytes)
+    }
+
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        self.exact().map(u32::from_le_bytes)
+    }
+
+    /// The next frame's payload into `buf`, checked against its checksum;
+    /// `None` at the end marker.
+    fn frame(&mut self, buf: &mut Vec<u8>) -> Result<Option<()>, SnapshotError> {
+        let at = self.at;
+        let len = self.u32()?;
+        if len == 0 {
+            return Ok(None);
+        }
+        let crc = self.u32()?;
+        buf.clear();
+        // Read as the bytes arrive: a corrupt length costs no allocation
+        // beyond the input itself.
+        let read = (&mut self.inner).take(u64::from(len)).read_to_end(buf)?;
+        self.crc.update(buf);
+        self.at += read as u64;
+        if read < len as usize {
+            return Err(SnapshotError::Truncated { at: self.at });
+        }
+        if crc32fast::hash(buf) != crc {
+            return Err(SnapshotError::Checksum { what: "frame", at });
+        }
+        Ok(Some(()))
+    }
+}
+
+/// A snapshot opened for loading: its magic, version and header are read
+/// and checked; [`SnapshotReader::load`] reads the rest.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, SnapshotReader, StoreConfig};
+///
+/// let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+/// let config = StoreConfig::try_new(1_000, 1, OnFull::Deny)?;
+/// let store = MemoryStore::new(config, clock.clone());
+/// let policy = Policy::try_new(Algorithm::FixedWindow, 10, Duration::from_secs(60), None)?;
+/// store.check_one(&CheckItem::new("api", policy, "alice", 4)?);
+///
+/// let mut file = Vec::new();
+/// store.export(&mut file, b"policies v1")?;
+///
+/// let snapshot = SnapshotReader::open(file.as_slice())?;
+/// assert_eq!(snapshot.header(), b"policies v1");
+/// let (restored, report) = snapshot.load(config, clock, |_| true)?;
+/// assert_eq!(report.namespaces["api"].loaded, 1);
+/// assert_eq!(restored.peek(&CheckItem::new("api", policy, "alice", 1)?).remaining, 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct SnapshotReader<R> {
+    input: Checked<R>,
+    taken_at_ms: u64,
+    header: Vec<u8>,
+}
+
+impl<R> fmt::Debug for SnapshotReader<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SnapshotReader")
+            .field("taken_at_ms", &self.taken_at_ms)
+            .field("header_bytes", &self.header.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Read> SnapshotReader<R> {
+    /// Reads and checks the magic bytes, the format version and the header
+    /// frame. Wrap a file in a `BufReader`.
+    ///
+    /// # Errors
+    ///
+    /// [`SnapshotError::WrongMagic`], [`SnapshotError::UnsupportedVersion`],
+    /// [`SnapshotError::Truncated`], [`SnapshotError::Checksum`] (the
+    /// header frame), or [`SnapshotError::Io`].
+    pub fn open(reader: R) -> Result<Self, SnapshotError> {
+        let mut input = Checked {
+            inner: reader,
+            crc: crc32fast::Hasher::new(),
+            at: 0,
+        };
+        if input.exact::<8>()? != MAGIC {
+            return Err(SnapshotError::WrongMagic);
+        }
+        let version = input.u32()?;
+        if version != SNAPSHOT_VERSION {
+            return Err(SnapshotError::UnsupportedVersion {
+                found: version,
+                supported: SNAPSHOT_VERSION,
+            });
+        }
+        let mut header = Vec::new();
+        let at = input.at;
+        // The writer's header frame always holds the 8-byte time; a missing
+        // or shorter one (its length damaged) is reported as that damage.
+        let Some(&taken_at) = input
+            .frame(&mut header)?
+            .and_then(|()| header.first_chunk::<8>())
+        else {
+            return Err(SnapshotError::Checksum { what: "frame", at });
+        };
+        let taken_at_ms = u64::from_le_bytes(taken_at);
+        header.drain(..8);
+        Ok(SnapshotReader {
+            input,
+            taken_at_ms,
+            header,
+        })
+    }
+
+    /// The header the snapshot was written with.
+    pub fn header(&self) -> &[u8] {
+        &self.header
+    }
+
+    /// When the snapshot was taken, in ms since the Unix epoch.
+    pub fn taken_at_ms(&self) -> u64 {
+        self.taken_at_ms
+    }
+
+    /// Builds a new store with `config` and `clock` from the snapshot's
+    /// entries, and counts, by namespace (policy name), what was loaded and
+    /// what was dropped.
+    ///
+    /// `keep` is asked once per namespace whether to load its entries (the
+    /// server may drop state under removed policies). An entry that is
+    /// fresh by the new clock (`fresh_at <= now`) is dropped as expired:
+    /// time-based state is judged at the new instant. An entry that its
+    /// shard in the new store has no room for, by keys or bytes, is dropped
+    /// as over capacity: entries are loaded in snapshot order, and loading
+    /// never evicts, whatever `on_full` says. State under a policy whose
+    /// parameters changed is loaded as is; the algorithms judge it under the
+    /// new policy as they do after a reload.
+    ///
+    /// Every frame's checksum, the whole stream's checksum and the entry
+    /// count are verified before the store is handed back.
+    ///
+    /// # Errors
+    ///
+    /// [`SnapshotError::Truncated`], [`SnapshotError::Checksum`],
+    /// [`SnapshotError::InvalidEntry`] (including a key found twice),
+    /// [`SnapshotError::CountMismatch`], [`SnapshotError::TrailingBytes`],
+    /// or [`SnapshotError::Io`]; no store is returned then.
+    pub fn load(
+        mut self,
+        config: StoreConfig,
+        clock: Arc<dyn Clock>,
+        mut keep: impl FnMut(&str) -> bool,
+    ) -> Result<(MemoryStore, LoadReport), SnapshotError> {
+        let now = clock.now_ms();
+        let mut store = MemoryStore::new(config, clock);
+        let mut namespaces: Vec<(String, bool, NamespaceCounts)> = Vec::new();
+        let mut ids: HashMap<String, usize> = HashMap::default();
+        let mut buf = Vec::new();
+        let mut index = 0u64;
+        while self.input.frame(&mut buf)?.is_some() {
+            let mut dict: Vec<usize> = Vec::new();
+            let mut rest = buf.as_slice();
+            while !rest.is_empty() {
+                let at = index;
+                let invalid =
+                    move |reason: String| SnapshotError::InvalidEntry { index: at, reason };
+                let decode = |e: postcard::Error| invalid(format!("cannot be decoded ({e})"));
+                let (code, r) = postcard::take_from_bytes::<u32>(rest).map_err(decode)?;
+                let ns = if code == 0 {
+                    let (name, r) = postcard::take_from_bytes::<&str>(r).map_err(decode)?;
+                    rest = r;
+                    if name.is_empty() || name.contains('\0') {
+                        return Err(invalid("a policy name that is empty or holds NUL".into()));
+                    }
+                    let id = match ids.get(name) {
+                        Some(&id) => id,
+                        None => {
+                            namespaces.push((
+                                name.to_owned(),
+                                keep(name),
+                                NamespaceCounts::default(),
+                            ));
+                            ids.insert(name.to_owned(), namespaces.len() - 1);
+                            namespaces.len() - 1
+                        }
+                    };
+                    dict.push(id);
+                    id
+                } else {
+                    rest = r;
+                    let at = usize::try_from(code - 1).unwrap_or(usize::MAX);
+                    *dict.get(at).ok_or_else(|| {
+                        invalid(format!("names namespace {code} of {}", dict.len()))
+                    })?
+                };
+                let (record, r) =
+                    postcard::take_from_bytes::<RecordIn<'_>>(rest).map_err(decode)?;
+                rest = r;
+                if record.key.is_empty() {
+                    return Err(invalid("an empty key".into()));
+                }
+                let fresh_at = self
+                    .taken_at_ms
+                    .checked_add(record.fresh_in)
+                    .ok_or_else(|| invalid("becomes fresh past u64 ms".into()))?;
+                let state = record
+                    .state
+                    .into_state(fresh_at)
+                    .map_err(|r| invalid(r.into()))?;
+                index += 1;
+                let (name, kept, counts) = &mut namespaces[ns];
+                if !*kept {
+                    counts.skipped += 1;
+                } else if fresh_at <= now {
+                    counts.expired += 1;
+                } else {
+                    let hash = key_hash(store.hasher(), name, record.key);
+                    let shard = store.shard_mut(hash);
+                    if shard.find(hash, name, record.key).is_some() {
+                        return Err(invalid(format!(
+                            "key {:?} of {name:?} appears twice",
+                            record.key
+                        )));
+                    }
+                    let need = Room {
+                        keys: 1,
+                        bytes: extra_bytes(name, record.key, &state),
+                    };
+                    if shard.short(need, false).is_empty() {
+                        shard.insert(hash, name, record.key, state, fresh_at);
+                        counts.loaded += 1;
+                    } else {
+                        counts.over_capacity += 1;
+                    }
+                }
+            }
+        }
+        let expected = u64::from_le_bytes(self.input.exact::<8>()?);
+        let crc = self.input.crc.clone().finalize();
+        let stored = u32::from_le_bytes(self.input.exact::<4>()?);
+        if crc != stored {
+            return Err(SnapshotError::Checksum {
+                what: "snapshot",
+                at: 0,
+            });
+        }
+        if expected != index {
+            return Err(SnapshotError::CountMismatch {
+                expected,
+                found: index,
+            });
+        }
+        let mut probe = [0u8; 1];
+        if self.input.inner.read(&mut probe)? != 0 {
+            return Err(SnapshotError::TrailingBytes);
+        }
+        let report = LoadReport {
+            taken_at_ms: self.taken_at_ms,
+            namespaces: namespaces
+                .into_iter()
+                .map(|(name, _, counts)| (name, counts))
+                .collect(),
+        };
+        Ok((store, report))
+    }
+}
