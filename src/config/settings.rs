@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use quotad_core::OnFull;
 use serde::Deserialize;
 
@@ -175,6 +176,12 @@ section! {
         backend: BackendKind = Str("memory"), Restart;
         /// Most keys held by the memory store
         max_keys: usize = Int("1000000"), Restart;
+        /// Most bytes the memory store's state may take (e.g. "512MiB")
+        ///
+        /// Counts what each key really costs: its table slot, a key longer
+        /// than the inline 24 bytes, and a sliding log's entries; `on_full`
+        /// applies when either bound is reached.
+        max_bytes: ByteSize = Str("512MiB"), Restart;
         /// Memory store lock shards, a power of two
         shards: usize = Int("64"), Restart;
         /// What the memory store does with new keys when full: deny or evict

@@ -37,9 +37,9 @@ pub enum BackendSettings {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct MemorySettings {
-    /// `store.max_keys`, `store.shards` and `store.on_full`, validated
-    /// (the shards in use may be fewer than configured for a small
-    /// `max_keys`).
+    /// `store.max_keys`, `store.max_bytes`, `store.shards` and
+    /// `store.on_full`, validated (the shards in use may be fewer than
+    /// configured for a small `max_keys`).
     pub store: StoreConfig,
     /// `store.sweep_interval`: the time in which the incremental sweep
     /// visits every shard once, dropping state that has become fresh.
@@ -63,7 +63,9 @@ impl StoreSettings {
         }
         let backend = match section.backend {
             BackendKind::Memory => {
+                let bytes = usize::try_from(section.max_bytes.as_u64()).unwrap_or(usize::MAX);
                 let store = StoreConfig::try_new(section.max_keys, section.shards, section.on_full)
+                    .and_then(|store| store.with_max_bytes(bytes))
                     .map_err(|e| {
                         let field = match e {
                             StoreConfigError::MaxKeysZero => "max_keys",

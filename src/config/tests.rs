@@ -378,3 +378,20 @@ fn the_example_config_names_every_setting() {
     }
     Config::from_toml(example).expect("the example config is valid");
 }
+
+#[test]
+fn max_bytes_takes_human_sizes_and_refuses_a_budget_too_small_to_use() {
+    let config = Config::from_toml("[store]\nmax_bytes = \"1GiB\"\n").expect("valid");
+    assert_eq!(memory(&config).store.max_bytes(), Some(1 << 30));
+    let config = Config::from_toml("[store]\nmax_bytes = 100000000\n").expect("valid");
+    assert_eq!(memory(&config).store.max_bytes(), Some(100_000_000));
+    assert_eq!(
+        memory(&Config::default()).store.max_bytes(),
+        Some(512 << 20)
+    );
+    let message = error("[store]\nmax_bytes = \"1KiB\"\n");
+    assert!(message.starts_with("store.max_bytes: "), "{message}");
+    assert!(message.ends_with("(line 2)"), "{message}");
+    let message = error("[store]\nmax_bytes = \"lots\"\n");
+    assert!(message.starts_with("store.max_bytes: "), "{message}");
+}
