@@ -75,21 +75,22 @@ impl<'a> Target<'a> {
     /// What a check answers when the backend failed: as the policy's
     /// `on_error` says, a decision whose reason tells what happened, or the
     /// error itself. Only an unavailable backend is subject to `on_error`;
-    /// `error` in an independent batch answers the item
-    /// [`Reason::Unavailable`], since the call as a whole cannot fail once
-    /// other items are consumed.
+    /// in an independent batch an error (`on_error = error`, or a fault of
+    /// the backend) answers the item [`Reason::Unavailable`], since the call
+    /// as a whole cannot fail once other items are consumed.
     fn on_backend_error(
         &self,
         error: &BackendError,
         answer: Answer,
     ) -> Result<Decision, ServiceError> {
-        let reason = match (error, self.on_error) {
-            (BackendError::Unavailable(_), OnError::FailOpen) => Reason::FailOpen,
-            (BackendError::Unavailable(_), OnError::FailClosed) => Reason::FailClosed,
-            (BackendError::Unavailable(_), OnError::Error) if answer == Answer::PerItem => {
-                Reason::Unavailable
-            }
-            _ => return Err(error.clone().into()),
+        let reason = match (error, self.on_error, answer) {
+            (BackendError::Unavailable(_), OnError::FailOpen, _) => Reason::FailOpen,
+            (BackendError::Unavailable(_), OnError::FailClosed, _) => Reason::FailClosed,
+            // Never failed open or closed: a fault is not an outage. Alone,
+            // it is the call's error; in an independent batch, whose other
+            // items may be consumed, it is the item's.
+            (_, _, Answer::PerItem) => Reason::Unavailable,
+            (_, _, Answer::Whole) => return Err(error.clone().into()),
         };
         Ok(Decision {
             allowed: reason == Reason::FailOpen,
@@ -449,8 +450,19 @@ mod tests {
         assert_eq!(answered[1], decided(true));
         assert!(resolve_results(&both, all_down(2), Answer::Whole).is_err());
         // A bug in the store is never failed open.
-        let bug = vec![Err(BackendError::Internal("bad reply".to_owned()))];
-        assert!(resolve_results(&targets[..1], bug, Answer::PerItem).is_err());
+        let bug = || Err(BackendError::Internal("bad reply".to_owned()));
+        assert!(resolve_results(&targets[..1], vec![bug()], Answer::Whole).is_err());
+        let faulty = resolve_results(
+            &targets[..2],
+            vec![bug(), Ok(decided(true))],
+            Answer::PerItem,
+        )
+        .expect("answers");
+        assert_eq!(
+            (faulty[0].allowed, faulty[0].reason),
+            (false, Reason::Unavailable),
+            "a fault is never failed open, and does not fail the consumed items"
+        );
 
         // A decided all-or-nothing batch is answered as decided.
         let decided_all = vec![Ok(decided(true)), Ok(decided(false)), Ok(decided(true))];

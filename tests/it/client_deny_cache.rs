@@ -80,9 +80,13 @@ async fn a_key_at_ten_times_its_limit_costs_one_call_per_window_and_local_answer
         allowed <= 5 * windows,
         "{allowed} admitted in {windows} windows"
     );
+    // One call per retry interval: the denial that starts it, and at most
+    // one more sent in the window's last milliseconds, after the local
+    // window closed (it ends before quotad's by the request's transit time
+    // and the clocks' margin, so that it never outlasts quotad's).
     assert!(
-        denied <= windows,
-        "at most one denial reached quotad per window: {denied} in {windows}"
+        denied <= 2 * windows,
+        "at most two denials reached quotad per window: {denied} in {windows}"
     );
     assert!(
         allowed + denied < answers / 2,

@@ -146,6 +146,54 @@ async fn the_cost_extractor_prices_requests() {
     assert_eq!(get_with(app, "/api/limited", &[]).await.status, 429);
 }
 
+#[tokio::test]
+async fn a_cost_that_can_never_fit_is_a_429_without_retry_after() {
+    let server = TestServer::start_toml(CONFIG, Arc::new(FakeClock::new(NOON_30))).await;
+    let quotad = client(format!("http://{}", server.grpc_addr), FailurePolicy::Error);
+    let layer = RateLimitLayer::new(quotad, "api", KeyExtractor::PeerIp).cost(|_| 4);
+    let app = serve_app(layer).await;
+    let denied = get_with(app, "/api/limited", &[]).await;
+    assert_eq!(denied.status, 429);
+    assert!(
+        !denied.headers.contains_key("retry-after"),
+        "waiting never helps a cost above the limit of 3"
+    );
+    assert_eq!(denied.headers["x-ratelimit-limit"], "3");
+}
+
+#[tokio::test]
+async fn a_key_quotad_refuses_is_the_callers_fault_and_other_refusals_the_apps() {
+    let server = TestServer::start_toml(CONFIG, Arc::new(FakeClock::new(NOON_30))).await;
+    let quotad = client(format!("http://{}", server.grpc_addr), FailurePolicy::Error);
+    let key = KeyExtractor::Header(HeaderName::from_static("x-api-key"));
+    let app = serve_app(RateLimitLayer::new(quotad.clone(), "api", key)).await;
+    let long = "k".repeat(300);
+    let refused = get_with(app, "/api/limited", &[("x-api-key", &long)]).await;
+    assert_eq!(refused.status, 400, "the key came from the request");
+
+    let unknown = serve_app(RateLimitLayer::new(quotad, "nope", KeyExtractor::PeerIp)).await;
+    assert_eq!(
+        get_with(unknown, "/api/limited", &[]).await.status,
+        500,
+        "an unknown policy is the app's misconfiguration"
+    );
+}
+
+#[tokio::test]
+async fn an_app_served_without_peer_addresses_answers_500_not_400() {
+    let server = TestServer::start_toml(CONFIG, Arc::new(FakeClock::new(NOON_30))).await;
+    let quotad = client(format!("http://{}", server.grpc_addr), FailurePolicy::Error);
+    let layer = RateLimitLayer::new(quotad, "api", KeyExtractor::PeerIp);
+    // Served without into_make_service_with_connect_info: no ConnectInfo.
+    let app = Router::new().route("/api/limited", get(|| async { "ok\n" }).layer(layer));
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the app");
+    let addr = listener.local_addr().expect("app address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    assert_eq!(get_with(addr, "/api/limited", &[]).await.status, 500);
+}
+
 /// A loopback address with nothing listening.
 async fn dead_address() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -115,6 +115,7 @@ impl ClientBuilder {
                 cache,
                 clock,
                 outage_log: Throttle::new(OUTAGE_LOG_INTERVAL),
+                runtime: tokio::runtime::Handle::try_current().ok(),
             }),
             deadline: self.deadline,
             on_unavailable: self.on_unavailable,

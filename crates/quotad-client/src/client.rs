@@ -30,6 +30,7 @@ pub(crate) struct Shared {
     pub(crate) cache: Option<DenyCache>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) outage_log: Throttle,
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 impl fmt::Debug for Shared {
@@ -48,6 +49,14 @@ impl Shared {
 
     pub(crate) fn coalescer(&self) -> Option<&Coalescer> {
         self.coalescer.as_ref()
+    }
+
+    /// The runtime batches are sent on: the one the client was built in,
+    /// else the caller's.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
     }
 
     /// One `Check` call, answered by `deadline`.

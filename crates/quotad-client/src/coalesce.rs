@@ -5,25 +5,35 @@
 //! slot, so a lone check never waits. While every slot is busy, new checks
 //! queue; when a slot frees, the queue leaves as one `INDEPENDENT` batch
 //! (bounded in items and bytes). Each caller keeps its own deadline: a check
-//! whose deadline passes in the queue is never sent.
+//! whose deadline passes in the queue, or whose caller stops waiting, is
+//! never sent. A batch carries the earliest deadline of its checks (as
+//! `grpc-timeout`), so a caller answered with its failure policy at its
+//! deadline is never counted after it; a batch whose callers all stopped
+//! waiting is dropped, which tells quotad to stop working on it.
 //!
 //! What a batch-level error means for its callers:
 //! - a refusal made before anything was decided (`INVALID_ARGUMENT`,
 //!   `NOT_FOUND`, `FAILED_PRECONDITION` naming `items[i]`, and other
 //!   refusals such as `PERMISSION_DENIED`): nothing was consumed, so the
 //!   item it names gets that error as a lone `Check` would have (without the
-//!   `items[i].` prefix) and every other item is sent again on its own;
-//! - `UNAVAILABLE` and the other outage codes: every caller in the batch
-//!   gets its own failure policy, and nothing is sent again. quotad may have
-//!   decided (and consumed) some items before it failed (a Redis Cluster
-//!   node down under a policy whose `on_error` is `error`), so re-sending
-//!   could count a request twice. A check that would have been decided on
-//!   its own can therefore get its failure policy because it shared a batch
-//!   with one that failed.
+//!   `items[i].` prefix) and every other item is sent again on its own. A
+//!   refusal of `CheckBatch` as such (`PERMISSION_DENIED`,
+//!   `UNAUTHENTICATED`, `UNIMPLEMENTED` naming no item: the method is not
+//!   allowed for this client) also turns coalescing off for the client, so
+//!   later checks go out alone instead of being refused and re-sent;
+//! - `UNAVAILABLE`, `DEADLINE_EXCEEDED` and the other outage codes: every
+//!   caller in the batch gets its own failure policy, and nothing is sent
+//!   again (quotad may have decided some items before the call failed, so
+//!   re-sending could count a request twice);
 //! - anything else (`INTERNAL`): every caller gets that error.
+//!
+//! An item quotad could not decide while deciding the others comes back as
+//! `REASON_UNAVAILABLE`, which its caller gets as a lone `Check`'s
+//! UNAVAILABLE: its own failure policy.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -207,6 +217,25 @@ struct State {
 pub(crate) struct Coalescer {
     settings: Coalescing,
     state: Mutex<State>,
+    /// Set when quotad refused a batch as a whole (`CheckBatch` not allowed
+    /// for this client, or not served): checks then go out alone.
+    batches_refused: AtomicBool,
+}
+
+/// A queued check whose caller may stop waiting: dropping it takes the
+/// check off the queue, so it is never sent.
+struct Waiting<'a> {
+    coalescer: &'a Coalescer,
+    id: u64,
+    queued: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.queued {
+            self.coalescer.remove(self.id);
+        }
+    }
 }
 
 /// Holds one in-flight slot; dropping it hands the slot to the queue.
@@ -224,6 +253,7 @@ impl Coalescer {
         Self {
             settings,
             state: Mutex::new(State::default()),
+            batches_refused: AtomicBool::new(false),
         }
     }
 
@@ -275,6 +305,10 @@ pub(crate) async fn submit(
     request: pb::CheckRequest,
     deadline: Instant,
 ) -> Delivered {
+    if coalescer.batches_refused.load(Ordering::Relaxed) {
+        let sent_ms = shared.now_ms();
+        return (shared.unary(request, deadline).await, sent_ms);
+    }
     let (reply, mut answer) = oneshot::channel();
     let admitted = {
         let mut state = coalescer.state.lock();
@@ -304,12 +338,18 @@ pub(crate) async fn submit(
         }
         Admitted::Queued(id) => id,
     };
+    let mut waiting = Waiting {
+        coalescer,
+        id,
+        queued: true,
+    };
 
     let mut flush_at = coalescer.settings.max_delay.map(|d| Instant::now() + d);
     loop {
         tokio::select! {
             biased;
             delivered = &mut answer => {
+                waiting.queued = false;
                 return delivered.unwrap_or_else(|_| {
                     // Dropped unsent: past its deadline (the queue drops
                     // those first), or the runtime is shutting down.
@@ -322,7 +362,6 @@ pub(crate) async fn submit(
                 });
             }
             () = tokio::time::sleep_until(deadline) => {
-                coalescer.remove(id);
                 return (Answer::Failed(deadline_exceeded()), 0);
             }
             () = sleep_until_some(flush_at) => {
@@ -370,14 +409,14 @@ fn spawn_batch(shared: Arc<Shared>, batch: Vec<Queued>, slot: Option<Slot>) {
     if batch.is_empty() {
         return;
     }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
+    match shared.runtime() {
+        Some(runtime) => {
             runtime.spawn(async move {
                 send_batch(&shared, batch).await;
                 drop(slot);
             });
         }
-        Err(_) => {
+        None => {
             // No runtime left to send on (the application is shutting
             // down): every queued caller hears that the client stopped, and
             // the slot, given back, finds the queue empty.
@@ -392,20 +431,31 @@ fn spawn_batch(shared: Arc<Shared>, batch: Vec<Queued>, slot: Option<Slot>) {
 }
 
 /// Sends a batch and gives each caller its own answer.
-async fn send_batch(shared: &Arc<Shared>, batch: Vec<Queued>) {
+async fn send_batch(shared: &Arc<Shared>, mut batch: Vec<Queued>) {
     let sent_ms = shared.now_ms();
+    if batch.iter().all(|q| q.reply.is_closed()) {
+        return;
+    }
     if let [_] = batch.as_slice() {
-        let Some(only) = batch.into_iter().next() else {
+        let Some(mut only) = batch.pop() else {
             return;
         };
-        let answer = shared.unary(only.request, only.deadline).await;
+        let answer = tokio::select! {
+            answer = shared.unary(only.request, only.deadline) => answer,
+            // The caller left: dropping the call resets its stream, so
+            // quotad stops working on it.
+            () = only.reply.closed() => return,
+        };
         let _ = only.reply.send((answer, sent_ms));
         return;
     }
+    // The earliest deadline of the batch goes to quotad (as grpc-timeout):
+    // a caller answered with its failure policy at its deadline must not
+    // be counted after it, so the call ends then for everyone in it.
     let deadline = batch
         .iter()
         .map(|q| q.deadline)
-        .max()
+        .min()
         .unwrap_or_else(Instant::now);
     let (requests, waiters): (Vec<_>, Vec<_>) = batch
         .into_iter()
@@ -417,7 +467,12 @@ async fn send_batch(shared: &Arc<Shared>, batch: Vec<Queued>) {
     };
     metrics::counter!("quotad_client_coalesced_batches_total").increment(1);
     metrics::counter!("quotad_client_coalesced_checks_total").increment(waiters.len() as u64);
-    match shared.batch(request, deadline).await {
+    let mut waiters = waiters;
+    let result = tokio::select! {
+        result = shared.batch(request, deadline) => result,
+        () = every_caller_gone(&mut waiters) => return,
+    };
+    match result {
         Ok(response) if response.decisions.len() == waiters.len() => {
             for ((reply, _), decision) in waiters.into_iter().zip(response.decisions) {
                 let _ = reply.send((Answer::of_item(decision), sent_ms));
@@ -435,6 +490,13 @@ async fn send_batch(shared: &Arc<Shared>, batch: Vec<Queued>) {
     }
 }
 
+/// Resolves once every caller of a batch has stopped waiting for it.
+async fn every_caller_gone(waiters: &mut [(oneshot::Sender<Delivered>, Instant)]) {
+    for (reply, _) in waiters {
+        reply.closed().await;
+    }
+}
+
 /// Gives each caller of a refused batch its own outcome; see the module
 /// docs.
 async fn on_batch_error(
@@ -444,6 +506,16 @@ async fn on_batch_error(
     status: &Status,
     sent_ms: u64,
 ) {
+    if refused_as_a_whole(status.code())
+        && offending_item(status, waiters.len()).is_none()
+        && let Some(coalescer) = shared.coalescer()
+        && !coalescer.batches_refused.swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(
+            code = %status.code(),
+            "quotad refuses CheckBatch from this client; checks now go out one by one"
+        );
+    }
     if !refused_before_deciding(status.code()) {
         for (reply, _) in waiters {
             let _ = reply.send((Answer::Failed(status.clone()), sent_ms));
@@ -476,6 +548,15 @@ async fn on_batch_error(
     }
 }
 
+/// Codes with which quotad refuses a batch for what it is rather than for
+/// an item: the method not allowed for this client, or not served.
+fn refused_as_a_whole(code: Code) -> bool {
+    matches!(
+        code,
+        Code::PermissionDenied | Code::Unauthenticated | Code::Unimplemented
+    )
+}
+
 /// Codes with which quotad refuses a request before deciding anything.
 fn refused_before_deciding(code: Code) -> bool {
     matches!(
@@ -483,7 +564,6 @@ fn refused_before_deciding(code: Code) -> bool {
         Code::InvalidArgument
             | Code::NotFound
             | Code::FailedPrecondition
-            | Code::OutOfRange
             | Code::PermissionDenied
             | Code::Unauthenticated
             | Code::ResourceExhausted

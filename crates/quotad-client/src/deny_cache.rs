@@ -8,12 +8,18 @@
 //! the denied request was *sent*, before quotad decided, so its window never
 //! outlasts quotad's.
 //!
-//! Two things make room early, and the cache cannot see either for certain:
-//! an operator's `Reset` (one made through this client drops the entry) and
-//! a policy reload that raises the limit (the entry is dropped when quotad
-//! next answers for the key with another limit, e.g. a smaller cost that
-//! still goes to quotad; otherwise it lives out its retry time, at most one
-//! window).
+//! The window ends a little before quotad's ([`margin`]): the client's and
+//! quotad's clocks read whole milliseconds at different phases and may run
+//! at slightly different rates.
+//!
+//! Some things make room early, and the cache cannot see them for certain:
+//! an operator's `Reset` (one made through this client drops the entry), a
+//! policy reload that raises the limit or changes the window (the entry is
+//! dropped when quotad next answers for the key with another limit, e.g. a
+//! smaller cost that still goes to quotad), and quotad forgetting the key
+//! (an eviction from a full memory store, or a restart of a memory store
+//! without a snapshot). Otherwise the entry lives out its retry time, at
+//! most one window.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -23,6 +29,14 @@ use parking_lot::Mutex;
 use quotad_core::{Decision, Reason};
 
 use crate::request::{Check, PolicyRef};
+
+/// How much earlier than quotad's retry time a cached denial ends: 1 ms for
+/// the two clocks reading whole milliseconds at different phases, and 1 ms
+/// a second of the wait for the two clocks running at different rates (up
+/// to 1,000 ppm), so the local window never outlasts quotad's.
+fn margin(retry_after_ms: u64) -> u64 {
+    1 + retry_after_ms / 1_000
+}
 
 /// The default number of keys the deny cache holds.
 pub const DEFAULT_DENY_CACHE_CAPACITY: usize = 10_000;
@@ -102,7 +116,10 @@ impl DenyCache {
         let hash = self.hash(check.policy(), check.key());
         let state = self.state.lock();
         let entry = state.entries.get(&hash)?;
-        if !entry.is(check) || now_ms >= entry.until_ms || check.cost_units() < entry.cost {
+        // A cost above the capacity is quotad's COST_EXCEEDS_CAPACITY, which
+        // no wait cures: never a cached LIMIT_EXCEEDED.
+        let cost = check.cost_units();
+        if !entry.is(check) || now_ms >= entry.until_ms || cost < entry.cost || cost > entry.limit {
             return None;
         }
         let retry_after_ms = entry.until_ms - now_ms;
@@ -137,9 +154,11 @@ impl DenyCache {
         if sent.epoch != self.epoch.load(Ordering::Acquire) {
             return;
         }
-        let cacheable = !decision.allowed
-            && decision.reason == Reason::LimitExceeded
-            && decision.retry_after_ms > 0;
+        let hold_ms = decision
+            .retry_after_ms
+            .saturating_sub(margin(decision.retry_after_ms));
+        let cacheable =
+            !decision.allowed && decision.reason == Reason::LimitExceeded && hold_ms > 0;
         if !cacheable {
             // quotad answering with another limit (a reload) or admitting a
             // cost the entry denies (a reset elsewhere) proves room came
@@ -158,7 +177,7 @@ impl DenyCache {
             policy: check.policy().clone(),
             key: check.key().to_owned(),
             cost: check.cost_units(),
-            until_ms: sent.at_ms.saturating_add(decision.retry_after_ms),
+            until_ms: sent.at_ms.saturating_add(hold_ms),
             reset_until_ms: sent.at_ms.saturating_add(decision.reset_after_ms),
             limit: decision.limit,
             remaining: decision.remaining,
@@ -251,15 +270,21 @@ mod tests {
         let sent = cache.sent(1_000);
         cache.record(&check, &denial(10, 500), sent);
         let local = cache.lookup(&check, 1_200).expect("denied locally");
-        assert_eq!(local.retry_after_ms, 300);
+        // Held 1 ms less than quotad's 500 ms (the clocks' margin).
+        assert_eq!(local.retry_after_ms, 299);
         assert_eq!(local.reset_after_ms, 800);
         assert_eq!(local.reason, Reason::LimitExceeded);
-        assert!(cache.lookup(&check.clone().cost(7), 1_499).is_some());
+        assert!(cache.lookup(&check.clone().cost(7), 1_498).is_some());
+        assert!(cache.lookup(&check.clone().cost(7), 1_499).is_none());
         assert!(
             cache.lookup(&check.clone().cost(2), 1_200).is_none(),
             "smaller cost"
         );
         assert!(cache.lookup(&check, 1_500).is_none(), "retry time reached");
+        assert!(
+            cache.lookup(&check.clone().cost(11), 1_200).is_none(),
+            "a cost above the capacity is quotad's COST_EXCEEDS_CAPACITY"
+        );
         assert!(
             cache
                 .lookup(&Check::named("api", "other").cost(3), 1_200)
@@ -358,7 +383,22 @@ mod tests {
         cache.record(&check.clone().cost(4), &denial(10, 100), cache.sent(0));
         assert_eq!(
             cache.lookup(&check, 500).map(|d| d.retry_after_ms),
-            Some(500)
+            Some(500 - margin(1_000))
         );
+    }
+
+    #[test]
+    fn long_waits_end_earlier_by_a_rate_margin_and_tiny_ones_are_not_cached() {
+        assert_eq!(margin(1), 1);
+        assert_eq!(margin(999), 1);
+        assert_eq!(margin(60_000), 61);
+        assert_eq!(margin(86_400_000), 86_401);
+        let cache = DenyCache::new(10);
+        let check = Check::named("api", "k");
+        cache.record(&check, &denial(10, 1), cache.sent(0));
+        assert!(cache.lookup(&check, 0).is_none(), "1 ms is all margin");
+        cache.record(&check, &denial(10, 60_000), cache.sent(0));
+        assert!(cache.lookup(&check, 59_938).is_some());
+        assert!(cache.lookup(&check, 59_939).is_none());
     }
 }

@@ -169,6 +169,14 @@ fn with_tls(endpoint: Endpoint, tls: &TlsConfig) -> Result<Endpoint, String> {
     if cas.is_empty() {
         return Err("tls.ca: no PEM certificate found".to_owned());
     }
+    // A PEM block whose contents are not a certificate would be skipped too.
+    let mut roots = rustls::RootCertStore::empty();
+    let (_, unusable) = roots.add_parsable_certificates(cas);
+    if unusable > 0 {
+        return Err(format!(
+            "tls.ca: {unusable} of the PEM certificates cannot be used as a CA"
+        ));
+    }
     let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
     if let Some((cert, key)) = &tls.identity {
         config = config.identity(Identity::from_pem(cert, key));
@@ -246,6 +254,12 @@ mod tests {
             .expect_err("no such file")
             .to_string();
         assert!(missing.contains("tls.ca: /nonexistent/ca.pem"), "{missing}");
+        let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let message = error(
+            "https://localhost:1",
+            Some(&TlsConfig::new(garbled.as_bytes().to_vec())),
+        );
+        assert!(message.contains("cannot be used as a CA"), "{message}");
     }
 
     #[test]

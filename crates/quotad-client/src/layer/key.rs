@@ -127,6 +127,18 @@ impl KeyExtractor {
     }
 }
 
+impl KeyExtractor {
+    /// Whether the key comes from the peer's address, which only the
+    /// server can provide (axum's `ConnectInfo`): a request without one
+    /// is the application's misconfiguration, not the caller's fault.
+    pub(crate) fn needs_peer(&self) -> bool {
+        matches!(
+            self,
+            KeyExtractor::PeerIp | KeyExtractor::ForwardedFor { .. }
+        )
+    }
+}
+
 impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -158,15 +170,17 @@ fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
     if !is_trusted(&peer) {
         return peer;
     }
-    let hops: Vec<&str> = headers
+    // Split the raw bytes, not the header as text: one byte that is not
+    // text, which the client can put on its own line, must not drop the
+    // hops the trusted proxies appended to that line.
+    let hops: Vec<&[u8]> = headers
         .get_all("x-forwarded-for")
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .collect();
     let mut client = peer;
     for hop in hops.iter().rev() {
-        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+        let Some(ip) = hop_address(hop) else {
             break;
         };
         client = ip.to_canonical();
@@ -175,6 +189,16 @@ fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
         }
     }
     client
+}
+
+/// The address of one `X-Forwarded-For` hop: `192.0.2.1`, `2001:db8::1`,
+/// or with a port as some proxies write it (`192.0.2.1:4711`,
+/// `[2001:db8::1]:4711`).
+fn hop_address(hop: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(hop).ok()?.trim();
+    text.parse::<IpAddr>()
+        .or_else(|_| text.parse::<SocketAddr>().map(|a| a.ip()))
+        .ok()
 }
 
 #[cfg(test)]
@@ -242,6 +266,27 @@ mod tests {
             Some("10.0.0.9"),
             "the last trusted hop, not the proxy"
         );
+    }
+
+    #[test]
+    fn a_byte_that_is_not_text_on_the_clients_line_does_not_drop_the_proxys_hop() {
+        // nginx appends the peer to the client's own line:
+        // `$proxy_add_x_forwarded_for`.
+        let mut parts = parts_from("10.0.0.2:5000", None);
+        let line = http::HeaderValue::from_bytes(b"\xff, 198.51.100.7").expect("a header value");
+        parts.headers.insert("x-forwarded-for", line);
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(key.as_deref(), Some("198.51.100.7"));
+    }
+
+    #[test]
+    fn hops_written_with_a_port_count_by_their_address() {
+        let parts = parts_from("10.0.0.2:5000", Some("198.51.100.7:4711"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(key.as_deref(), Some("198.51.100.7"));
+        let parts = parts_from("10.0.0.2:5000", Some("[2001:db8:1:2::7]:4711"));
+        let key = forwarded_for(&["10.0.0.0/8"]).extract(&parts);
+        assert_eq!(key.as_deref(), Some("2001:db8:1:2::/64"));
     }
 
     #[test]

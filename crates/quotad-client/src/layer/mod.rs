@@ -177,6 +177,21 @@ where
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let Some(key) = settings.key.extract_with(&parts, &settings.prefixes) else {
+                if settings.key.needs_peer() {
+                    if let Some(suppressed) = settings.failure_log.record(settings.client.now_ms())
+                    {
+                        tracing::error!(
+                            policy = %settings.policy,
+                            suppressed,
+                            "no peer address on the request: serve the app with connect info \
+                             (axum: into_make_service_with_connect_info::<SocketAddr>)"
+                        );
+                    }
+                    return Ok(plain(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "rate limiter misconfigured\n",
+                    ));
+                }
                 return Ok(plain(
                     StatusCode::BAD_REQUEST,
                     "no rate-limit key in the request\n",
@@ -196,14 +211,26 @@ where
                             "rate-limit check failed"
                         );
                     }
-                    // quotad refusing the request (a bad key or cost from
-                    // this app's extractors) is this server's fault, not an
-                    // outage.
-                    let status = match error {
-                        Error::Rejected(_) => StatusCode::INTERNAL_SERVER_ERROR,
-                        _ => StatusCode::SERVICE_UNAVAILABLE,
-                    };
-                    return Ok(plain(status, "rate limiter unavailable\n"));
+                    // quotad refusing the key (too long: it came from the
+                    // request) is the caller's fault; refusing anything else
+                    // (an unknown policy, a bad cost from this app's
+                    // extractors) is this server's, not an outage.
+                    return Ok(match error {
+                        Error::Rejected(status)
+                            if status.code() == tonic::Code::InvalidArgument
+                                && status.message().starts_with("key:") =>
+                        {
+                            plain(StatusCode::BAD_REQUEST, "invalid rate-limit key\n")
+                        }
+                        Error::Rejected(_) => plain(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "rate limiter misconfigured\n",
+                        ),
+                        _ => plain(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "rate limiter unavailable\n",
+                        ),
+                    });
                 }
             };
             match decision.reason {
@@ -220,10 +247,14 @@ where
                 _ => {
                     let mut response = plain(StatusCode::TOO_MANY_REQUESTS, "too many requests\n");
                     set_headers(response.headers_mut(), &settings, &decision);
-                    let retry = retry_after_secs(decision.retry_after_ms);
-                    response
-                        .headers_mut()
-                        .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+                    // Only a spent budget has a time after which the same
+                    // request fits; a cost above the capacity never does.
+                    if decision.reason == Reason::LimitExceeded {
+                        let retry = retry_after_secs(decision.retry_after_ms);
+                        response
+                            .headers_mut()
+                            .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
+                    }
                     Ok(response)
                 }
             }

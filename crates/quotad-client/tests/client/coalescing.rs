@@ -426,6 +426,160 @@ async fn batches_respect_the_item_bound() {
     );
 }
 
+/// Holds every call, queues `checks` behind one in flight, then lets the
+/// first through while the batch the queue leaves as is held at the door.
+async fn hold_a_batch_of(
+    fake: &Arc<Fake>,
+    queued: Vec<(Client, Check)>,
+) -> Vec<JoinHandle<Result<Decision, Error>>> {
+    let handle = queued[0].0.clone();
+    let first = occupy_the_slot(fake, &handle).await;
+    let mut waiting = Vec::new();
+    for (client, check) in queued {
+        waiting.extend(queue(&client, [check]).await);
+    }
+    fake.hold_batches();
+    fake.open();
+    assert!(outcome(first).await.expect("decided").allowed);
+    until("the batch reaches the server", || {
+        fake.calls().iter().any(|c| matches!(c, Call::Batch(_)))
+    })
+    .await;
+    waiting
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_ends_at_its_earliest_deadline_so_no_caller_is_counted_after_its_answer() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    let impatient = client
+        .with_deadline(Duration::from_millis(300))
+        .with_failure_policy(FailurePolicy::FailOpen);
+    let waiting = hold_a_batch_of(
+        &fake,
+        vec![
+            (impatient, Check::named("api", "impatient")),
+            (client.clone(), Check::named("api", "patient")),
+        ],
+    )
+    .await;
+    let mut outcomes = Vec::new();
+    for handle in waiting {
+        outcomes.push(outcome(handle).await);
+    }
+    assert_eq!(
+        outcomes[0].as_ref().expect("its failure policy").reason,
+        Reason::FailOpen,
+        "answered at its own deadline, as admitted without counting"
+    );
+    assert!(
+        matches!(&outcomes[1], Err(Error::Unavailable(_))),
+        "the batch's deadline is its earliest: {:?}",
+        outcomes[1]
+    );
+    until("the server drops the abandoned batch", || {
+        fake.calls()
+            .contains(&Call::Abandoned(vec!["impatient".into(), "patient".into()]))
+    })
+    .await;
+    fake.open_batches();
+    assert!(
+        fake.decided().iter().all(|d| d.key == "first"),
+        "nothing of the batch was counted: {:?}",
+        fake.decided()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_callers_all_left_is_dropped_and_counts_nothing() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    let waiting = hold_a_batch_of(
+        &fake,
+        vec![
+            (client.clone(), Check::named("api", "gone-a")),
+            (client.clone(), Check::named("api", "gone-b")),
+        ],
+    )
+    .await;
+    for handle in &waiting {
+        handle.abort();
+    }
+    until("the server drops the abandoned batch", || {
+        fake.calls()
+            .contains(&Call::Abandoned(vec!["gone-a".into(), "gone-b".into()]))
+    })
+    .await;
+    fake.open_batches();
+    assert!(fake.decided().iter().all(|d| d.key == "first"));
+    // The slot came back: the next check goes out at once.
+    let next = client.check(&Check::named("api", "next")).await;
+    assert!(next.expect("decided").allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_caller_that_leaves_is_taken_off_the_queue_and_never_sent() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    let first = occupy_the_slot(&fake, &client).await;
+    let waiting = queue(&client, [Check::named("api", "leaves")]).await;
+    assert_eq!(client.queued_checks(), 1);
+    waiting[0].abort();
+    until("the check leaves the queue", || client.queued_checks() == 0).await;
+    fake.open();
+    assert!(outcome(first).await.expect("decided").allowed);
+    let next = client.check(&Check::named("api", "next")).await;
+    assert!(next.expect("decided").allowed);
+    assert_eq!(
+        fake.calls(),
+        vec![Call::Check("first".into()), Call::Check("next".into())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_refused_batches_as_such_sends_its_checks_alone_from_then_on() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    fake.fail_batches(Status::permission_denied(
+        "quotad.v1.Quota/CheckBatch is not allowed for this client",
+    ));
+    let first = occupy_the_slot(&fake, &client).await;
+    let waiting = queue(
+        &client,
+        [Check::named("api", "a"), Check::named("api", "b")],
+    )
+    .await;
+    fake.open();
+    assert!(outcome(first).await.expect("decided").allowed);
+    for handle in waiting {
+        assert!(outcome(handle).await.expect("re-sent alone").allowed);
+    }
+    // From now on nothing queues behind a busy slot: every check goes alone.
+    fake.hold();
+    let held = spawn_check(&client, Check::named("api", "held"));
+    let alone = spawn_check(&client, Check::named("api", "alone"));
+    until("both reach the server", || {
+        fake.calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Check(_)))
+            .count()
+            == 5
+    })
+    .await;
+    fake.open();
+    assert!(outcome(held).await.expect("decided").allowed);
+    assert!(outcome(alone).await.expect("decided").allowed);
+    assert_eq!(
+        fake.calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Batch(_)))
+            .count(),
+        1,
+        "one refused batch, then none: {:?}",
+        fake.calls()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_max_delay_sends_the_queue_even_while_every_slot_is_busy() {
     let fake = Fake::new(100, Duration::from_secs(60));

@@ -33,6 +33,9 @@ pub(crate) enum Call {
     Batch(Vec<String>),
     Peek(String),
     Reset(String),
+    /// A call whose client went away before it was answered: the server
+    /// dropped its handler, and decided nothing for it.
+    Abandoned(Vec<String>),
 }
 
 /// One decision the server made, in the order it made them.
@@ -51,6 +54,7 @@ pub(crate) struct Fake {
     calls: Mutex<Vec<Call>>,
     decided: Mutex<Vec<Decided>>,
     gate: watch::Sender<bool>,
+    batch_gate: watch::Sender<bool>,
     batch_failure: Mutex<Option<Status>>,
     transit: Mutex<Duration>,
     down: Mutex<Vec<String>>,
@@ -72,6 +76,7 @@ impl Fake {
             clock.clone(),
         );
         let (gate, _) = watch::channel(true);
+        let (batch_gate, _) = watch::channel(true);
         Arc::new(Self {
             clock,
             store,
@@ -79,6 +84,7 @@ impl Fake {
             calls: Mutex::new(Vec::new()),
             decided: Mutex::new(Vec::new()),
             gate,
+            batch_gate,
             batch_failure: Mutex::new(None),
             transit: Mutex::new(Duration::ZERO),
             down: Mutex::new(Vec::new()),
@@ -103,6 +109,17 @@ impl Fake {
     /// Lets held calls, and all later ones, through.
     pub(crate) fn open(&self) {
         self.gate.send_replace(true);
+    }
+
+    /// `CheckBatch` calls that arrive from now on wait (recorded) until
+    /// [`Fake::open_batches`]; other calls go on.
+    pub(crate) fn hold_batches(&self) {
+        self.batch_gate.send_replace(false);
+    }
+
+    /// Lets held batches, and all later ones, through.
+    pub(crate) fn open_batches(&self) {
+        self.batch_gate.send_replace(true);
     }
 
     /// Every `CheckBatch` fails with `status` from now on.
@@ -134,10 +151,15 @@ impl Fake {
     }
 
     async fn arrive(&self, call: Call) {
+        let batch = matches!(call, Call::Batch(_));
         lock(&self.calls).push(call);
         let mut gate = self.gate.subscribe();
         // The sender lives as long as the server: waiting cannot fail.
         let _ = gate.wait_for(|open| *open).await;
+        if batch {
+            let mut gate = self.batch_gate.subscribe();
+            let _ = gate.wait_for(|open| *open).await;
+        }
         let transit = *lock(&self.transit);
         self.clock.advance(transit);
     }
@@ -205,6 +227,28 @@ impl Fake {
     }
 }
 
+/// Records a call as abandoned if its handler is dropped before it
+/// answers.
+struct Answering<'a> {
+    fake: &'a Fake,
+    keys: Vec<String>,
+    done: bool,
+}
+
+impl Answering<'_> {
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            lock(&self.fake.calls).push(Call::Abandoned(std::mem::take(&mut self.keys)));
+        }
+    }
+}
+
 /// The gRPC face of a [`Fake`].
 #[derive(Debug)]
 struct FakeQuota(Arc<Fake>);
@@ -216,7 +260,13 @@ impl Quota for FakeQuota {
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let request = request.into_inner();
+        let answering = Answering {
+            fake: &self.0,
+            keys: vec![request.key.clone()],
+            done: false,
+        };
         self.0.arrive(Call::Check(request.key.clone())).await;
+        answering.done();
         if self.0.is_down(&request.key) {
             return Err(Status::unavailable("state store unavailable"));
         }
@@ -231,8 +281,14 @@ impl Quota for FakeQuota {
         request: Request<pb::CheckBatchRequest>,
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
         let request = request.into_inner();
-        let keys = request.items.iter().map(|i| i.key.clone()).collect();
+        let keys: Vec<String> = request.items.iter().map(|i| i.key.clone()).collect();
+        let answering = Answering {
+            fake: &self.0,
+            keys: keys.clone(),
+            done: false,
+        };
         self.0.arrive(Call::Batch(keys)).await;
+        answering.done();
         if let Some(status) = lock(&self.0.batch_failure).clone() {
             return Err(status);
         }
