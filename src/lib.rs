@@ -85,6 +85,7 @@ pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings};
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits};
 use crate::backend::Backend;
+use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
 use crate::health::Health;
@@ -148,6 +149,10 @@ pub enum Error {
     /// The state store could not be reached at start (Redis).
     #[error("{0}")]
     Store(#[source] backend::BackendError),
+    /// The memory store's snapshot could not be read, and
+    /// `store.snapshot.on_bad_file` says to refuse to start.
+    #[error("{0}")]
+    Snapshot(#[from] snapshot::LoadError),
 }
 
 /// Installs ring as the process-wide rustls crypto provider, unless one is
@@ -178,22 +183,63 @@ pub async fn run(
     install_crypto_provider();
     let metrics = Arc::new(Metrics::new()?);
     let mut tasks = Tasks::default();
+    let registry = policies(&config, &metrics, &mut tasks);
+    // The memory store's last snapshot, written once everything else stopped.
+    let mut last_snapshot = None;
     let result = match &config.store().backend {
         BackendSettings::Memory(settings) => {
-            let store = Arc::new(MemoryStore::new(settings.store, Arc::clone(config.clock())));
+            let clock = Arc::clone(config.clock());
+            let store = match &settings.snapshot {
+                Some(snapshot) => {
+                    snapshot::load(snapshot, settings.store, clock, config.policies(), &metrics)?
+                }
+                None => MemoryStore::new(settings.store, clock),
+            };
+            let store = Arc::new(store);
             let (swept, interval) = (Arc::clone(&store), settings.sweep_interval);
             tasks.spawn(|stop| backend::memory::sweep(swept, interval, stop));
-            serve(&config, listeners, shutdown, store, metrics, &mut tasks).await
+            if let Some(snapshot) = &settings.snapshot {
+                if let Some(interval) = snapshot.interval {
+                    let (store, path) = (Arc::clone(&store), snapshot.path.clone());
+                    let (registry, metrics) = (Arc::clone(&registry), Arc::clone(&metrics));
+                    tasks.spawn(move |stop| {
+                        snapshot::periodic(store, path, interval, registry, metrics, stop)
+                    });
+                }
+                last_snapshot = Some((Arc::clone(&store), snapshot.path.clone()));
+            }
+            serve(
+                &config,
+                listeners,
+                shutdown,
+                store,
+                registry.clone(),
+                metrics.clone(),
+                &mut tasks,
+            )
+            .await
         }
         BackendSettings::Redis(settings) => match RedisBackend::connect(settings).await {
             Ok(store) => {
                 let store = Arc::new(store);
-                serve(&config, listeners, shutdown, store, metrics, &mut tasks).await
+                serve(
+                    &config,
+                    listeners,
+                    shutdown,
+                    store,
+                    registry.clone(),
+                    metrics.clone(),
+                    &mut tasks,
+                )
+                .await
             }
             Err(error) => Err(Error::Store(error)),
         },
     };
     tasks.stop().await;
+    if let Some((store, path)) = last_snapshot {
+        snapshot::write_now(&store, &path, &registry, &metrics).await;
+    }
     result
 }
 
@@ -204,10 +250,10 @@ async fn serve<B: Backend>(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
     backend: Arc<B>,
+    registry: Arc<PolicyRegistry>,
     metrics: Arc<Metrics>,
     tasks: &mut Tasks,
 ) -> Result<(), Error> {
-    let registry = policies(config, &metrics, tasks);
     let upkeep = Arc::clone(&metrics);
     tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 

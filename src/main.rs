@@ -5,8 +5,9 @@
 //!
 //! Exit codes: 0 after a graceful shutdown (or a valid config for
 //! `validate-config`, or an answer from quotad), 2 for an invalid config or
-//! command line (nothing has been bound or sent then), 1 for any other
-//! failure.
+//! command line, or a memory-store snapshot that cannot be read under
+//! `store.snapshot.on_bad_file = "refuse"` (nothing has been served then),
+//! 1 for any other failure.
 
 mod cli;
 
@@ -115,6 +116,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");
+            // A snapshot quotad was told not to start without is like an
+            // invalid config: nothing was served.
+            if let Some(quotad::Error::Snapshot(_)) = error.downcast_ref() {
+                return ExitCode::from(EXIT_INVALID_CONFIG);
+            }
             ExitCode::FAILURE
         }
     }

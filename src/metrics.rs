@@ -19,6 +19,10 @@
 //! | `quotad_evictions_total` | counter | |
 //! | `quotad_reclaimed_keys_total` | counter | |
 //! | `quotad_policy_reloads_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_snapshot_writes_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_snapshot_last_write_seconds`, `_bytes`, `_timestamp_seconds` | gauge | |
+//! | `quotad_snapshot_loaded_entries_total` | counter | `outcome` (`loaded`, `expired`, `over_capacity`, `policy_removed`, `policy_changed`) |
+//! | `quotad_snapshot_load_failures_total` | counter | |
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -40,6 +44,12 @@ const LIVE_KEYS: &str = "quotad_live_keys";
 const EVICTIONS: &str = "quotad_evictions_total";
 const RECLAIMED: &str = "quotad_reclaimed_keys_total";
 const RELOADS: &str = "quotad_policy_reloads_total";
+const SNAPSHOT_WRITES: &str = "quotad_snapshot_writes_total";
+const SNAPSHOT_SECONDS: &str = "quotad_snapshot_last_write_seconds";
+const SNAPSHOT_BYTES: &str = "quotad_snapshot_last_write_bytes";
+const SNAPSHOT_TIMESTAMP: &str = "quotad_snapshot_last_write_timestamp_seconds";
+const SNAPSHOT_LOADED: &str = "quotad_snapshot_loaded_entries_total";
+const SNAPSHOT_LOAD_FAILURES: &str = "quotad_snapshot_load_failures_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -185,6 +195,45 @@ impl Metrics {
         }
     }
 
+    /// A snapshot written in `elapsed`, `bytes` long, at `at` (since the
+    /// Unix epoch).
+    pub(crate) fn snapshot_written(&self, elapsed: Duration, bytes: u64, at: Duration) {
+        let recorder = &self.recorder;
+        let gauge =
+            |name: &'static str| recorder.register_gauge(&Key::from_static_name(name), &metadata());
+        gauge(SNAPSHOT_SECONDS).set(elapsed.as_secs_f64());
+        gauge(SNAPSHOT_BYTES).set(bytes as f64);
+        gauge(SNAPSHOT_TIMESTAMP).set(at.as_secs_f64());
+        register_counter(recorder, SNAPSHOT_WRITES, vec![Label::new("outcome", "ok")]).increment(1);
+    }
+
+    /// A snapshot that could not be written.
+    pub(crate) fn snapshot_failed(&self) {
+        register_counter(
+            &self.recorder,
+            SNAPSHOT_WRITES,
+            vec![Label::new("outcome", "error")],
+        )
+        .increment(1);
+    }
+
+    /// What a snapshot load did with its entries, by outcome.
+    pub(crate) fn snapshot_loaded(&self, counts: &[(&'static str, u64)]) {
+        for &(outcome, count) in counts {
+            register_counter(
+                &self.recorder,
+                SNAPSHOT_LOADED,
+                vec![Label::new("outcome", outcome)],
+            )
+            .increment(count);
+        }
+    }
+
+    /// A snapshot that could not be read, replaced by an empty store.
+    pub(crate) fn snapshot_load_failed(&self) {
+        register_counter(&self.recorder, SNAPSHOT_LOAD_FAILURES, vec![]).increment(1);
+    }
+
     /// Publishes the store's counts (read when `/metrics` is scraped).
     pub(crate) fn store_stats(&self, stats: BackendStats) {
         if let Some(live) = stats.live_keys {
@@ -276,9 +325,37 @@ fn describe(recorder: &PrometheusRecorder) {
             RELOADS,
             "Policy reloads, by outcome (an error keeps the previous policies).",
         ),
+        (
+            SNAPSHOT_WRITES,
+            "Snapshots of the memory store written, by outcome (an error keeps the previous file).",
+        ),
+        (
+            SNAPSHOT_LOADED,
+            "Entries of the snapshot loaded at start, by outcome (policy_removed and policy_changed are loaded too, and reconciled as after a reload).",
+        ),
+        (
+            SNAPSHOT_LOAD_FAILURES,
+            "Snapshots that could not be read at start, replaced by an empty store.",
+        ),
     ];
     for (name, help) in counters {
         recorder.describe_counter(name.into(), None, help.into());
+    }
+    for (name, help) in [
+        (
+            SNAPSHOT_SECONDS,
+            "Time the last snapshot took to write, in seconds.",
+        ),
+        (
+            SNAPSHOT_BYTES,
+            "Size of the last snapshot written, in bytes.",
+        ),
+        (
+            SNAPSHOT_TIMESTAMP,
+            "When the last snapshot was written, in seconds since the Unix epoch.",
+        ),
+    ] {
+        recorder.describe_gauge(name.into(), None, help.into());
     }
     recorder.describe_gauge(
         LIVE_KEYS.into(),

@@ -59,8 +59,8 @@ use serde::{Deserialize, Deserializer};
 pub use error::{ConfigError, Origin};
 pub use overrides::Overrides;
 pub use policies::{OnError, PolicySettings};
-pub use settings::LimitSettings;
-pub use store::{BackendSettings, MemorySettings, StoreSettings};
+pub use settings::{LimitSettings, OnBadSnapshot};
+pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
 pub use tls::TlsSettings;
 
 use document::Layers;
@@ -199,7 +199,7 @@ impl Config {
                 located((field, e.message))
             })?;
         }
-        let store = StoreSettings::validate(raw.store).map_err(located)?;
+        let store = StoreSettings::validate(raw.store, base_dir).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
         Ok(Config {
             server,

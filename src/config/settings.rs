@@ -196,7 +196,37 @@ section! {
         on_error: OnError = Str("error"), Restart;
         /// Redis, for backend redis (`[store.redis]`)
         redis: Option<RedisSection> = Table, Restart;
+        /// Snapshots of the memory store (`[store.snapshot]`); none when absent
+        snapshot: Option<SnapshotSection> = Table, Restart;
     }
+}
+
+section! {
+    /// `[store.snapshot]` as written: where the memory store keeps its state
+    /// across restarts.
+    pub(crate) struct SnapshotSection at "store.snapshot", flags "snapshot_" {
+        /// File the memory store is written to on shutdown and loaded from on start
+        path: Option<PathBuf> = Str, Restart;
+        /// How often the memory store is also written while serving; 0s: only on shutdown
+        #[serde(deserialize_with = "human_duration")]
+        interval: Duration = Str("0s"), Restart;
+        /// What a snapshot that cannot be read does at start: start_empty or refuse
+        on_bad_file: OnBadSnapshot = Str("start_empty"), Restart;
+    }
+}
+
+/// `store.snapshot.on_bad_file`: what a snapshot that cannot be read (truncated,
+/// corrupt, of another version, unreadable) does at start. A missing file
+/// is no snapshot yet, not a bad one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadSnapshot {
+    /// Start with an empty store, logging an error and counting it in
+    /// `quotad_snapshot_load_failures_total`: every key starts fresh, as
+    /// without snapshots, and the next snapshot replaces the bad file.
+    StartEmpty,
+    /// Refuse to start (exit code 2), naming the file and the problem.
+    Refuse,
 }
 
 section! {
@@ -245,6 +275,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         TlsSection::SETTINGS,
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
+        SnapshotSection::SETTINGS,
         LimitSettings::SETTINGS,
     ]
     .into_iter()

@@ -6,7 +6,7 @@ use std::time::Duration;
 use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
-use super::settings::{BackendKind, RedisSection, StoreSection};
+use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
 use crate::backend::redis::{RedisSettings, RedisTarget};
 
 /// `[store]`: the backend with its own settings, and what every backend
@@ -44,6 +44,22 @@ pub struct MemorySettings {
     /// `store.sweep_interval`: the time in which the incremental sweep
     /// visits every shard once, dropping state that has become fresh.
     pub sweep_interval: Duration,
+    /// `[store.snapshot]`: keeping the state across restarts.
+    pub snapshot: Option<SnapshotSettings>,
+}
+
+/// `[store.snapshot]`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotSettings {
+    /// `store.snapshot.path`: the file, resolved against the config file's
+    /// folder.
+    pub path: std::path::PathBuf,
+    /// `store.snapshot.interval`: how often it is also written while
+    /// serving; `None` for only on shutdown.
+    pub interval: Option<Duration>,
+    /// `store.snapshot.on_bad_file`.
+    pub on_bad_file: OnBadSnapshot,
 }
 
 fn invalid(path: &[&str], message: impl Into<String>) -> Invalid {
@@ -54,7 +70,10 @@ fn invalid(path: &[&str], message: impl Into<String>) -> Invalid {
 }
 
 impl StoreSettings {
-    pub(super) fn validate(section: StoreSection) -> Result<Self, Invalid> {
+    pub(super) fn validate(
+        section: StoreSection,
+        base_dir: Option<&std::path::Path>,
+    ) -> Result<Self, Invalid> {
         if section.max_key_bytes == 0 {
             return Err(invalid(
                 &["store", "max_key_bytes"],
@@ -83,7 +102,17 @@ impl StoreSettings {
                 BackendSettings::Memory(MemorySettings {
                     store,
                     sweep_interval: section.sweep_interval,
+                    snapshot: section
+                        .snapshot
+                        .map(|s| snapshot_settings(s, base_dir))
+                        .transpose()?,
                 })
+            }
+            BackendKind::Redis if section.snapshot.is_some() => {
+                return Err(invalid(
+                    &["store", "snapshot"],
+                    "snapshots are of the memory store; Redis keeps the state of backend \"redis\"",
+                ));
             }
             BackendKind::Redis => match section.redis {
                 Some(redis) => BackendSettings::Redis(redis_settings(redis)?),
@@ -101,6 +130,27 @@ impl StoreSettings {
             backend,
         })
     }
+}
+
+fn snapshot_settings(
+    section: SnapshotSection,
+    base_dir: Option<&std::path::Path>,
+) -> Result<SnapshotSettings, Invalid> {
+    let path = section.path.ok_or_else(|| {
+        invalid(
+            &["store", "snapshot", "path"],
+            "path is required when [store.snapshot] is set",
+        )
+    })?;
+    let path = match base_dir {
+        Some(dir) if path.is_relative() => dir.join(path),
+        _ => path,
+    };
+    Ok(SnapshotSettings {
+        path,
+        interval: (!section.interval.is_zero()).then_some(section.interval),
+        on_bad_file: section.on_bad_file,
+    })
 }
 
 fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {

@@ -1,16 +1,13 @@
 //! The `quotad` binary: `validate-config`, refusing a bad config before
 //! binding, SIGHUP reload and SIGTERM shutdown.
 
-use std::io::{BufRead as _, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
+use crate::common::binary::{Server, quotad};
 use crate::common::{eventually, http_get};
-
-const BIN: &str = env!("CARGO_BIN_EXE_quotad");
 
 const BAD_LIMIT: &str = r#"
 [policies.login]
@@ -18,19 +15,6 @@ algorithm = "fixed_window"
 limit = 0
 window = "1m"
 "#;
-
-fn quotad(args: &[&str]) -> Command {
-    let mut command = Command::new(BIN);
-    command.args(args);
-    // The environment must not configure the binary behind the test's back.
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("QUOTAD_") {
-            command.env_remove(name);
-        }
-    }
-    command.env("RUST_LOG", "info");
-    command
-}
 
 fn run(args: &[&str]) -> Output {
     quotad(args).output().expect("run quotad")
@@ -179,78 +163,6 @@ fn serve_reports_a_port_in_use_with_exit_code_one() {
         "{}",
         stderr(&output)
     );
-}
-
-/// A running `quotad serve`, killed if the test fails before stopping it.
-struct Server {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Server {
-    fn spawn(args: &[&str]) -> Server {
-        let mut child = quotad(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn quotad");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Server { child, lines }
-    }
-
-    /// Waits for the "serving" log line and returns (gRPC, admin) addresses.
-    fn addresses(&self) -> (SocketAddr, SocketAddr) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .expect("quotad logs that it is serving");
-            if line.contains("quotad serving") {
-                let field = |name: &str| {
-                    line.split_whitespace()
-                        .find_map(|w| w.strip_prefix(name))
-                        .and_then(|a| a.parse().ok())
-                        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-                };
-                return (field("grpc_addr="), field("admin_addr="));
-            }
-        }
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success());
-    }
-
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "quotad did not exit in time");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test]

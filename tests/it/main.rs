@@ -20,4 +20,5 @@ mod python_client;
 mod redis;
 mod reload;
 mod shutdown;
+mod snapshot;
 mod tls;

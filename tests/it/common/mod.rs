@@ -2,6 +2,7 @@
 //! (both listeners), a gRPC client, a tiny HTTP client for the admin port,
 //! and a Prometheus text parser.
 
+pub(crate) mod binary;
 pub(crate) mod process;
 pub(crate) mod redis;
 

@@ -1,5 +1,6 @@
-//! The in-memory backend: quotad-core's sharded [`MemoryStore`], and the
-//! background task that sweeps state that has become fresh.
+//! The in-memory backend: quotad-core's sharded [`MemoryStore`], the
+//! background task that sweeps state that has become fresh, and its
+//! [`snapshot`]s on disk.
 //!
 //! It never fails: every method answers from memory under one shard lock
 //! (a batch locks its shards in ascending order), which is short enough to
@@ -12,6 +13,8 @@ use quotad_core::{BatchMode, CheckItem, MemoryStore};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, BackendStats, ItemResult};
+
+pub mod snapshot;
 
 impl Backend for MemoryStore {
     fn name(&self) -> &'static str {

@@ -1,0 +1,300 @@
+//! Snapshots of the memory store on disk: written on shutdown (after the
+//! listeners have drained) and every `store.snapshot.interval`, loaded on
+//! start before the server reports ready.
+//!
+//! quotad-core owns the format (versioned, checksummed, written shard by
+//! shard without stopping the world); this module owns the file: written
+//! to a temporary file in the same folder, synced, renamed over the old
+//! one and the folder synced, so a crash leaves the old snapshot or the
+//! new one, never half of one. The header names the policies in force, so
+//! a load can tell which entries belong to a policy that was removed or
+//! whose parameters changed; those entries are loaded as they are and
+//! reconciled on their key's next request, exactly as after a hot reload
+//! (see the `policy` module docs), and counted.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use quotad_core::{
+    Algorithm, Clock, Exported, MemoryStore, Policy, SnapshotError, SnapshotReader, StoreConfig,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{OnBadSnapshot, PolicySettings, SnapshotSettings};
+use crate::metrics::Metrics;
+use crate::policy::PolicyRegistry;
+
+/// A snapshot that could not be loaded, naming the file.
+#[derive(Debug, thiserror::Error)]
+#[error("snapshot {}: {source}", path.display())]
+pub struct LoadError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    #[source]
+    pub source: SnapshotError,
+}
+
+/// The snapshot header: the named policies in force, one a line, as
+/// `name algorithm limit window_ms burst`. Namespaces that are not named
+/// policies (inline, Envoy rules) carry their parameters in their name.
+pub(crate) fn header(policies: &BTreeMap<String, PolicySettings>) -> Vec<u8> {
+    let mut text = String::new();
+    for (name, settings) in policies {
+        let p = settings.policy;
+        text.push_str(&format!(
+            "{name} {} {} {} {}\n",
+            p.algorithm(),
+            p.limit(),
+            p.window_ms(),
+            p.burst()
+        ));
+    }
+    text.into_bytes()
+}
+
+/// The policies a header names; lines it cannot read are left out (they
+/// can only make entries count as under a removed policy).
+fn read_header(bytes: &[u8]) -> BTreeMap<String, Policy> {
+    let text = String::from_utf8_lossy(bytes);
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.split(' ');
+            let name = parts.next()?;
+            let algorithm: Algorithm = parts.next()?.parse().ok()?;
+            let mut number = || parts.next()?.parse::<u64>().ok();
+            let (limit, window_ms, burst) = (number()?, number()?, number()?);
+            let burst = algorithm.is_bucket().then_some(burst);
+            let policy =
+                Policy::try_new(algorithm, limit, Duration::from_millis(window_ms), burst).ok()?;
+            Some((name.to_owned(), policy))
+        })
+        .collect()
+}
+
+/// Loads the store from `settings.path`, or makes an empty one when there
+/// is no file yet or, with `on_bad_file = "start_empty"`, when the file
+/// cannot be read (logged and counted).
+///
+/// # Errors
+///
+/// [`LoadError`] for a bad file with `on_bad_file = "refuse"`.
+pub(crate) fn load(
+    settings: &SnapshotSettings,
+    config: StoreConfig,
+    clock: Arc<dyn Clock>,
+    policies: &BTreeMap<String, PolicySettings>,
+    metrics: &Metrics,
+) -> Result<MemoryStore, LoadError> {
+    let path = &settings.path;
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(path = %path.display(), "no snapshot yet: starting empty");
+            return Ok(MemoryStore::new(config, clock));
+        }
+        Err(e) => return bad_file(settings, config, clock, metrics, SnapshotError::Io(e)),
+    };
+    let started = Instant::now();
+    let loaded = SnapshotReader::open(BufReader::with_capacity(1 << 20, file)).and_then(|reader| {
+        let written = read_header(reader.header());
+        reader
+            .load(config, Arc::clone(&clock), |_| true)
+            .map(|(store, report)| (store, report, written))
+    });
+    let (store, report, written) = match loaded {
+        Ok(loaded) => loaded,
+        Err(error) => return bad_file(settings, config, clock, metrics, error),
+    };
+    let mut removed = 0;
+    let mut changed = 0;
+    for (namespace, counts) in &report.namespaces {
+        let (Some(then), now) = (written.get(namespace), policies.get(namespace)) else {
+            continue;
+        };
+        match now {
+            None => removed += counts.loaded,
+            Some(now) if now.policy != *then => changed += counts.loaded,
+            Some(_) => {}
+        }
+    }
+    let total = report.total();
+    metrics.snapshot_loaded(&[
+        ("loaded", total.loaded),
+        ("expired", total.expired),
+        ("over_capacity", total.over_capacity),
+        ("policy_removed", removed),
+        ("policy_changed", changed),
+    ]);
+    tracing::info!(
+        path = %path.display(),
+        taken_at_ms = report.taken_at_ms,
+        loaded = total.loaded,
+        expired = total.expired,
+        over_capacity = total.over_capacity,
+        policy_removed = removed,
+        policy_changed = changed,
+        elapsed_ms = started.elapsed().as_millis(),
+        "snapshot loaded"
+    );
+    Ok(store)
+}
+
+fn bad_file(
+    settings: &SnapshotSettings,
+    config: StoreConfig,
+    clock: Arc<dyn Clock>,
+    metrics: &Metrics,
+    source: SnapshotError,
+) -> Result<MemoryStore, LoadError> {
+    let error = LoadError {
+        path: settings.path.clone(),
+        source,
+    };
+    match settings.on_bad_file {
+        OnBadSnapshot::Refuse => Err(error),
+        OnBadSnapshot::StartEmpty => {
+            metrics.snapshot_load_failed();
+            tracing::error!(
+                %error,
+                "SNAPSHOT NOT LOADED: starting with an empty store, every key starts fresh \
+                 (store.snapshot.on_bad_file = \"start_empty\"); the next snapshot replaces the file"
+            );
+            Ok(MemoryStore::new(config, clock))
+        }
+    }
+}
+
+/// Writes the store to `path` atomically: a temporary file in the same
+/// folder, synced, renamed over `path`, and the folder synced.
+///
+/// # Errors
+///
+/// The I/O error of the step that failed; `path` is then untouched.
+pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io::Result<Exported> {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut temp = tempfile::NamedTempFile::new_in(folder)?;
+    let exported = {
+        let mut out = BufWriter::with_capacity(1 << 20, temp.as_file_mut());
+        let exported = store.export(&mut out, header).map_err(|e| match e {
+            SnapshotError::Io(io) => io,
+            other => std::io::Error::other(other),
+        })?;
+        out.flush()?;
+        exported
+    };
+    temp.as_file().sync_all()?;
+    temp.persist(path).map_err(|e| e.error)?;
+    File::open(folder)?.sync_all()?;
+    Ok(exported)
+}
+
+/// Writes a snapshot now, off the async threads, with the policies in
+/// force in its header, recording it in the metrics; logs a failure (the
+/// old snapshot stays).
+pub(crate) async fn write_now(
+    store: &Arc<MemoryStore>,
+    path: &Path,
+    registry: &PolicyRegistry,
+    metrics: &Metrics,
+) {
+    let bytes = header(&registry.snapshot().policies());
+    let (store, target) = (Arc::clone(store), path.to_owned());
+    let started = Instant::now();
+    let written = tokio::task::spawn_blocking(move || write(&store, &target, &bytes)).await;
+    let elapsed = started.elapsed();
+    match written {
+        Ok(Ok(exported)) => {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            metrics.snapshot_written(elapsed, exported.bytes, now);
+            tracing::debug!(
+                path = %path.display(),
+                entries = exported.entries,
+                bytes = exported.bytes,
+                elapsed_ms = elapsed.as_millis(),
+                "snapshot written"
+            );
+        }
+        Ok(Err(error)) => {
+            metrics.snapshot_failed();
+            tracing::error!(path = %path.display(), %error, "snapshot not written; the previous one stays");
+        }
+        Err(error) => {
+            metrics.snapshot_failed();
+            tracing::error!(path = %path.display(), %error, "snapshot task failed");
+        }
+    }
+}
+
+/// Writes a snapshot every `interval` until `stop`.
+pub(crate) async fn periodic(
+    store: Arc<MemoryStore>,
+    path: PathBuf,
+    interval: Duration,
+    registry: Arc<PolicyRegistry>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => write_now(&store, &path, &registry, &metrics).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quotad_core::OnFull;
+
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_header_names_each_policy_with_its_counting_parameters() {
+        let config = Config::from_toml(
+            "[policies.login]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n\
+             [policies.api]\nalgorithm = \"token_bucket\"\nlimit = 10\nwindow = \"1s\"\nburst = 20\n",
+        )
+        .expect("valid");
+        let header = header(config.policies());
+        let read = read_header(&header);
+        assert_eq!(read.len(), 2);
+        assert_eq!(read["login"], config.policies()["login"].policy);
+        assert_eq!(read["api"], config.policies()["api"].policy);
+        assert!(read_header(b"x nonsense 1 2 3\n\xff\n").is_empty());
+    }
+
+    #[test]
+    fn a_write_replaces_the_file_whole_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("quotad.snapshot");
+        let clock = Arc::new(quotad_core::FakeClock::new(1_767_268_800_000));
+        let config = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+        let store = MemoryStore::new(config, clock.clone());
+        let policy = Policy::try_new(Algorithm::FixedWindow, 5, Duration::from_secs(60), None)
+            .expect("valid");
+        let item = quotad_core::CheckItem::new("login", policy, "alice", 2).expect("valid");
+        assert!(store.check_one(&item).allowed);
+        std::fs::write(&path, b"an older snapshot").expect("write");
+        let exported = write(&store, &path, b"").expect("written");
+        assert_eq!(exported.entries, 1);
+        let files: Vec<_> = std::fs::read_dir(dir.path()).expect("list").collect();
+        assert_eq!(files.len(), 1, "only the snapshot itself");
+        let reader =
+            SnapshotReader::open(File::open(&path).expect("open")).expect("a valid snapshot");
+        let (loaded, _) = reader.load(config, clock, |_| true).expect("loads");
+        assert_eq!(loaded.peek(&item).remaining, 3);
+    }
+}

@@ -1,0 +1,96 @@
+//! The built `quotad` binary, run as a user runs it: a clean environment,
+//! its log on stderr, signals by PID.
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_quotad");
+
+/// A command running the binary with `args`.
+pub(crate) fn quotad(args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command.args(args);
+    // The environment must not configure the binary behind the test's back.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("QUOTAD_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("RUST_LOG", "info");
+    command
+}
+
+/// A running `quotad serve`, killed if the test fails before stopping it.
+pub(crate) struct Server {
+    child: Child,
+    pub(crate) lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    pub(crate) fn spawn(args: &[&str]) -> Server {
+        let mut child = quotad(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn quotad");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Server { child, lines }
+    }
+
+    /// Waits for the "serving" log line and returns (gRPC, admin) addresses.
+    pub(crate) fn addresses(&self) -> (SocketAddr, SocketAddr) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .expect("quotad logs that it is serving");
+            if line.contains("quotad serving") {
+                let field = |name: &str| {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(name))
+                        .and_then(|a| a.parse().ok())
+                        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                };
+                return (field("grpc_addr="), field("admin_addr="));
+            }
+        }
+    }
+
+    pub(crate) fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    pub(crate) fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "quotad did not exit in time");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
