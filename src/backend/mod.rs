@@ -51,6 +51,8 @@ pub struct BackendStats {
     pub evictions: u64,
     /// Keys dropped because their state had become fresh, since start.
     pub reclaimed: u64,
+    /// The Redis backend's own counts; `None` for other backends.
+    pub redis: Option<redis::RedisCounts>,
 }
 
 /// An owner of rate-limit state: one atomic transition per call.

@@ -202,6 +202,8 @@ section! {
         /// Longest time one Redis call may take
         #[serde(deserialize_with = "human_duration")]
         timeout: Duration = Str("100ms"), Restart;
+        /// Consecutive timed-out calls after which the connection to a standalone Redis is replaced
+        reconnect_after_timeouts: u32 = Int("3"), Restart;
     }
 }
 

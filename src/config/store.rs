@@ -7,7 +7,7 @@ use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
 use super::settings::{BackendKind, RedisSection, StoreSection};
-use crate::backend::redis::{RedisSettings, RedisTarget};
+use crate::backend::redis::{RedisSettings, RedisTarget, redact};
 
 /// `[store]`: the backend with its own settings, and what every backend
 /// shares.
@@ -104,7 +104,10 @@ fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
     let check_url = |url: &str, field: &'static str| {
         redis::IntoConnectionInfo::into_connection_info(url)
             .map(|_| ())
-            .map_err(|e| invalid(&["store", "redis", field], format!("{url:?}: {e}")))
+            .map_err(|e| {
+                let message = format!("{url:?}: {e}");
+                invalid(&["store", "redis", field], redact(&message))
+            })
     };
     let target = match (section.url, section.cluster_nodes) {
         (Some(url), None) => {
@@ -142,8 +145,13 @@ fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
             "timeout must be longer than zero",
         ));
     }
-    Ok(RedisSettings {
-        target,
-        timeout: section.timeout,
-    })
+    if section.reconnect_after_timeouts == 0 {
+        return Err(invalid(
+            &["store", "redis", "reconnect_after_timeouts"],
+            "reconnect_after_timeouts must be at least 1",
+        ));
+    }
+    let mut settings = RedisSettings::new(target, section.timeout);
+    settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
+    Ok(settings)
 }

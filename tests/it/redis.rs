@@ -3,6 +3,9 @@
 //! replicas (standalone and Cluster), all-or-nothing batches, and what
 //! happens when Redis fails.
 
+mod credentials;
+mod faults;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -25,10 +28,7 @@ use tonic::Code;
 const START: u64 = 1_767_268_800_000;
 
 fn settings(target: RedisTarget) -> RedisSettings {
-    RedisSettings {
-        target,
-        timeout: Duration::from_secs(2),
-    }
+    RedisSettings::new(target, Duration::from_secs(2))
 }
 
 #[derive(Clone, Debug)]

@@ -17,23 +17,31 @@
 //! co-locate keys on purpose, give them a common tag of their own:
 //! `{team-7}alice` and `{team-7}bob` share the slot of `{team-7`.
 
+mod connection;
+mod deadline;
+mod errors;
+
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use quotad_core::{BatchMode, CheckItem, Clock, Decision};
 use quotad_proto::convert;
 use quotad_proto::v1 as pb;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
+use redis::{Cmd, RedisResult, Script, Value};
 
+use self::connection::{CallError, Connections, Counts, LateReply, local_ms, timed_out_error};
 use super::{Backend, BackendError, BackendStats, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
+/// Consecutive timed-out calls after which the connection to a standalone
+/// Redis is replaced, unless `store.redis.reconnect_after_timeouts` says.
+pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
+
 /// Where Redis is and how long a call may take.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RedisSettings {
     /// A standalone server (`redis://host:port/db`), or the seed nodes of a
     /// Cluster.
@@ -41,10 +49,35 @@ pub struct RedisSettings {
     /// The longest one call may take, reconnecting included; past it the
     /// policy's `on_error` applies.
     pub timeout: Duration,
+    /// Consecutive timed-out calls after which the connection to a
+    /// standalone Redis is dropped and made again.
+    pub reconnect_after_timeouts: u32,
+}
+
+impl RedisSettings {
+    /// Settings for `target` with a call timeout and the defaults for the
+    /// rest.
+    pub fn new(target: RedisTarget, timeout: Duration) -> Self {
+        RedisSettings {
+            target,
+            timeout,
+            reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("target", &self.target)
+            .field("timeout", &self.timeout)
+            .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
+            .finish()
+    }
 }
 
 /// A standalone Redis or a Redis Cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One server (or a proxy) at this URL.
     Standalone(String),
@@ -52,31 +85,84 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
-#[derive(Clone)]
-enum Connection {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+impl std::fmt::Debug for RedisTarget {
+    /// URLs with their passwords replaced by `***`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Standalone(url) => {
+                f.debug_tuple("Standalone").field(&redact(url)).finish()
+            }
+            RedisTarget::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| redact(n)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// `text` with the password of every URL in it replaced by `***`
+/// (`redis://user:secret@host` becomes `redis://user:***@host`).
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace() || c == '"')
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(userinfo_end) => {
+                let userinfo = &authority[..userinfo_end];
+                match userinfo.find(':') {
+                    Some(colon) => {
+                        out.push_str(&userinfo[..colon]);
+                        out.push_str(":***");
+                    }
+                    // `redis://secret@host`: a password alone.
+                    None if !userinfo.is_empty() => out.push_str("***"),
+                    None => {}
+                }
+                out.push_str(&authority[userinfo_end..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What the Redis backend has counted since start, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisCounts {
+    /// Connection attempts to a standalone Redis.
+    pub connects: u64,
+    /// Of those, attempts that failed.
+    pub connect_failures: u64,
+    /// Scripts Redis refused to run because quotad had given up on them.
+    pub late_refused: u64,
+    /// Scripts that ran in time but whose reply came after quotad had
+    /// answered the call as failed: counted although answered as failed.
+    pub late_counted: u64,
+    /// Calls that found a key holding state the script cannot read.
+    pub corrupt_state: u64,
 }
 
 /// The Redis state store.
 #[derive(Clone)]
 pub struct RedisBackend {
-    connection: Connection,
+    connections: Arc<Connections>,
     script: Arc<Script>,
-    timeout: Duration,
     /// Tests only: a clock to decide by instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.connection {
-            Connection::Standalone(_) => "standalone",
-            Connection::Cluster(_) => "cluster",
-        };
         f.debug_struct("RedisBackend")
-            .field("connection", &kind)
-            .field("timeout", &self.timeout)
+            .field("connections", &self.connections)
             .finish_non_exhaustive()
     }
 }
@@ -99,43 +185,21 @@ impl Mode {
     }
 }
 
+/// The script's status word: decided, or refused past its deadline.
+const DECIDED: i64 = 1;
+const REFUSED_LATE: i64 = 0;
+
 impl RedisBackend {
-    /// Connects to Redis and loads the script.
+    /// Connects to Redis and reads its clock.
     ///
     /// # Errors
     ///
     /// [`BackendError::Unavailable`] when Redis cannot be reached within the
     /// timeout.
     pub async fn connect(settings: &RedisSettings) -> Result<Self, BackendError> {
-        let connect = async {
-            match &settings.target {
-                RedisTarget::Standalone(url) => {
-                    let client = redis::Client::open(url.as_str())?;
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(settings.timeout))
-                        .set_response_timeout(Some(settings.timeout))
-                        .set_number_of_retries(1);
-                    let manager = ConnectionManager::new_with_config(client, config).await?;
-                    Ok::<_, RedisError>(Connection::Standalone(manager))
-                }
-                RedisTarget::Cluster(nodes) => {
-                    let client = ClusterClient::builder(nodes.clone())
-                        .connection_timeout(settings.timeout)
-                        .response_timeout(settings.timeout)
-                        .retries(1)
-                        .build()?;
-                    Ok(Connection::Cluster(client.get_async_connection().await?))
-                }
-            }
-        };
-        let connection = tokio::time::timeout(settings.timeout, connect)
-            .await
-            .map_err(|_| timed_out(settings.timeout))?
-            .map_err(unavailable)?;
         Ok(Self {
-            connection,
+            connections: Arc::new(Connections::connect(settings).await?),
             script: Arc::new(Script::new(SCRIPT)),
-            timeout: settings.timeout,
             clock: None,
         })
     }
@@ -149,44 +213,121 @@ impl RedisBackend {
         self
     }
 
-    /// Runs the script over `items` in one call.
+    /// What the backend has counted since start.
+    pub fn counts(&self) -> RedisCounts {
+        let c = &self.connections.counts;
+        RedisCounts {
+            connects: c.connects.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+            late_refused: c.late_refused.load(Ordering::Relaxed),
+            late_counted: c.late_counted.load(Ordering::Relaxed),
+            corrupt_state: c.corrupt.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs the script over `items` in one call, with a deadline in Redis's
+    /// clock past which it refuses to run.
     async fn eval(
         &self,
         mode: Mode,
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, BackendError> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(mode.as_arg());
-        match &self.clock {
-            Some(clock) => invocation.arg(clock.now_ms()),
-            None => invocation.arg(""),
+        let started = Instant::now();
+        let timeout = self.connections.timeout();
+        let give_up = local_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let keys: Vec<String> = items
+            .iter()
+            .map(|item| redis_key(item.name(), item.key()))
+            .collect();
+        let slot = match (self.connections.is_cluster(), keys.first()) {
+            (true, Some(key)) => deadline::slot(key.as_bytes()),
+            _ => 0,
         };
+        let failed = |e: CallError| match e {
+            CallError::TimedOut => timed_out_error(timeout),
+            CallError::Failed(e) | CallError::NoScript(e) => e,
+        };
+        let deadline = self
+            .connections
+            .deadline(slot, give_up, started)
+            .await
+            .map_err(failed)?;
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + items.len() * 5);
+        args.push(mode.as_arg().into());
+        args.push(deadline.to_string().into());
+        args.push(match &self.clock {
+            Some(clock) => clock.now_ms().to_string().into(),
+            None => Vec::new(),
+        });
         for item in items {
             let policy = item.policy();
-            invocation
-                .key(redis_key(item.name(), item.key()))
-                .arg(pb::Algorithm::from(policy.algorithm()) as i32)
-                .arg(policy.limit())
-                .arg(policy.window_ms())
-                .arg(policy.burst())
-                .arg(item.cost().get());
+            for n in [
+                pb::Algorithm::from(policy.algorithm()) as u64,
+                policy.limit(),
+                policy.window_ms(),
+                policy.burst(),
+                item.cost().get(),
+            ] {
+                args.push(n.to_string().into());
+            }
         }
-        let reply: Vec<u64> = match self.connection.clone() {
-            Connection::Standalone(mut c) => self.invoke(&invocation, &mut c).await?,
-            Connection::Cluster(mut c) => self.invoke(&invocation, &mut c).await?,
+        let command = |name: &str, script: &str| {
+            let mut cmd = Cmd::new();
+            cmd.arg(name)
+                .arg(script)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args);
+            cmd
         };
-        decisions(&reply, items.len())
-    }
-
-    async fn invoke<C: ConnectionLike + Send>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-        connection: &mut C,
-    ) -> Result<Vec<u64>, BackendError> {
-        tokio::time::timeout(self.timeout, invocation.invoke_async(connection))
+        let counts = Arc::clone(&self.connections.counts);
+        let late = || -> LateReply {
+            let counts = Arc::clone(&counts);
+            Box::new(move |reply| late_reply(&counts, reply))
+        };
+        let reply = match self
+            .connections
+            .call(
+                command("EVALSHA", self.script.get_hash()),
+                started,
+                Some(late()),
+            )
             .await
-            .map_err(|_| timed_out(self.timeout))?
-            .map_err(classify)
+        {
+            // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
+            Err(CallError::NoScript(_)) => {
+                self.connections
+                    .call(command("EVAL", SCRIPT), started, Some(late()))
+                    .await
+            }
+            other => other,
+        }
+        .map_err(failed)?;
+        let received = local_ms();
+        let numbers = integers(&reply)?;
+        match numbers.as_slice() {
+            [DECIDED, time, rest @ ..] => {
+                self.connections
+                    .offsets
+                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                decisions(rest, items.len())
+            }
+            [REFUSED_LATE, time, ..] => {
+                self.connections
+                    .offsets
+                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                self.connections
+                    .counts
+                    .late_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(BackendError::Unavailable(
+                    "redis ran the script past its deadline and refused it".to_owned(),
+                ))
+            }
+            _ => Err(BackendError::Internal(format!(
+                "the script answered {reply:?}"
+            ))),
+        }
     }
 
     /// Runs the script over `items` in one call: every item decided, or
@@ -200,16 +341,47 @@ impl RedisBackend {
 
     /// On a Cluster, independent items may live in different slots, so each
     /// goes in its own call (all concurrently, over one multiplexed
-    /// connection) and a node that is down fails only its own items; a
-    /// standalone server takes the batch in one call.
+    /// connection per node) and a node that is down fails only its own
+    /// items; a standalone server takes the batch in one call.
     async fn independent(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
-        match self.connection {
-            Connection::Standalone(_) => self.eval_each(Mode::Check, items).await,
-            Connection::Cluster(_) => {
-                let calls = items.iter().map(|item| self.check_one(item));
-                futures_util::future::join_all(calls).await
-            }
+        if self.connections.is_cluster() {
+            let calls = items.iter().map(|item| self.check_one(item));
+            futures_util::future::join_all(calls).await
+        } else {
+            self.eval_each(Mode::Check, items).await
         }
+    }
+}
+
+/// Counts what Redis did with a script quotad had stopped waiting for.
+fn late_reply(counts: &Counts, reply: &RedisResult<Value>) {
+    let status = match reply {
+        Ok(Value::Array(values)) => values.first(),
+        _ => None,
+    };
+    match status {
+        Some(Value::Int(DECIDED)) => {
+            counts.late_counted.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("a script quotad had given up on ran in time: its reply came late");
+        }
+        Some(Value::Int(REFUSED_LATE)) => {
+            counts.late_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}
+
+fn integers(reply: &Value) -> Result<Vec<i64>, BackendError> {
+    let bad = || BackendError::Internal(format!("the script answered {reply:?}"));
+    match reply {
+        Value::Array(values) => values
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(*n),
+                _ => Err(bad()),
+            })
+            .collect(),
+        _ => Err(bad()),
     }
 }
 
@@ -238,21 +410,23 @@ impl Backend for RedisBackend {
     async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
         let mut del = redis::cmd("DEL");
         del.arg(redis_key(name, key));
-        let call = async {
-            match self.connection.clone() {
-                Connection::Standalone(mut c) => del.query_async::<()>(&mut c).await,
-                Connection::Cluster(mut c) => del.query_async::<()>(&mut c).await,
-            }
-        };
-        tokio::time::timeout(self.timeout, call)
+        let timeout = self.connections.timeout();
+        self.connections
+            .call(del, Instant::now(), None)
             .await
-            .map_err(|_| timed_out(self.timeout))?
-            .map_err(unavailable)
+            .map(drop)
+            .map_err(|e| match e {
+                CallError::TimedOut => timed_out_error(timeout),
+                CallError::Failed(e) | CallError::NoScript(e) => e,
+            })
     }
 
     fn stats(&self) -> BackendStats {
-        // Redis expires state by TTL; quotad keeps no count of its own.
-        BackendStats::default()
+        // Redis expires state by TTL; quotad keeps no count of keys.
+        BackendStats {
+            redis: Some(self.counts()),
+            ..BackendStats::default()
+        }
     }
 }
 
@@ -278,7 +452,7 @@ fn redis_key(name: &str, key: &str) -> String {
     k
 }
 
-fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, BackendError> {
+fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError> {
     if reply.len() != items * 6 {
         return Err(BackendError::Internal(format!(
             "the script answered {} numbers for {items} items",
@@ -294,47 +468,21 @@ fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, BackendError>
                 .ok_or_else(|| {
                     BackendError::Internal(format!("the script answered reason {}", d[5]))
                 })?;
+            let n = |i: usize| {
+                u64::try_from(d[i]).map_err(|_| {
+                    BackendError::Internal(format!("the script answered {} at {i}", d[i]))
+                })
+            };
             Ok(Decision {
                 allowed: d[0] == 1,
-                limit: d[1],
-                remaining: d[2],
-                retry_after_ms: d[3],
-                reset_after_ms: d[4],
+                limit: n(1)?,
+                remaining: n(2)?,
+                retry_after_ms: n(3)?,
+                reset_after_ms: n(4)?,
                 reason,
             })
         })
         .collect()
-}
-
-fn unavailable(e: RedisError) -> BackendError {
-    BackendError::Unavailable(format!("redis: {e}"))
-}
-
-/// An outage (the policy's `on_error` applies) or a fault that retrying
-/// and failing open would only hide: a script error, a wrong type, a reply
-/// quotad cannot read (INTERNAL).
-fn classify(e: RedisError) -> BackendError {
-    if e.code() == Some("CROSSSLOT") {
-        return BackendError::CrossSlot;
-    }
-    let outage = e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-        || matches!(
-            e.code(),
-            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
-        );
-    if outage {
-        unavailable(e)
-    } else {
-        BackendError::Internal(format!("redis: {e}"))
-    }
-}
-
-fn timed_out(after: Duration) -> BackendError {
-    BackendError::Unavailable(format!("redis did not answer within {after:?}"))
 }
 
 #[cfg(test)]
@@ -350,6 +498,23 @@ mod tests {
             redis_key("inline:fixed_window:1:2:1", "{team}bob"),
             "quotad:inline:fixed_window:1:2:1|{{team}bob}"
         );
+    }
+
+    #[test]
+    fn passwords_in_urls_are_redacted() {
+        assert_eq!(
+            redact("cannot reach redis://user:s3cret@10.0.0.1:6379/0 now"),
+            "cannot reach redis://user:***@10.0.0.1:6379/0 now"
+        );
+        assert_eq!(redact("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact("redis://pw@h"), "redis://***@h");
+        assert_eq!(
+            redact("a redis://h:1/ b redis://u:p@h2/ c"),
+            "a redis://h:1/ b redis://u:***@h2/ c"
+        );
+        assert_eq!(redact("no url here"), "no url here");
+        let target = RedisTarget::Cluster(vec!["redis://:p4ss@a:1".to_owned()]);
+        assert!(!format!("{target:?}").contains("p4ss"));
     }
 
     #[test]

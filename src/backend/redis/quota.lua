@@ -9,12 +9,17 @@
 -- KEYS[i]   the state key of item i (a key may appear more than once)
 -- ARGV[1]   "check" (decide each item), "all" (commit only if every item is
 --           admitted) or "peek" (decide, write nothing)
--- ARGV[2]   "" to use the Redis server's clock (TIME), or milliseconds since
---           the epoch (tests only)
--- ARGV[3..] per item: algorithm (1-5), limit, window_ms, burst, cost
+-- ARGV[2]   the deadline, in Redis's clock (ms since the epoch): past it the
+--           caller has given up, and the script refuses to run
+-- ARGV[3]   "" to decide by the Redis server's clock (TIME), or milliseconds
+--           since the epoch (tests only)
+-- ARGV[4..] per item: algorithm (1-5), limit, window_ms, burst, cost
 --
--- Returns six integers per item: allowed (0/1), limit, remaining,
--- retry_after_ms, reset_after_ms, reason (the quotad.v1.Reason number).
+-- Returns the status (1 decided, 0 refused: past the deadline, nothing read
+-- or written), the TIME read (ms), then six integers per item: allowed
+-- (0/1), limit, remaining, retry_after_ms, reset_after_ms, reason (the
+-- quotad.v1.Reason number). A key holding state that cannot be read is an
+-- error reply QUOTAD_CORRUPT naming the key.
 --
 -- State is a MessagePack array (the kind, then integers), stored with a TTL
 -- equal to the time until it is fresh again.
@@ -289,11 +294,24 @@ local BY_KIND = { F = FIXED, S = SLIDING, T = TOKEN, L = LEAKY, G = LOG }
 -- whole-number double as an integer, so every value below 2^53 round-trips
 -- exactly, and a sliding log of thousands of entries costs microseconds,
 -- not the milliseconds of formatting and parsing text.
+local KINDS = { F = 3, S = 4, T = 4, L = 4 }
+
 local function decode(raw)
   if not raw then return nil end
-  local st = cmsgpack.unpack(raw)
-  st.kind = table.remove(st, 1)
-  return st
+  local ok, st = pcall(cmsgpack.unpack, raw)
+  if not ok or type(st) ~= 'table' then return nil, false end
+  local kind = st[1]
+  if kind == 'G' then
+    if #st % 2 ~= 1 then return nil, false end
+  elseif KINDS[kind] ~= #st then
+    return nil, false
+  end
+  for i = 2, #st do
+    if type(st[i]) ~= 'number' then return nil, false end
+  end
+  table.remove(st, 1)
+  st.kind = kind
+  return st, true
 end
 
 local function encode(kind, st)
@@ -330,17 +348,20 @@ local function evaluate(p, st, now, cost, consume)
 end
 
 local mode = ARGV[1]
-local now
+local t = redis.call('TIME')
+local time = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
+-- The caller has given up: its answer was "failed", so nothing may count.
+if time > tonumber(ARGV[2]) then
+  return { 0, time }
+end
+local now = time
 -- With an injected clock (tests), real time runs ahead of it, so a TTL
 -- measured on the injected clock would expire state early; a minute of
 -- slack keeps it. Stale state is harmless: it reads as fresh.
 local ttl_slack = 0
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
   ttl_slack = 60000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
 end
 
 local raw, states, resets, order = {}, {}, {}, {}
@@ -349,11 +370,19 @@ local all_allowed = true
 for i = 1, #KEYS do
   local key = KEYS[i]
   if raw[key] == nil then
-    raw[key] = redis.call('GET', key)
-    states[key] = decode(raw[key])
+    local value = redis.pcall('GET', key)
+    if type(value) == 'table' and value.err then
+      return redis.error_reply('QUOTAD_CORRUPT ' .. key .. ': ' .. value.err)
+    end
+    local st, ok = decode(value)
+    if ok == false then
+      return redis.error_reply('QUOTAD_CORRUPT ' .. key .. ' holds no quotad state')
+    end
+    raw[key] = value
+    states[key] = st
     order[#order + 1] = key
   end
-  local b = 2 + (i - 1) * 5
+  local b = 3 + (i - 1) * 5
   local p = {
     alg = tonumber(ARGV[b + 1]),
     limit = tonumber(ARGV[b + 2]),
@@ -392,7 +421,7 @@ elseif mode ~= 'peek' then
   end
 end
 
-local out = {}
+local out = { 1, time }
 for i = 1, #decisions do
   for j = 1, 6 do
     out[#out + 1] = decisions[i][j]
