@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, CheckItem, MemoryStore};
+use quotad_core::{BatchMode, CheckItem, MemoryStore, Policy};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, BackendStats, ItemResult};
@@ -33,7 +33,7 @@ impl Backend for MemoryStore {
         Ok(MemoryStore::peek(self, item))
     }
 
-    async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
+    async fn reset(&self, name: &str, _policy: &Policy, key: &str) -> Result<(), BackendError> {
         MemoryStore::reset(self, name, key);
         Ok(())
     }

@@ -151,7 +151,20 @@ fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
             "reconnect_after_timeouts must be at least 1",
         ));
     }
+    if section.key_prefix.is_empty()
+        || section.key_prefix.contains(['{', '}', '|'])
+        || section.key_prefix.chars().any(char::is_whitespace)
+    {
+        return Err(invalid(
+            &["store", "redis", "key_prefix"],
+            format!(
+                "{:?}: must be non-empty, without braces, '|' or spaces (braces would change the Redis Cluster hash tag)",
+                section.key_prefix
+            ),
+        ));
+    }
     let mut settings = RedisSettings::new(target, section.timeout);
     settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
+    settings.key_prefix = section.key_prefix;
     Ok(settings)
 }

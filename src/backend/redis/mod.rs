@@ -8,24 +8,29 @@
 //! is called by SHA and loaded again transparently after `SCRIPT FLUSH` or a
 //! restart (NOSCRIPT).
 //!
-//! Keys are `quotad:<policy>|{<key>}` (a key starting with `}` is written in
-//! hex, `|h{...}`, so its tag is never empty). The braces make the rate-limit key the
-//! Redis Cluster hash tag, so one key under several policies (say per second
-//! and per day) lives in one slot and an `ALL_OR_NOTHING` batch over them is
-//! one atomic script. Keys of different users live in different slots; a
-//! batch spanning slots is refused with [`BackendError::CrossSlot`]. To
-//! co-locate keys on purpose, give them a common tag of their own:
-//! `{team-7}alice` and `{team-7}bob` share the slot of `{team-7`.
+//! Keys (see `keys.rs`) are `<prefix>:<policy>|{<key>}|<format><algorithm><window_ms>`:
+//! the braces make the rate-limit key the Redis Cluster hash tag, so one key
+//! under several policies lives in one slot and an `ALL_OR_NOTHING` batch
+//! over them is one atomic script; a batch spanning slots is refused with
+//! [`BackendError::CrossSlot`]. The suffix binds the state to the algorithm,
+//! the window and the state format, so replicas that disagree during a
+//! rollout count apart instead of overwriting each other.
+//!
+//! Faults (see `connection.rs`, `deadline.rs`, `errors.rs`): every script
+//! carries a deadline in Redis's clock and refuses to run past it; the
+//! standalone connection is replaced in bounded time; every error is
+//! classified on purpose; passwords never reach errors or logs ([`redact`]).
 
 mod connection;
 mod deadline;
 mod errors;
+mod keys;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use quotad_core::{BatchMode, CheckItem, Clock, Decision};
+use quotad_core::{BatchMode, CheckItem, Clock, Decision, Policy};
 use quotad_proto::convert;
 use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
@@ -52,6 +57,8 @@ pub struct RedisSettings {
     /// Consecutive timed-out calls after which the connection to a
     /// standalone Redis is dropped and made again.
     pub reconnect_after_timeouts: u32,
+    /// The first part of every key quotad writes.
+    pub key_prefix: String,
 }
 
 impl RedisSettings {
@@ -62,6 +69,7 @@ impl RedisSettings {
             target,
             timeout,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+            key_prefix: "quotad".to_owned(),
         }
     }
 }
@@ -72,6 +80,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("target", &self.target)
             .field("timeout", &self.timeout)
             .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
+            .field("key_prefix", &self.key_prefix)
             .finish()
     }
 }
@@ -154,6 +163,7 @@ pub struct RedisCounts {
 #[derive(Clone)]
 pub struct RedisBackend {
     connections: Arc<Connections>,
+    prefix: Arc<str>,
     script: Arc<Script>,
     /// Tests only: a clock to decide by instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
@@ -185,6 +195,12 @@ impl Mode {
     }
 }
 
+/// Items per script of an independent batch on a standalone Redis, so that
+/// no script runs long enough to stall Redis for everyone else: 64 checks
+/// of the costliest kind (a sliding log at its 10,000-entry cap) take well
+/// under a millisecond of Redis time (BENCHMARKS.md).
+const CHUNK: usize = 64;
+
 /// The script's status word: decided, or refused past its deadline.
 const DECIDED: i64 = 1;
 const REFUSED_LATE: i64 = 0;
@@ -199,6 +215,7 @@ impl RedisBackend {
     pub async fn connect(settings: &RedisSettings) -> Result<Self, BackendError> {
         Ok(Self {
             connections: Arc::new(Connections::connect(settings).await?),
+            prefix: settings.key_prefix.as_str().into(),
             script: Arc::new(Script::new(SCRIPT)),
             clock: None,
         })
@@ -237,7 +254,7 @@ impl RedisBackend {
         let give_up = local_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let keys: Vec<String> = items
             .iter()
-            .map(|item| redis_key(item.name(), item.key()))
+            .map(|item| keys::state_key(&self.prefix, item.name(), item.policy(), item.key()))
             .collect();
         let slot = match (self.connections.is_cluster(), keys.first()) {
             (true, Some(key)) => deadline::slot(key.as_bytes()),
@@ -265,7 +282,7 @@ impl RedisBackend {
                 pb::Algorithm::from(policy.algorithm()) as u64,
                 policy.limit(),
                 policy.window_ms(),
-                policy.burst(),
+                policy.capacity(),
                 item.cost().get(),
             ] {
                 args.push(n.to_string().into());
@@ -347,8 +364,16 @@ impl RedisBackend {
         if self.connections.is_cluster() {
             let calls = items.iter().map(|item| self.check_one(item));
             futures_util::future::join_all(calls).await
-        } else {
+        } else if items.len() <= CHUNK {
             self.eval_each(Mode::Check, items).await
+        } else {
+            // Pipelined chunks: Redis serves other clients between them.
+            let calls = items.chunks(CHUNK).map(|c| self.eval_each(Mode::Check, c));
+            futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
         }
     }
 }
@@ -407,9 +432,9 @@ impl Backend for RedisBackend {
         Ok(d.remove(0))
     }
 
-    async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
+    async fn reset(&self, name: &str, policy: &Policy, key: &str) -> Result<(), BackendError> {
         let mut del = redis::cmd("DEL");
-        del.arg(redis_key(name, key));
+        del.arg(keys::state_key(&self.prefix, name, policy, key));
         let timeout = self.connections.timeout();
         self.connections
             .call(del, Instant::now(), None)
@@ -428,28 +453,6 @@ impl Backend for RedisBackend {
             ..BackendStats::default()
         }
     }
-}
-
-/// `quotad:<policy>|{<key>}`: policy names hold no `|`, and the key is the
-/// Cluster hash tag. A key that starts with `}` would make that tag empty
-/// (Redis then hashes the whole name, and the key's policies could land in
-/// different slots), so it is written in hex instead: `quotad:<policy>|h{<hex>}`.
-fn redis_key(name: &str, key: &str) -> String {
-    use std::fmt::Write as _;
-    let mut k = String::with_capacity(name.len() + 2 * key.len() + 12);
-    k.push_str("quotad:");
-    k.push_str(name);
-    if key.starts_with('}') {
-        k.push_str("|h{");
-        for byte in key.bytes() {
-            let _ = write!(k, "{byte:02x}");
-        }
-    } else {
-        k.push_str("|{");
-        k.push_str(key);
-    }
-    k.push('}');
-    k
 }
 
 fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError> {
@@ -488,17 +491,6 @@ fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_key_is_the_cluster_hash_tag() {
-        assert_eq!(redis_key("per_day", "alice"), "quotad:per_day|{alice}");
-        assert_eq!(redis_key("per_day", "}x"), "quotad:per_day|h{7d78}");
-        assert_ne!(redis_key("p", "}x"), redis_key("p", "h{7d78"));
-        assert_eq!(
-            redis_key("inline:fixed_window:1:2:1", "{team}bob"),
-            "quotad:inline:fixed_window:1:2:1|{{team}bob}"
-        );
-    }
 
     #[test]
     fn passwords_in_urls_are_redacted() {

@@ -18,6 +18,12 @@ use crate::common::{TestServer, eventually, named, peek};
 
 /// One policy per `on_error`, each a fixed window of 10 per day.
 fn stall_config(target: &str, timeout: &str) -> Config {
+    three_policies(target, timeout, 10)
+}
+
+/// Policies `err`, `open` (limit `open_limit`) and `closed`, fixed windows
+/// of a day, each with the `on_error` of its name.
+fn three_policies(target: &str, timeout: &str, open_limit: u64) -> Config {
     let toml = format!(
         r#"
 [store]
@@ -35,7 +41,7 @@ on_error = "error"
 
 [policies.open]
 algorithm = "fixed_window"
-limit = 10
+limit = {open_limit}
 window = "1d"
 on_error = "fail_open"
 
@@ -146,35 +152,7 @@ async fn a_stalled_redis_counts_nothing_that_was_answered_as_failed() {
 }
 
 fn cluster_config(nodes: &[String]) -> Config {
-    let toml = format!(
-        r#"
-[store]
-backend = "redis"
-
-[store.redis]
-cluster_nodes = {nodes:?}
-timeout = "200ms"
-
-[policies.open]
-algorithm = "fixed_window"
-limit = 1
-window = "1d"
-on_error = "fail_open"
-
-[policies.closed]
-algorithm = "fixed_window"
-limit = 10
-window = "1d"
-on_error = "fail_closed"
-
-[policies.err]
-algorithm = "fixed_window"
-limit = 10
-window = "1d"
-on_error = "error"
-"#
-    );
-    Config::from_toml(&toml).expect("valid config")
+    three_policies(&format!("cluster_nodes = {nodes:?}"), "200ms", 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
