@@ -492,6 +492,60 @@ fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError>
 mod tests {
     use super::*;
 
+    /// The numbers the script and quotad exchange, read from the script's
+    /// own text and held against the Rust enums they stand for.
+    #[test]
+    fn the_scripts_wire_numbers_match_the_rust_enums() {
+        let constant = |names: &str| -> Vec<i64> {
+            let line = SCRIPT
+                .lines()
+                .find(|l| l.starts_with(&format!("local {names} = ")))
+                .unwrap_or_else(|| panic!("the script declares {names}"));
+            line.split(" = ")
+                .nth(1)
+                .expect("values")
+                .split(", ")
+                .map(|v| v.trim().parse().expect("a number"))
+                .collect()
+        };
+        let reasons = constant("WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED");
+        let expected = [
+            pb::Reason::WithinLimit,
+            pb::Reason::LimitExceeded,
+            pb::Reason::CostExceedsCapacity,
+            pb::Reason::BatchRejected,
+        ]
+        .map(|r| i64::from(r as i32));
+        assert_eq!(reasons, expected);
+        for (reason, core) in reasons.iter().zip([
+            quotad_core::Reason::WithinLimit,
+            quotad_core::Reason::LimitExceeded,
+            quotad_core::Reason::CostExceedsCapacity,
+            quotad_core::Reason::BatchRejected,
+        ]) {
+            let code = i32::try_from(*reason).expect("small");
+            assert_eq!(convert::reason(code).expect("known"), core);
+        }
+        let algorithms = constant("FIXED_ID, LOG_ID");
+        assert_eq!(
+            algorithms,
+            [pb::Algorithm::FixedWindow, pb::Algorithm::SlidingLog].map(|a| i64::from(a as i32))
+        );
+        // The order of the script's algorithm table is the protobuf's.
+        for (i, algorithm) in quotad_core::Algorithm::ALL.into_iter().enumerate() {
+            assert_eq!(
+                pb::Algorithm::from(algorithm) as usize,
+                i + 1,
+                "{algorithm}"
+            );
+        }
+        // Status and TIME, then six numbers per item.
+        assert!(SCRIPT.contains("local out = { 1, time }"));
+        assert!(SCRIPT.contains("for j = 1, 6 do"));
+        assert_eq!((DECIDED, REFUSED_LATE), (1, 0));
+        assert!(SCRIPT.contains("return { 0, time }"));
+    }
+
     #[test]
     fn passwords_in_urls_are_redacted() {
         assert_eq!(
