@@ -41,6 +41,9 @@
 #   CORRECTNESS_REQUESTS=5000
 #   SKIP_BUILD=1                  use the binaries already in target/release
 #   OUT=DIR                       keep every JSON report and server log in DIR
+#   REDIS_CPU_ONLY=1              only the Redis CPU table (redis-benchmark, ~1 min)
+#   REDIS_CPU_REQUESTS=200000     calls per row of that table
+#   REDIS_CPU_OLD=REV             add a row for the script at git revision REV
 #
 # Requires: cargo, jq; for the Redis rows redis-server, redis-cli and
 # redis-benchmark (skipped, with a message, when missing).
@@ -149,6 +152,112 @@ loadgen() {
 field() { jq -r "$2" "$WORK/$1.json"; }
 fmt0() { jq -r "$2 | floor" "$WORK/$1.json"; }
 
+# start_redis SECONDS LOG: a redis-server on a free loopback port that stops
+# by itself after SECONDS; sets REDIS_STARTED_PORT and REDIS_STARTED_PID.
+start_redis() {
+  REDIS_STARTED_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  timeout "$1" redis-server --port "$REDIS_STARTED_PORT" --bind 127.0.0.1 --save '' \
+    --appendonly no >"$2" 2>&1 &
+  REDIS_STARTED_PID=$!
+  STARTED+=("$REDIS_STARTED_PID")
+  for _ in $(seq 100); do
+    [[ $(redis-cli -p "$REDIS_STARTED_PORT" ping 2>/dev/null) == PONG ]] && break
+    sleep 0.1
+  done
+}
+
+# --- Redis CPU per check (REDIS_CPU=1, or alone with REDIS_CPU_ONLY=1) ------
+# Side by side on one fresh redis-server, one run: redis-benchmark sends each
+# command REDIS_CPU_REQUESTS times over 50 connections with random keys, and
+# Redis's own INFO commandstats gives the Redis CPU per call (usec_per_call).
+# Rows: INCR; a minimal fixed-window script (TIME + INCRBY + PEXPIRE); the
+# old generic script (git show OLD_SCRIPT_REV:src/backend/redis/quota.lua)
+# when REDIS_CPU_OLD is set; quotad's script for each algorithm; the sliding
+# log at its cap of 10,000 entries; and one ALL_OR_NOTHING script over 1,000
+# full logs, the longest script quotad can send (INFO's usec for one call).
+redis_cpu_rows() {
+  local port pid sha sha_min out rows=""
+  start_redis 600 "$WORK/redis-cpu.out"
+  port=$REDIS_STARTED_PORT pid=$REDIS_STARTED_PID
+  local n=${REDIS_CPU_REQUESTS:-200000}
+  # "process µs | command µs" per call of redis-benchmark ARGS...: the
+  # redis-server process's CPU time (user + system, from /proc, network and
+  # protocol included) over the calls, and INFO's usec_per_call of COMMAND
+  # (the command's execution alone).
+  local server_pid
+  server_pid=$(redis-cli -p "$port" info server | tr -d '\r' | sed -nE 's/^process_id:([0-9]+)/\1/p')
+  ticks() { awk '{ print $14 + $15 }' "/proc/$server_pid/stat"; }
+  cpu() {
+    local cmd=$1 before after exec
+    shift
+    redis-cli -p "$port" config resetstat >/dev/null
+    before=$(ticks)
+    timeout 300 redis-benchmark -p "$port" -c 50 -n "$n" -r 100000 -q "$@" >/dev/null
+    after=$(ticks)
+    exec=$(redis-cli -p "$port" info commandstats | tr -d '\r' |
+      sed -nE "s/^cmdstat_$cmd:.*usec_per_call=([0-9.]+).*/\1/p")
+    echo "$(jq -n "($after - $before) * 1000000 / $(getconf CLK_TCK) / $n * 100 | round / 100") | $exec"
+  }
+  local minimal='local t = redis.call("TIME") local n = redis.call("INCRBY", KEYS[1], ARGV[1]) if n == tonumber(ARGV[1]) then redis.call("PEXPIRE", KEYS[1], 60000) end return n'
+  sha_min=$(redis-cli -p "$port" script load "$minimal")
+  sha=$(redis-cli -p "$port" script load "$(cat src/backend/redis/quota.lua)")
+  local deadline=99999999999999 big=1000000000000
+  local base_incr base_min
+  base_incr=$(cpu incr INCR "bench:__rand_int__")
+  base_min=$(cpu evalsha EVALSHA "$sha_min" 1 "bench:__rand_int__" 1)
+  rows+="| INCR | $base_incr | — |\n"
+  rows+="| minimal fixed-window script: TIME + INCRBY + PEXPIRE | $base_min | 1.00 x |\n"
+  # The ratio of process CPU per call to the minimal script's.
+  ratio() { jq -n "(\"$1\" | split(\" | \")[0] | tonumber) / (\"$base_min\" | split(\" | \")[0] | tonumber) * 100 | round / 100"; }
+  if [[ -n ${REDIS_CPU_OLD:-} ]]; then
+    local old_sha old
+    old_sha=$(redis-cli -p "$port" script load "$(git show "$REDIS_CPU_OLD:src/backend/redis/quota.lua")")
+    old=$(cpu evalsha EVALSHA "$old_sha" 1 "old:{__rand_int__}" check "" 1 "$big" 60000 "$big" 1)
+    rows+="| the generic script before ($REDIS_CPU_OLD), fixed window | $old | $(ratio "$old") x |\n"
+  fi
+  local alg name v
+  for alg in 1 2 3 4 5; do
+    name=$(echo "fixed_window sliding_window token_bucket leaky_bucket sliding_log" | cut -d' ' -f"$alg")
+    local limit=$big
+    [[ $alg == 5 ]] && limit=10000
+    v=$(cpu evalsha EVALSHA "$sha" 1 "quotad:bench$alg|{__rand_int__}|1x60000" check "$deadline" "" \
+      "$alg" "$limit" 60000 "$limit" 1)
+    rows+="| quotad, $name, Check | $v | $(ratio "$v") x |\n"
+  done
+  # A sliding log at its cap: 10,000 entries (one per millisecond) of a
+  # day-long window, limit 10,000: every check is denied after a search.
+  local fill='local now = tonumber(ARGV[1]) for i = 0, 9999 do redis.call("ZADD", KEYS[1], i, string.format("%d:1", now - 10000 + i)) end redis.call("PEXPIRE", KEYS[1], 86400000) return 1'
+  local now_ms
+  now_ms=$(redis-cli -p "$port" time | head -n 1)000
+  redis-cli -p "$port" eval "$fill" 1 "quotad:full|{log}|1G86400000" "$now_ms" >/dev/null
+  v=$(cpu evalsha EVALSHA "$sha" 1 "quotad:full|{log}|1G86400000" check "$deadline" "" 5 10000 86400000 10000 1)
+  rows+="| quotad, sliding_log at 10,000 entries, Check (denied) | $v | $(ratio "$v") x |\n"
+  # 1,000 full logs checked in one ALL_OR_NOTHING script (1,000 items is the
+  # batch maximum): the longest single script.
+  local keys=() args=() i
+  for i in $(seq 0 999); do
+    redis-cli -p "$port" eval "$fill" 1 "quotad:full|{t}$i|1G86400000" "$now_ms" >/dev/null
+    keys+=("quotad:full|{t}$i|1G86400000")
+    args+=(5 10000 86400000 10000 1)
+  done
+  redis-cli -p "$port" config resetstat >/dev/null
+  redis-cli -p "$port" evalsha "$sha" 1000 "${keys[@]}" all "$deadline" "" "${args[@]}" >/dev/null
+  v=$(redis-cli -p "$port" info commandstats | tr -d '\r' | sed -nE 's/^cmdstat_evalsha:.*usec=([0-9]+),.*/\1/p')
+  rows+="| one ALL_OR_NOTHING script, 1,000 sliding logs at 10,000 entries | — | $v (one call) | — |\n"
+  stop_server "$pid"
+  printf '## Redis CPU per check: quotad next to a minimal script\n\n'
+  printf 'Date: %s. Machine: %s cores, %s. redis-server %s.\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nproc)" \
+    "$(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1)" "$(redis-server --version | sed -nE 's/.*v=([0-9.]+).*/\1/p')"
+  printf 'redis-benchmark -c 50 -n %s -r 100000 per row; Redis CPU per call from INFO commandstats.\n\n' "$n"
+  printf '| command | Redis process CPU µs per call | command µs per call | process CPU / minimal script |\n|---|---:|---:|---:|\n'
+  printf "$rows"
+}
+
+if [[ -n ${REDIS_CPU_ONLY:-} ]]; then
+  redis_cpu_rows
+  exit 0
+fi
+
 if [[ -z ${SKIP_BUILD:-} ]]; then
   cargo build --release --quiet -p quotad --bin quotad
   cargo build --release --quiet -p quotad-bench --bins
@@ -224,15 +333,8 @@ stop_server "$NOOP_PID"
 # script by EVALSHA on that Redis: the floor for any Redis-backed decision.
 REDIS_ROWS=""
 if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
-  REDIS_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  timeout "$SERVER_LIMIT" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' \
-    --appendonly no >"$WORK/redis.out" 2>&1 &
-  REDIS_PID=$!
-  STARTED+=("$REDIS_PID")
-  for _ in $(seq 100); do
-    [[ $(redis-cli -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && break
-    sleep 0.1
-  done
+  start_redis "$SERVER_LIMIT" "$WORK/redis.out"
+  REDIS_PORT=$REDIS_STARTED_PORT REDIS_PID=$REDIS_STARTED_PID
   NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
     --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
     --worker-threads "$SERVER_THREADS" --backend redis \
@@ -318,4 +420,5 @@ loadgen's own CPU) was at p99 $(fmt0 noop_half .send_lag.p99_us) µs against noo
 | hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks at c=$CONCURRENCY: allowed = $BUDGET | $(field quotad_budget .allowed) allowed, $(field quotad_budget .denied) denied, $(field quotad_budget .errors) errors | $CORRECT |
 EOF
 echo "$REDIS_ROWS"
+if command -v redis-benchmark >/dev/null; then echo; redis_cpu_rows; fi
 if [[ $KEEP_WORK == 1 ]]; then echo; echo "Reports and logs: $WORK"; fi

@@ -23,6 +23,11 @@
 //! | `quotad_snapshot_last_write_seconds`, `_bytes`, `_timestamp_seconds` | gauge | |
 //! | `quotad_snapshot_loaded_entries_total` | counter | `outcome` (`loaded`, `expired`, `over_capacity`, `policy_removed`, `policy_changed`) |
 //! | `quotad_snapshot_load_failures_total` | counter | |
+//! | `quotad_redis_connection_attempts_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_redis_late_scripts_total` | counter | `outcome` (`refused`/`counted`) |
+//! | `quotad_redis_corrupt_state_total` | counter | |
+//!
+//! The `quotad_redis_*` series stay at 0 with the memory backend.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -50,6 +55,9 @@ const SNAPSHOT_BYTES: &str = "quotad_snapshot_last_write_bytes";
 const SNAPSHOT_TIMESTAMP: &str = "quotad_snapshot_last_write_timestamp_seconds";
 const SNAPSHOT_LOADED: &str = "quotad_snapshot_loaded_entries_total";
 const SNAPSHOT_LOAD_FAILURES: &str = "quotad_snapshot_load_failures_total";
+const REDIS_CONNECTS: &str = "quotad_redis_connection_attempts_total";
+const REDIS_LATE: &str = "quotad_redis_late_scripts_total";
+const REDIS_CORRUPT: &str = "quotad_redis_corrupt_state_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -99,6 +107,17 @@ pub(crate) struct Metrics {
     reloads_ok: Counter,
     reloads_error: Counter,
     inline: [Arc<DecisionCounters>; 5],
+    redis: RedisCounters,
+}
+
+/// The Redis backend's counters.
+#[derive(Debug)]
+struct RedisCounters {
+    connects_ok: Counter,
+    connects_error: Counter,
+    late_refused: Counter,
+    late_counted: Counter,
+    corrupt: Counter,
 }
 
 impl Metrics {
@@ -138,6 +157,13 @@ impl Metrics {
             reloads_ok: counter(RELOADS, vec![Label::new("outcome", "ok")]),
             reloads_error: counter(RELOADS, vec![Label::new("outcome", "error")]),
             inline,
+            redis: RedisCounters {
+                connects_ok: counter(REDIS_CONNECTS, vec![Label::new("outcome", "ok")]),
+                connects_error: counter(REDIS_CONNECTS, vec![Label::new("outcome", "error")]),
+                late_refused: counter(REDIS_LATE, vec![Label::new("outcome", "refused")]),
+                late_counted: counter(REDIS_LATE, vec![Label::new("outcome", "counted")]),
+                corrupt: counter(REDIS_CORRUPT, vec![]),
+            },
             recorder,
         })
     }
@@ -241,6 +267,15 @@ impl Metrics {
         }
         self.evictions.absolute(stats.evictions);
         self.reclaimed.absolute(stats.reclaimed);
+        if let Some(redis) = stats.redis {
+            let c = &self.redis;
+            c.connects_ok
+                .absolute(redis.connects.saturating_sub(redis.connect_failures));
+            c.connects_error.absolute(redis.connect_failures);
+            c.late_refused.absolute(redis.late_refused);
+            c.late_counted.absolute(redis.late_counted);
+            c.corrupt.absolute(redis.corrupt_state);
+        }
     }
 }
 
@@ -336,6 +371,18 @@ fn describe(recorder: &PrometheusRecorder) {
         (
             SNAPSHOT_LOAD_FAILURES,
             "Snapshots that could not be read at start, replaced by an empty store.",
+        ),
+        (
+            REDIS_CONNECTS,
+            "Connection attempts to a standalone Redis, by outcome.",
+        ),
+        (
+            REDIS_LATE,
+            "Scripts Redis received after quotad had answered their call as failed: refused (nothing counted) or counted (ran in time, reply late).",
+        ),
+        (
+            REDIS_CORRUPT,
+            "Redis calls that found a quotad key holding state the script cannot read (answered INTERNAL).",
         ),
     ];
     for (name, help) in counters {

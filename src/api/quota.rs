@@ -305,7 +305,9 @@ impl<S: Backend> QuotaService<S> {
         let spec = ResetSpec::try_from(request)?;
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         self.store_ops.reset.increment(1);
-        self.backend.reset(&target.namespace, &spec.key).await?;
+        self.backend
+            .reset(&target.namespace, &target.policy, &spec.key)
+            .await?;
         Ok(pb::ResetResponse {})
     }
 

@@ -17,7 +17,7 @@ pub mod redis;
 
 use std::future::Future;
 
-use quotad_core::{BatchMode, CheckItem, Decision};
+use quotad_core::{BatchMode, CheckItem, Decision, Policy};
 use thiserror::Error;
 
 /// A backend that could not make a decision. A denial is never an error.
@@ -51,6 +51,8 @@ pub struct BackendStats {
     pub evictions: u64,
     /// Keys dropped because their state had become fresh, since start.
     pub reclaimed: u64,
+    /// The Redis backend's own counts; `None` for other backends.
+    pub redis: Option<redis::RedisCounts>,
 }
 
 /// An owner of rate-limit state: one atomic transition per call.
@@ -88,13 +90,19 @@ pub trait Backend: Send + Sync + 'static {
     /// [`BackendError`] when the backend fails.
     fn peek(&self, item: &CheckItem<'_>) -> impl Future<Output = ItemResult> + Send;
 
-    /// Forgets the state of `key` under the policy namespace `name`.
+    /// Forgets the state of `key` under the policy namespace `name`, as
+    /// counted under `policy` (a backend that binds state to the counting
+    /// parameters forgets the state those parameters give meaning to).
     ///
     /// # Errors
     ///
     /// [`BackendError`] when the backend fails.
-    fn reset(&self, name: &str, key: &str)
-    -> impl Future<Output = Result<(), BackendError>> + Send;
+    fn reset(
+        &self,
+        name: &str,
+        policy: &Policy,
+        key: &str,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Counts for the metrics; cheap enough to call on every scrape.
     fn stats(&self) -> BackendStats;

@@ -69,7 +69,7 @@ use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection};
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
 /// overrides) or [`Config::from_toml`]; every value in it is valid.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Config {
     server: ServerSettings,
     store: StoreSettings,
@@ -79,6 +79,20 @@ pub struct Config {
     effective: toml::Table,
     source: Option<Source>,
     clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Config {
+    /// The validated settings, never the text they came from: that may hold
+    /// a password (a Redis URL), which the settings show as `***`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("server", &self.server)
+            .field("store", &self.store)
+            .field("limits", &self.limits)
+            .field("policies", &self.policies)
+            .field("path", &self.path())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where the configuration came from, so that policies can be reloaded

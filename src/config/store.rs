@@ -7,7 +7,7 @@ use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
 use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
-use crate::backend::redis::{RedisSettings, RedisTarget};
+use crate::backend::redis::{RedisSettings, RedisTarget, redact};
 
 /// `[store]`: the backend with its own settings, and what every backend
 /// shares.
@@ -157,7 +157,10 @@ fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
     let check_url = |url: &str, field: &'static str| {
         redis::IntoConnectionInfo::into_connection_info(url)
             .map(|_| ())
-            .map_err(|e| invalid(&["store", "redis", field], format!("{url:?}: {e}")))
+            .map_err(|e| {
+                let message = format!("{url:?}: {e}");
+                invalid(&["store", "redis", field], redact(&message))
+            })
     };
     let target = match (section.url, section.cluster_nodes) {
         (Some(url), None) => {
@@ -195,8 +198,26 @@ fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
             "timeout must be longer than zero",
         ));
     }
-    Ok(RedisSettings {
-        target,
-        timeout: section.timeout,
-    })
+    if section.reconnect_after_timeouts == 0 {
+        return Err(invalid(
+            &["store", "redis", "reconnect_after_timeouts"],
+            "reconnect_after_timeouts must be at least 1",
+        ));
+    }
+    if section.key_prefix.is_empty()
+        || section.key_prefix.contains(['{', '}', '|'])
+        || section.key_prefix.chars().any(char::is_whitespace)
+    {
+        return Err(invalid(
+            &["store", "redis", "key_prefix"],
+            format!(
+                "{:?}: must be non-empty, without braces, '|' or spaces (braces would change the Redis Cluster hash tag)",
+                section.key_prefix
+            ),
+        ));
+    }
+    let mut settings = RedisSettings::new(target, section.timeout);
+    settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
+    settings.key_prefix = section.key_prefix;
+    Ok(settings)
 }

@@ -3,6 +3,10 @@
 //! replicas (standalone and Cluster), all-or-nothing batches, and what
 //! happens when Redis fails.
 
+mod credentials;
+mod faults;
+mod rollouts;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -25,10 +29,7 @@ use tonic::Code;
 const START: u64 = 1_767_268_800_000;
 
 fn settings(target: RedisTarget) -> RedisSettings {
-    RedisSettings {
-        target,
-        timeout: Duration::from_secs(2),
-    }
+    RedisSettings::new(target, Duration::from_secs(2))
 }
 
 #[derive(Clone, Debug)]
@@ -499,7 +500,7 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     let d = check(&mut client, named("ttl-key", "per_second", None)).await;
     assert!(d.allowed);
     let ttl: u64 = redis
-        .cli(&["pttl", "quotad:per_second|{ttl-key}"])
+        .cli(&["pttl", "quotad:per_second|{ttl-key}|1F1000"])
         .trim()
         .parse()
         .expect("a TTL in ms");
@@ -509,7 +510,7 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     // A key whose state is fresh again holds nothing in Redis.
     assert_eq!(
         redis
-            .cli(&["exists", "quotad:per_second|{never-used}"])
+            .cli(&["exists", "quotad:per_second|{never-used}|1F1000"])
             .trim(),
         "0"
     );
@@ -517,7 +518,7 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     assert!(p.allowed);
     assert_eq!(
         redis
-            .cli(&["exists", "quotad:per_second|{never-used}"])
+            .cli(&["exists", "quotad:per_second|{never-used}|1F1000"])
             .trim(),
         "0"
     );
@@ -532,7 +533,7 @@ async fn a_corrupt_value_in_redis_is_an_internal_error_not_an_outage_to_fail_ope
     let mut client = server.client().await;
     assert_eq!(
         redis
-            .cli(&["set", "quotad:open|{corrupt}", "T not numbers"])
+            .cli(&["set", "quotad:open|{corrupt}|1T86400000", "T not numbers"])
             .trim(),
         "OK"
     );

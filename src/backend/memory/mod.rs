@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, CheckItem, MemoryStore};
+use quotad_core::{BatchMode, CheckItem, MemoryStore, Policy};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, BackendStats, ItemResult};
@@ -36,7 +36,7 @@ impl Backend for MemoryStore {
         Ok(MemoryStore::peek(self, item))
     }
 
-    async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
+    async fn reset(&self, name: &str, _policy: &Policy, key: &str) -> Result<(), BackendError> {
         MemoryStore::reset(self, name, key);
         Ok(())
     }
@@ -46,6 +46,7 @@ impl Backend for MemoryStore {
             live_keys: Some(self.live_keys() as u64),
             evictions: self.evictions(),
             reclaimed: self.reclaimed(),
+            redis: None,
         }
     }
 }

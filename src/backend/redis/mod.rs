@@ -8,32 +8,45 @@
 //! is called by SHA and loaded again transparently after `SCRIPT FLUSH` or a
 //! restart (NOSCRIPT).
 //!
-//! Keys are `quotad:<policy>|{<key>}` (a key starting with `}` is written in
-//! hex, `|h{...}`, so its tag is never empty). The braces make the rate-limit key the
-//! Redis Cluster hash tag, so one key under several policies (say per second
-//! and per day) lives in one slot and an `ALL_OR_NOTHING` batch over them is
-//! one atomic script. Keys of different users live in different slots; a
-//! batch spanning slots is refused with [`BackendError::CrossSlot`]. To
-//! co-locate keys on purpose, give them a common tag of their own:
-//! `{team-7}alice` and `{team-7}bob` share the slot of `{team-7`.
+//! Keys (see `keys.rs`) are `<prefix>:<policy>|{<key>}|<format><algorithm><window_ms>`:
+//! the braces make the rate-limit key the Redis Cluster hash tag, so one key
+//! under several policies lives in one slot and an `ALL_OR_NOTHING` batch
+//! over them is one atomic script; a batch spanning slots is refused with
+//! [`BackendError::CrossSlot`]. The suffix binds the state to the algorithm,
+//! the window and the state format, so replicas that disagree during a
+//! rollout count apart instead of overwriting each other.
+//!
+//! Faults (see `connection.rs`, `deadline.rs`, `errors.rs`): every script
+//! carries a deadline in Redis's clock and refuses to run past it; the
+//! standalone connection is replaced in bounded time; every error is
+//! classified on purpose; passwords never reach errors or logs ([`redact`]).
+
+mod connection;
+mod deadline;
+mod errors;
+mod keys;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use quotad_core::{BatchMode, CheckItem, Clock, Decision};
+use quotad_core::{BatchMode, CheckItem, Clock, Decision, Policy};
 use quotad_proto::convert;
 use quotad_proto::v1 as pb;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script};
+use redis::{Cmd, RedisResult, Script, Value};
 
+use self::connection::{CallError, Connections, Counts, LateReply, local_ms, timed_out_error};
 use super::{Backend, BackendError, BackendStats, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
+/// Consecutive timed-out calls after which the connection to a standalone
+/// Redis is replaced, unless `store.redis.reconnect_after_timeouts` says.
+pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
+
 /// Where Redis is and how long a call may take.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RedisSettings {
     /// A standalone server (`redis://host:port/db`), or the seed nodes of a
     /// Cluster.
@@ -41,10 +54,39 @@ pub struct RedisSettings {
     /// The longest one call may take, reconnecting included; past it the
     /// policy's `on_error` applies.
     pub timeout: Duration,
+    /// Consecutive timed-out calls after which the connection to a
+    /// standalone Redis is dropped and made again.
+    pub reconnect_after_timeouts: u32,
+    /// The first part of every key quotad writes.
+    pub key_prefix: String,
+}
+
+impl RedisSettings {
+    /// Settings for `target` with a call timeout and the defaults for the
+    /// rest.
+    pub fn new(target: RedisTarget, timeout: Duration) -> Self {
+        RedisSettings {
+            target,
+            timeout,
+            reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+            key_prefix: "quotad".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("target", &self.target)
+            .field("timeout", &self.timeout)
+            .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
+            .field("key_prefix", &self.key_prefix)
+            .finish()
+    }
 }
 
 /// A standalone Redis or a Redis Cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One server (or a proxy) at this URL.
     Standalone(String),
@@ -52,31 +94,85 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
-#[derive(Clone)]
-enum Connection {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+impl std::fmt::Debug for RedisTarget {
+    /// URLs with their passwords replaced by `***`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Standalone(url) => {
+                f.debug_tuple("Standalone").field(&redact(url)).finish()
+            }
+            RedisTarget::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| redact(n)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// `text` with the password of every URL in it replaced by `***`
+/// (`redis://user:secret@host` becomes `redis://user:***@host`).
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace() || c == '"')
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(userinfo_end) => {
+                let userinfo = &authority[..userinfo_end];
+                match userinfo.find(':') {
+                    Some(colon) => {
+                        out.push_str(&userinfo[..colon]);
+                        out.push_str(":***");
+                    }
+                    // `redis://secret@host`: a password alone.
+                    None if !userinfo.is_empty() => out.push_str("***"),
+                    None => {}
+                }
+                out.push_str(&authority[userinfo_end..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What the Redis backend has counted since start, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedisCounts {
+    /// Connection attempts to a standalone Redis.
+    pub connects: u64,
+    /// Of those, attempts that failed.
+    pub connect_failures: u64,
+    /// Scripts Redis refused to run because quotad had given up on them.
+    pub late_refused: u64,
+    /// Scripts that ran in time but whose reply came after quotad had
+    /// answered the call as failed: counted although answered as failed.
+    pub late_counted: u64,
+    /// Calls that found a key holding state the script cannot read.
+    pub corrupt_state: u64,
 }
 
 /// The Redis state store.
 #[derive(Clone)]
 pub struct RedisBackend {
-    connection: Connection,
+    connections: Arc<Connections>,
+    prefix: Arc<str>,
     script: Arc<Script>,
-    timeout: Duration,
     /// Tests only: a clock to decide by instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.connection {
-            Connection::Standalone(_) => "standalone",
-            Connection::Cluster(_) => "cluster",
-        };
         f.debug_struct("RedisBackend")
-            .field("connection", &kind)
-            .field("timeout", &self.timeout)
+            .field("connections", &self.connections)
             .finish_non_exhaustive()
     }
 }
@@ -99,43 +195,28 @@ impl Mode {
     }
 }
 
+/// Items per script of an independent batch on a standalone Redis, so that
+/// no script runs long enough to stall Redis for everyone else: 64 checks
+/// of the costliest kind (a sliding log at its 10,000-entry cap) take well
+/// under a millisecond of Redis time (BENCHMARKS.md).
+const CHUNK: usize = 64;
+
+/// The script's status word: decided, or refused past its deadline.
+const DECIDED: i64 = 1;
+const REFUSED_LATE: i64 = 0;
+
 impl RedisBackend {
-    /// Connects to Redis and loads the script.
+    /// Connects to Redis and reads its clock.
     ///
     /// # Errors
     ///
     /// [`BackendError::Unavailable`] when Redis cannot be reached within the
     /// timeout.
     pub async fn connect(settings: &RedisSettings) -> Result<Self, BackendError> {
-        let connect = async {
-            match &settings.target {
-                RedisTarget::Standalone(url) => {
-                    let client = redis::Client::open(url.as_str())?;
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(settings.timeout))
-                        .set_response_timeout(Some(settings.timeout))
-                        .set_number_of_retries(1);
-                    let manager = ConnectionManager::new_with_config(client, config).await?;
-                    Ok::<_, RedisError>(Connection::Standalone(manager))
-                }
-                RedisTarget::Cluster(nodes) => {
-                    let client = ClusterClient::builder(nodes.clone())
-                        .connection_timeout(settings.timeout)
-                        .response_timeout(settings.timeout)
-                        .retries(1)
-                        .build()?;
-                    Ok(Connection::Cluster(client.get_async_connection().await?))
-                }
-            }
-        };
-        let connection = tokio::time::timeout(settings.timeout, connect)
-            .await
-            .map_err(|_| timed_out(settings.timeout))?
-            .map_err(unavailable)?;
         Ok(Self {
-            connection,
+            connections: Arc::new(Connections::connect(settings).await?),
+            prefix: settings.key_prefix.as_str().into(),
             script: Arc::new(Script::new(SCRIPT)),
-            timeout: settings.timeout,
             clock: None,
         })
     }
@@ -149,44 +230,121 @@ impl RedisBackend {
         self
     }
 
-    /// Runs the script over `items` in one call.
+    /// What the backend has counted since start.
+    pub fn counts(&self) -> RedisCounts {
+        let c = &self.connections.counts;
+        RedisCounts {
+            connects: c.connects.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+            late_refused: c.late_refused.load(Ordering::Relaxed),
+            late_counted: c.late_counted.load(Ordering::Relaxed),
+            corrupt_state: c.corrupt.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs the script over `items` in one call, with a deadline in Redis's
+    /// clock past which it refuses to run.
     async fn eval(
         &self,
         mode: Mode,
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, BackendError> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(mode.as_arg());
-        match &self.clock {
-            Some(clock) => invocation.arg(clock.now_ms()),
-            None => invocation.arg(""),
+        let started = Instant::now();
+        let timeout = self.connections.timeout();
+        let give_up = local_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let keys: Vec<String> = items
+            .iter()
+            .map(|item| keys::state_key(&self.prefix, item.name(), item.policy(), item.key()))
+            .collect();
+        let slot = match (self.connections.is_cluster(), keys.first()) {
+            (true, Some(key)) => deadline::slot(key.as_bytes()),
+            _ => 0,
         };
+        let failed = |e: CallError| match e {
+            CallError::TimedOut => timed_out_error(timeout),
+            CallError::Failed(e) | CallError::NoScript(e) => e,
+        };
+        let deadline = self
+            .connections
+            .deadline(slot, give_up, started)
+            .await
+            .map_err(failed)?;
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + items.len() * 5);
+        args.push(mode.as_arg().into());
+        args.push(deadline.to_string().into());
+        args.push(match &self.clock {
+            Some(clock) => clock.now_ms().to_string().into(),
+            None => Vec::new(),
+        });
         for item in items {
             let policy = item.policy();
-            invocation
-                .key(redis_key(item.name(), item.key()))
-                .arg(pb::Algorithm::from(policy.algorithm()) as i32)
-                .arg(policy.limit())
-                .arg(policy.window_ms())
-                .arg(policy.burst())
-                .arg(item.cost().get());
+            for n in [
+                pb::Algorithm::from(policy.algorithm()) as u64,
+                policy.limit(),
+                policy.window_ms(),
+                policy.capacity(),
+                item.cost().get(),
+            ] {
+                args.push(n.to_string().into());
+            }
         }
-        let reply: Vec<u64> = match self.connection.clone() {
-            Connection::Standalone(mut c) => self.invoke(&invocation, &mut c).await?,
-            Connection::Cluster(mut c) => self.invoke(&invocation, &mut c).await?,
+        let command = |name: &str, script: &str| {
+            let mut cmd = Cmd::new();
+            cmd.arg(name)
+                .arg(script)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args);
+            cmd
         };
-        decisions(&reply, items.len())
-    }
-
-    async fn invoke<C: ConnectionLike + Send>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-        connection: &mut C,
-    ) -> Result<Vec<u64>, BackendError> {
-        tokio::time::timeout(self.timeout, invocation.invoke_async(connection))
+        let counts = Arc::clone(&self.connections.counts);
+        let late = || -> LateReply {
+            let counts = Arc::clone(&counts);
+            Box::new(move |reply| late_reply(&counts, reply))
+        };
+        let reply = match self
+            .connections
+            .call(
+                command("EVALSHA", self.script.get_hash()),
+                started,
+                Some(late()),
+            )
             .await
-            .map_err(|_| timed_out(self.timeout))?
-            .map_err(classify)
+        {
+            // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
+            Err(CallError::NoScript(_)) => {
+                self.connections
+                    .call(command("EVAL", SCRIPT), started, Some(late()))
+                    .await
+            }
+            other => other,
+        }
+        .map_err(failed)?;
+        let received = local_ms();
+        let numbers = integers(&reply)?;
+        match numbers.as_slice() {
+            [DECIDED, time, rest @ ..] => {
+                self.connections
+                    .offsets
+                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                decisions(rest, items.len())
+            }
+            [REFUSED_LATE, time, ..] => {
+                self.connections
+                    .offsets
+                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                self.connections
+                    .counts
+                    .late_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(BackendError::Unavailable(
+                    "redis ran the script past its deadline and refused it".to_owned(),
+                ))
+            }
+            _ => Err(BackendError::Internal(format!(
+                "the script answered {reply:?}"
+            ))),
+        }
     }
 
     /// Runs the script over `items` in one call: every item decided, or
@@ -200,16 +358,55 @@ impl RedisBackend {
 
     /// On a Cluster, independent items may live in different slots, so each
     /// goes in its own call (all concurrently, over one multiplexed
-    /// connection) and a node that is down fails only its own items; a
-    /// standalone server takes the batch in one call.
+    /// connection per node) and a node that is down fails only its own
+    /// items; a standalone server takes the batch in one call.
     async fn independent(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
-        match self.connection {
-            Connection::Standalone(_) => self.eval_each(Mode::Check, items).await,
-            Connection::Cluster(_) => {
-                let calls = items.iter().map(|item| self.check_one(item));
-                futures_util::future::join_all(calls).await
-            }
+        if self.connections.is_cluster() {
+            let calls = items.iter().map(|item| self.check_one(item));
+            futures_util::future::join_all(calls).await
+        } else if items.len() <= CHUNK {
+            self.eval_each(Mode::Check, items).await
+        } else {
+            // Pipelined chunks: Redis serves other clients between them.
+            let calls = items.chunks(CHUNK).map(|c| self.eval_each(Mode::Check, c));
+            futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
         }
+    }
+}
+
+/// Counts what Redis did with a script quotad had stopped waiting for.
+fn late_reply(counts: &Counts, reply: &RedisResult<Value>) {
+    let status = match reply {
+        Ok(Value::Array(values)) => values.first(),
+        _ => None,
+    };
+    match status {
+        Some(Value::Int(DECIDED)) => {
+            counts.late_counted.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("a script quotad had given up on ran in time: its reply came late");
+        }
+        Some(Value::Int(REFUSED_LATE)) => {
+            counts.late_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}
+
+fn integers(reply: &Value) -> Result<Vec<i64>, BackendError> {
+    let bad = || BackendError::Internal(format!("the script answered {reply:?}"));
+    match reply {
+        Value::Array(values) => values
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(*n),
+                _ => Err(bad()),
+            })
+            .collect(),
+        _ => Err(bad()),
     }
 }
 
@@ -235,50 +432,30 @@ impl Backend for RedisBackend {
         Ok(d.remove(0))
     }
 
-    async fn reset(&self, name: &str, key: &str) -> Result<(), BackendError> {
+    async fn reset(&self, name: &str, policy: &Policy, key: &str) -> Result<(), BackendError> {
         let mut del = redis::cmd("DEL");
-        del.arg(redis_key(name, key));
-        let call = async {
-            match self.connection.clone() {
-                Connection::Standalone(mut c) => del.query_async::<()>(&mut c).await,
-                Connection::Cluster(mut c) => del.query_async::<()>(&mut c).await,
-            }
-        };
-        tokio::time::timeout(self.timeout, call)
+        del.arg(keys::state_key(&self.prefix, name, policy, key));
+        let timeout = self.connections.timeout();
+        self.connections
+            .call(del, Instant::now(), None)
             .await
-            .map_err(|_| timed_out(self.timeout))?
-            .map_err(unavailable)
+            .map(drop)
+            .map_err(|e| match e {
+                CallError::TimedOut => timed_out_error(timeout),
+                CallError::Failed(e) | CallError::NoScript(e) => e,
+            })
     }
 
     fn stats(&self) -> BackendStats {
-        // Redis expires state by TTL; quotad keeps no count of its own.
-        BackendStats::default()
-    }
-}
-
-/// `quotad:<policy>|{<key>}`: policy names hold no `|`, and the key is the
-/// Cluster hash tag. A key that starts with `}` would make that tag empty
-/// (Redis then hashes the whole name, and the key's policies could land in
-/// different slots), so it is written in hex instead: `quotad:<policy>|h{<hex>}`.
-fn redis_key(name: &str, key: &str) -> String {
-    use std::fmt::Write as _;
-    let mut k = String::with_capacity(name.len() + 2 * key.len() + 12);
-    k.push_str("quotad:");
-    k.push_str(name);
-    if key.starts_with('}') {
-        k.push_str("|h{");
-        for byte in key.bytes() {
-            let _ = write!(k, "{byte:02x}");
+        // Redis expires state by TTL; quotad keeps no count of keys.
+        BackendStats {
+            redis: Some(self.counts()),
+            ..BackendStats::default()
         }
-    } else {
-        k.push_str("|{");
-        k.push_str(key);
     }
-    k.push('}');
-    k
 }
 
-fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, BackendError> {
+fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError> {
     if reply.len() != items * 6 {
         return Err(BackendError::Internal(format!(
             "the script answered {} numbers for {items} items",
@@ -294,62 +471,96 @@ fn decisions(reply: &[u64], items: usize) -> Result<Vec<Decision>, BackendError>
                 .ok_or_else(|| {
                     BackendError::Internal(format!("the script answered reason {}", d[5]))
                 })?;
+            let n = |i: usize| {
+                u64::try_from(d[i]).map_err(|_| {
+                    BackendError::Internal(format!("the script answered {} at {i}", d[i]))
+                })
+            };
             Ok(Decision {
                 allowed: d[0] == 1,
-                limit: d[1],
-                remaining: d[2],
-                retry_after_ms: d[3],
-                reset_after_ms: d[4],
+                limit: n(1)?,
+                remaining: n(2)?,
+                retry_after_ms: n(3)?,
+                reset_after_ms: n(4)?,
                 reason,
             })
         })
         .collect()
 }
 
-fn unavailable(e: RedisError) -> BackendError {
-    BackendError::Unavailable(format!("redis: {e}"))
-}
-
-/// An outage (the policy's `on_error` applies) or a fault that retrying
-/// and failing open would only hide: a script error, a wrong type, a reply
-/// quotad cannot read (INTERNAL).
-fn classify(e: RedisError) -> BackendError {
-    if e.code() == Some("CROSSSLOT") {
-        return BackendError::CrossSlot;
-    }
-    let outage = e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-        || matches!(
-            e.code(),
-            Some("TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY")
-        );
-    if outage {
-        unavailable(e)
-    } else {
-        BackendError::Internal(format!("redis: {e}"))
-    }
-}
-
-fn timed_out(after: Duration) -> BackendError {
-    BackendError::Unavailable(format!("redis did not answer within {after:?}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The numbers the script and quotad exchange, read from the script's
+    /// own text and held against the Rust enums they stand for.
     #[test]
-    fn the_key_is_the_cluster_hash_tag() {
-        assert_eq!(redis_key("per_day", "alice"), "quotad:per_day|{alice}");
-        assert_eq!(redis_key("per_day", "}x"), "quotad:per_day|h{7d78}");
-        assert_ne!(redis_key("p", "}x"), redis_key("p", "h{7d78"));
+    fn the_scripts_wire_numbers_match_the_rust_enums() {
+        let constant = |names: &str| -> Vec<i64> {
+            let line = SCRIPT
+                .lines()
+                .find(|l| l.starts_with(&format!("local {names} = ")))
+                .unwrap_or_else(|| panic!("the script declares {names}"));
+            line.split(" = ")
+                .nth(1)
+                .expect("values")
+                .split(", ")
+                .map(|v| v.trim().parse().expect("a number"))
+                .collect()
+        };
+        let reasons = constant("WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED");
+        let expected = [
+            pb::Reason::WithinLimit,
+            pb::Reason::LimitExceeded,
+            pb::Reason::CostExceedsCapacity,
+            pb::Reason::BatchRejected,
+        ]
+        .map(|r| i64::from(r as i32));
+        assert_eq!(reasons, expected);
+        for (reason, core) in reasons.iter().zip([
+            quotad_core::Reason::WithinLimit,
+            quotad_core::Reason::LimitExceeded,
+            quotad_core::Reason::CostExceedsCapacity,
+            quotad_core::Reason::BatchRejected,
+        ]) {
+            let code = i32::try_from(*reason).expect("small");
+            assert_eq!(convert::reason(code).expect("known"), core);
+        }
+        let algorithms = constant("FIXED_ID, LOG_ID");
         assert_eq!(
-            redis_key("inline:fixed_window:1:2:1", "{team}bob"),
-            "quotad:inline:fixed_window:1:2:1|{{team}bob}"
+            algorithms,
+            [pb::Algorithm::FixedWindow, pb::Algorithm::SlidingLog].map(|a| i64::from(a as i32))
         );
+        // The order of the script's algorithm table is the protobuf's.
+        for (i, algorithm) in quotad_core::Algorithm::ALL.into_iter().enumerate() {
+            assert_eq!(
+                pb::Algorithm::from(algorithm) as usize,
+                i + 1,
+                "{algorithm}"
+            );
+        }
+        // Status and TIME, then six numbers per item.
+        assert!(SCRIPT.contains("local out = { 1, time }"));
+        assert!(SCRIPT.contains("for j = 1, 6 do"));
+        assert_eq!((DECIDED, REFUSED_LATE), (1, 0));
+        assert!(SCRIPT.contains("return { 0, time }"));
+    }
+
+    #[test]
+    fn passwords_in_urls_are_redacted() {
+        assert_eq!(
+            redact("cannot reach redis://user:s3cret@10.0.0.1:6379/0 now"),
+            "cannot reach redis://user:***@10.0.0.1:6379/0 now"
+        );
+        assert_eq!(redact("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact("redis://pw@h"), "redis://***@h");
+        assert_eq!(
+            redact("a redis://h:1/ b redis://u:p@h2/ c"),
+            "a redis://h:1/ b redis://u:***@h2/ c"
+        );
+        assert_eq!(redact("no url here"), "no url here");
+        let target = RedisTarget::Cluster(vec!["redis://:p4ss@a:1".to_owned()]);
+        assert!(!format!("{target:?}").contains("p4ss"));
     }
 
     #[test]

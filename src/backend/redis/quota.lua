@@ -4,24 +4,41 @@
 -- every value stays below 2^53, so a Lua double holds it exactly, and every
 -- division is an exact floor or ceiling (math.fmod is exact; a plain a / b
 -- can round up). One script serves all five algorithms so that a mixed
--- ALL_OR_NOTHING batch (say per-second and per-day) is one atomic call.
+-- ALL_OR_NOTHING batch (say per-second and per-day) is one atomic call; a
+-- lone fixed-window check takes a short path of its own.
 --
--- KEYS[i]   the state key of item i (a key may appear more than once)
+-- KEYS[i]   the state key of item i (a key may appear more than once). The
+--           key names the algorithm, the window and the state format
+--           (<prefix>:<policy>|{<key>}|<format><algorithm><window_ms>), so
+--           state is only ever read under the parameters that wrote it.
 -- ARGV[1]   "check" (decide each item), "all" (commit only if every item is
 --           admitted) or "peek" (decide, write nothing)
--- ARGV[2]   "" to use the Redis server's clock (TIME), or milliseconds since
---           the epoch (tests only)
--- ARGV[3..] per item: algorithm (1-5), limit, window_ms, burst, cost
+-- ARGV[2]   the deadline, in Redis's clock (ms since the epoch): past it the
+--           caller has given up, and the script refuses to run
+-- ARGV[3]   "" to decide by the Redis server's clock (TIME), or milliseconds
+--           since the epoch (tests only)
+-- ARGV[4..] per item: algorithm (1-5), limit, window_ms, capacity (burst for
+--           the buckets, limit otherwise), cost
 --
--- Returns six integers per item: allowed (0/1), limit, remaining,
--- retry_after_ms, reset_after_ms, reason (the quotad.v1.Reason number).
+-- Returns the status (1 decided, 0 refused: past the deadline, nothing read
+-- or written), the TIME read (ms), then six integers per item: allowed
+-- (0/1), limit, remaining, retry_after_ms, reset_after_ms, reason (the
+-- quotad.v1.Reason number). A key holding state that cannot be read is an
+-- error reply QUOTAD_CORRUPT naming the key.
 --
--- State is a MessagePack array (the kind, then integers), stored with a TTL
--- equal to the time until it is fresh again.
+-- State, with a TTL equal to the time until it is fresh again:
+--   fixed window    string "start:count"
+--   sliding window  string "start:previous:current"
+--   token bucket    string "tokens:at" (tokens x window_ms)
+--   leaky bucket    string "level:at" (level x window_ms)
+--   sliding log     sorted set: member "ms:cost" per admission millisecond,
+--                   score = the units admitted before it (a running total)
 
 local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
+local FIXED_ID, LOG_ID = 1, 5
 
 local fmod = math.fmod
+local tonumber = tonumber
 
 local function fdiv(a, b)
   return (a - fmod(a, b)) / b
@@ -46,9 +63,84 @@ local function max(a, b)
   return b
 end
 
+local function corrupt(key, why)
+  return redis.error_reply('QUOTAD_CORRUPT ' .. key .. ': ' .. why)
+end
+
+-- The clock, and the deadline -----------------------------------------------
+
+local t = redis.call('TIME')
+local time = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
+-- The caller has given up: its answer was "failed", so nothing may count.
+if time > tonumber(ARGV[2]) then
+  return { 0, time }
+end
+
+local mode = ARGV[1]
+
+-- A lone fixed-window check: the least work (GET, then SET when admitted).
+if #KEYS == 1 and mode == 'check' and ARGV[4] == '1' then
+  local key = KEYS[1]
+  local limit, window, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
+  local now, slack = time, 0
+  if ARGV[3] ~= '' then now, slack = tonumber(ARGV[3]), 60000 end
+  local start = now - fmod(now, window)
+  local at, count = now, 0
+  local raw = redis.pcall('GET', key)
+  if raw then
+    if type(raw) == 'table' then return corrupt(key, tostring(raw.err)) end
+    local s, c = string.match(raw, '^(%d+):(%d+)$')
+    if not s then return corrupt(key, 'not fixed-window state') end
+    s = tonumber(s)
+    -- A count from this window, or a later one (Redis's clock stepped
+    -- back: time never runs backwards for a key).
+    if s >= start then
+      start, count = s, tonumber(c)
+      if s > now then at = s end
+    end
+  end
+  local wait = (start + window - at) + (at - now)
+  if cost > limit then
+    return { 1, time, 0, limit, max(limit - count, 0), 0, count > 0 and wait or 0, TOO_BIG }
+  end
+  if count <= limit - cost then
+    count = count + cost
+    redis.call('SET', key, string.format('%d:%d', start, count), 'PX', wait + slack)
+    return { 1, time, 1, limit, limit - count, 0, wait, WITHIN }
+  end
+  return { 1, time, 0, limit, max(limit - count, 0), wait, wait, EXCEEDED }
+end
+
+-- Loading and storing string state ---------------------------------------
+
+local PATTERNS = {
+  [1] = '^(%d+):(%d+)$',
+  [2] = '^(%d+):(%d+):(%d+)$',
+  [3] = '^(%d+):(%d+)$',
+  [4] = '^(%d+):(%d+)$',
+}
+-- '%d', not tostring or '..': those write 2^53 as 9.007199254741e+15.
+local FORMATS = { '%d:%d', '%d:%d:%d', '%d:%d', '%d:%d' }
+
+-- The numbers stored under `key`, nil when there is none, or an error reply.
+local function load_string(key, alg)
+  local raw = redis.pcall('GET', key)
+  if not raw then return nil end
+  if type(raw) == 'table' then return nil, corrupt(key, tostring(raw.err)) end
+  local a, b, c = string.match(raw, PATTERNS[alg])
+  if not a then return nil, corrupt(key, 'not the state of algorithm ' .. alg) end
+  return { tonumber(a), tonumber(b), tonumber(c) }
+end
+
+-- Each algorithm's code is built when a call first needs it: a script's
+-- body runs on every call, and making closures it does not use would cost
+-- more than the decision itself.
+local BUILD = {}
+
+BUILD[1] = function()
 -- Fixed window -----------------------------------------------------------
 
-local FIXED = { kind = 'F' }
+local FIXED = {}
 
 function FIXED.floor(st) return st[1] end
 
@@ -74,9 +166,13 @@ function FIXED.into(m)
   return nil
 end
 
+return FIXED
+end
+
+BUILD[2] = function()
 -- Sliding window counter -------------------------------------------------
 
-local SLIDING = { kind = 'S' }
+local SLIDING = {}
 
 -- round(count * (window - elapsed) / window), halves up
 local function weighted(count, elapsed, w)
@@ -146,21 +242,22 @@ function SLIDING.into(m)
   return nil
 end
 
+return SLIDING
+end
+
+BUILD[3] = function()
 -- Token bucket (units of 1/window of a token) ---------------------------
 
-local TOKEN = { kind = 'T' }
+local TOKEN = {}
 
 function TOKEN.floor(st) return st[2] end
 
 function TOKEN.advance(p, st, at)
   local unit = p.window
-  local cap = p.burst * unit
+  local cap = p.cap * unit
   local tokens = cap
   if st then
-    local saved, from = st[1], st[3]
-    if from ~= unit and from ~= 0 then
-      saved = min(fdiv(saved, from), p.burst) * unit
-    end
+    local saved = st[1]
     local dt = max(at - st[2], 0)
     if saved < cap and dt < cdiv(cap - saved, p.limit) then
       tokens = saved + p.limit * dt
@@ -176,13 +273,17 @@ function TOKEN.retry(m, c) return cdiv(c * m.unit - m.tokens, m.p.limit) end
 function TOKEN.reset(m) return cdiv(m.cap - m.tokens, m.p.limit) end
 
 function TOKEN.into(m)
-  if m.tokens < m.cap then return { m.tokens, m.at, m.unit } end
+  if m.tokens < m.cap then return { m.tokens, m.at } end
   return nil
 end
 
+return TOKEN
+end
+
+BUILD[4] = function()
 -- Leaky bucket (units of 1/window of a token) ---------------------------
 
-local LEAKY = { kind = 'L' }
+local LEAKY = {}
 
 function LEAKY.floor(st) return st[2] end
 
@@ -190,16 +291,13 @@ function LEAKY.advance(p, st, at)
   local unit = p.window
   local level = 0
   if st then
-    local saved, from = st[1], st[3]
-    if from ~= unit and from ~= 0 then
-      saved = min(cdiv(saved, from), p.burst) * unit
-    end
+    local saved = st[1]
     local dt = max(at - st[2], 0)
     if dt < cdiv(saved, p.limit) then
       level = saved - p.limit * dt
     end
   end
-  return { p = p, at = at, unit = unit, cap = p.burst * unit, level = level }
+  return { p = p, at = at, unit = unit, cap = p.cap * unit, level = level }
 end
 
 function LEAKY.fits(m, c) return m.level <= m.cap - c * m.unit end
@@ -209,43 +307,79 @@ function LEAKY.retry(m, c) return cdiv(m.level - (m.cap - c * m.unit), m.p.limit
 function LEAKY.reset(m) return cdiv(m.level, m.p.limit) end
 
 function LEAKY.into(m)
-  if m.level > 0 then return { m.level, m.at, m.unit } end
+  if m.level > 0 then return { m.level, m.at } end
   return nil
 end
 
--- Sliding log: pairs (admitted at ms, cost), oldest first, kept flat in the
--- state array from index `head`; expired pairs are skipped, not copied.
+return LEAKY
+end
 
-local LOG = { kind = 'G' }
+BUILD[5] = function()
+local LOG = {}
 
+-- Sliding log: a sorted set, one member "ms:cost" per admission
+-- millisecond, scored by the units admitted before it. The total in the
+-- window is a subtraction, and the retry time a search by score: a check
+-- costs O(log n), whatever the number of entries.
+
+
+local function log_entry(key, member, score)
+  local ms, cost = string.match(member, '^(%d+):(%d+)$')
+  if not ms then return nil end
+  return { ms = tonumber(ms), cost = tonumber(cost), score = tonumber(score), member = member }
+end
+
+-- The live part of the log under `key` at `now` (expired entries are
+-- dropped), nil when empty, or an error reply.
+function LOG.load(key, window, now)
+  local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last.err then return nil, corrupt(key, last.err) end
+  if #last == 0 then return nil end
+  last = log_entry(key, last[1], last[2])
+  if not last then return nil, corrupt(key, 'not a sliding log') end
+  local at = max(now, last.ms)
+  if last.ms + window <= at then
+    redis.call('DEL', key)
+    return nil
+  end
+  -- Amortized O(1): every entry is dropped once.
+  local first
+  while true do
+    local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    first = log_entry(key, head[1], head[2])
+    if not first then return nil, corrupt(key, 'not a sliding log') end
+    if first.ms + window > at then break end
+    redis.call('ZREMRANGEBYRANK', key, 0, 0)
+  end
+  return { key = key, first = first, last = last }
+end
+
+-- A log's state in this call: `first` and `last` stored entries (nil when
+-- none), and what earlier items consumed at `at`: `merged` into the stored
+-- last entry (same millisecond), or `pending` as a new one.
 function LOG.floor(st)
-  local n = #st
-  if n == 0 then return 0 end
-  return st[n - 1]
+  if st.last then return max(st.last.ms, st.at or 0) end
+  return st.at
 end
 
 function LOG.advance(p, st, at)
-  st = st or {}
-  local head, total = 1, 0
-  -- An admission at `ms` counts during `[ms, ms + window)`.
-  while head < #st and st[head] + p.window <= at do
-    head = head + 2
+  local m = { p = p, at = at, st = st, total = 0, merged = 0, pending = 0 }
+  if st then
+    m.merged, m.pending = st.merged or 0, st.pending or 0
+    if st.last then m.total = st.last.score + st.last.cost - st.first.score end
+    m.total = m.total + m.merged + m.pending
   end
-  for i = head + 1, #st, 2 do
-    total = total + st[i]
-  end
-  return { p = p, at = at, st = st, head = head, total = total }
+  return m
 end
 
 function LOG.fits(m, c) return m.total <= m.p.limit - c end
 
 function LOG.consume(m, c)
-  local st, n = m.st, #m.st
-  if n >= m.head and st[n - 1] == m.at then
-    st[n] = st[n] + c
+  local st = m.st
+  if st and st.last and st.last.ms == m.at then
+    m.merged = m.merged + c
   else
-    st[n + 1] = m.at
-    st[n + 2] = c
+    m.pending = m.pending + c
   end
   m.total = m.total + c
 end
@@ -254,65 +388,66 @@ function LOG.remaining(m) return max(m.p.limit - m.total, 0) end
 
 function LOG.retry(m, c)
   local excess = m.total - (m.p.limit - c)
-  local freed = 0
-  for i = m.head, #m.st, 2 do
-    freed = freed + m.st[i + 1]
-    if freed >= excess then return m.st[i] + m.p.window - m.at end
-  end
-  return m.p.window
+  local st = m.st
+  if not (st and st.last) then return m.p.window end
+  -- The oldest entries whose leaving frees `excess` units: the last entry
+  -- scored below first + excess (a score is the units before the entry).
+  local target = st.first.score + excess
+  if st.last.score + st.last.cost + m.merged < target then return m.p.window end
+  local found = redis.call('ZREVRANGEBYSCORE', st.key, '(' .. string.format('%d', target), '-inf', 'LIMIT', 0, 1)
+  local entry = log_entry(st.key, found[1], 0)
+  return entry.ms + m.p.window - m.at
 end
 
 function LOG.reset(m)
-  local n = #m.st
-  if n < m.head then return 0 end
-  return m.st[n - 1] + m.p.window - m.at
+  if m.total == 0 then return 0 end
+  if m.pending > 0 then return m.p.window end
+  return m.st.last.ms + m.p.window - m.at
 end
 
+-- What this call consumed, kept for the next item on the same key and for
+-- the write at the end.
 function LOG.into(m)
-  local st, head = m.st, m.head
-  if #st < head then return nil end
-  if head == 1 then return st end
-  local live = {}
-  for i = head, #st do
-    live[#live + 1] = st[i]
+  local st = m.st or {}
+  st.merged, st.pending, st.at = m.merged, m.pending, m.at
+  if st.last or st.pending > 0 then return st end
+  return nil
+end
+
+function LOG.store(key, st, ttl)
+  local last = st.last
+  if not last then
+    redis.call('ZADD', key, 0, string.format('%d:%d', st.at, st.pending))
+  else
+    if st.merged > 0 then
+      redis.call('ZADD', key, last.score, string.format('%d:%d', last.ms, last.cost + st.merged))
+      redis.call('ZREM', key, last.member)
+    end
+    if st.pending > 0 then
+      redis.call('ZADD', key, last.score + last.cost + st.merged, string.format('%d:%d', st.at, st.pending))
+    end
   end
-  return live
+  redis.call('PEXPIRE', key, ttl)
+end
+
+return LOG
 end
 
 -- The shared steps -------------------------------------------------------
 
-local METERS = { FIXED, SLIDING, TOKEN, LEAKY, LOG }
-local BY_KIND = { F = FIXED, S = SLIDING, T = TOKEN, L = LEAKY, G = LOG }
-
--- State is stored as MessagePack (cmsgpack, built into Redis): an array
--- whose first element is the kind, then the integers. cmsgpack writes a
--- whole-number double as an integer, so every value below 2^53 round-trips
--- exactly, and a sliding log of thousands of entries costs microseconds,
--- not the milliseconds of formatting and parsing text.
-local function decode(raw)
-  if not raw then return nil end
-  local st = cmsgpack.unpack(raw)
-  st.kind = table.remove(st, 1)
-  return st
-end
-
-local function encode(kind, st)
-  table.insert(st, 1, kind)
-  local raw = cmsgpack.pack(st)
-  table.remove(st, 1)
-  return raw
-end
+local METERS = setmetatable({}, {
+  __index = function(meters, alg)
+    local M = BUILD[alg]()
+    meters[alg] = M
+    return M
+  end,
+})
 
 local function evaluate(p, st, now, cost, consume)
   local M = METERS[p.alg]
-  if st and st.kind ~= M.kind then st = nil end
   local at = now
   if st then at = max(now, M.floor(st)) end
   local skew = at - now
-  local function wait(ms)
-    if ms == 0 then return 0 end
-    return ms + skew
-  end
   local m = M.advance(p, st, at)
   local allowed, reason, retry = 0, TOO_BIG, 0
   if cost <= p.cap then
@@ -320,51 +455,55 @@ local function evaluate(p, st, now, cost, consume)
       if consume then M.consume(m, cost) end
       allowed, reason = 1, WITHIN
     else
-      reason, retry = EXCEEDED, wait(M.retry(m, cost))
+      reason, retry = EXCEEDED, M.retry(m, cost) + skew
     end
   end
-  local decision = { allowed, p.cap, M.remaining(m), retry, wait(M.reset(m)), reason }
-  local next = M.into(m)
-  if next then next.kind = M.kind end
-  return next, decision
+  local reset = M.reset(m)
+  if reset > 0 then reset = reset + skew end
+  return m, { allowed, p.cap, M.remaining(m), retry, reset, reason }
 end
 
-local mode = ARGV[1]
-local now
+local now = time
 -- With an injected clock (tests), real time runs ahead of it, so a TTL
 -- measured on the injected clock would expire state early; a minute of
 -- slack keeps it. Stale state is harmless: it reads as fresh.
 local ttl_slack = 0
-if ARGV[2] ~= '' then
-  now = tonumber(ARGV[2])
+if ARGV[3] ~= '' then
+  now = tonumber(ARGV[3])
   ttl_slack = 60000
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
 end
 
-local raw, states, resets, order = {}, {}, {}, {}
+-- Each key's state as loaded (for an all-or-nothing batch that is
+-- refused), as it stands after the items so far, and its new TTL.
+local loaded, states, resets, order, algs = {}, {}, {}, {}, {}
 local items, decisions = {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
   local key = KEYS[i]
-  if raw[key] == nil then
-    raw[key] = redis.call('GET', key)
-    states[key] = decode(raw[key])
-    order[#order + 1] = key
-  end
-  local b = 2 + (i - 1) * 5
+  local b = 3 + (i - 1) * 5
   local p = {
     alg = tonumber(ARGV[b + 1]),
     limit = tonumber(ARGV[b + 2]),
     window = tonumber(ARGV[b + 3]),
-    burst = tonumber(ARGV[b + 4]),
+    cap = tonumber(ARGV[b + 4]),
   }
-  if p.alg == 3 or p.alg == 4 then p.cap = p.burst else p.cap = p.limit end
   local cost = tonumber(ARGV[b + 5])
-  local st, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
-  if mode ~= 'peek' then
+  if loaded[key] == nil then
+    local st, err
+    if p.alg == LOG_ID then
+      st, err = METERS[LOG_ID].load(key, p.window, now)
+    else
+      st, err = load_string(key, p.alg)
+    end
+    if err then return err end
+    loaded[key] = st or false
     states[key] = st
+    order[#order + 1] = key
+    algs[key] = p.alg
+  end
+  local m, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
+  if mode ~= 'peek' then
+    states[key] = METERS[p.alg].into(m)
     resets[key] = d[5]
   end
   items[i] = { p = p, cost = cost }
@@ -377,22 +516,27 @@ if mode == 'all' and not all_allowed then
   -- the key's budget as it stands.
   for i = 1, #KEYS do
     if decisions[i][1] == 1 then
-      local _, d = evaluate(items[i].p, decode(raw[KEYS[i]]), now, items[i].cost, false)
+      local st = loaded[KEYS[i]] or nil
+      if st and items[i].p.alg == LOG_ID then st.merged, st.pending, st.at = 0, 0, nil end
+      local _, d = evaluate(items[i].p, st, now, items[i].cost, false)
       decisions[i] = { 0, d[2], d[3], 0, d[5], BATCH_REJECTED }
     end
   end
 elseif mode ~= 'peek' then
   for _, key in ipairs(order) do
     local st = states[key]
-    if st then
-      redis.call('SET', key, encode(st.kind, st), 'PX', max(resets[key], 1) + ttl_slack)
-    elseif raw[key] then
+    local ttl = max(resets[key], 1) + ttl_slack
+    if algs[key] == LOG_ID then
+      if st then METERS[LOG_ID].store(key, st, ttl) end
+    elseif st then
+      redis.call('SET', key, string.format(FORMATS[algs[key]], unpack(st)), 'PX', ttl)
+    elseif loaded[key] then
       redis.call('DEL', key)
     end
   end
 end
 
-local out = {}
+local out = { 1, time }
 for i = 1, #decisions do
   for j = 1, 6 do
     out[#out + 1] = decisions[i][j]

@@ -18,6 +18,11 @@ pub(crate) struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     cluster: bool,
+    /// Extra `redis-server` arguments, kept for a restart.
+    extra: Vec<String>,
+    /// `-a PASSWORD` for redis-cli, when the server requires one.
+    password: Option<String>,
+    paused: bool,
 }
 
 fn binary(name: &str, env: &str) -> String {
@@ -43,20 +48,56 @@ fn free_port(with_bus: bool) -> u16 {
 impl RedisServer {
     /// Starts a standalone server with no persistence.
     pub(crate) fn start() -> RedisServer {
-        Self::spawn(free_port(false), false)
+        Self::spawn(free_port(false), false, &[])
     }
 
-    fn spawn(port: u16, cluster: bool) -> RedisServer {
-        let dir = std::env::temp_dir().join(format!("quotad-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create a Redis work folder");
-        let server = RedisServer {
-            port,
-            child: Some(spawn_child(port, cluster, &dir)),
-            dir,
-            cluster,
-        };
+    /// Starts a standalone server that requires `password`.
+    pub(crate) fn start_with_password(password: &str) -> RedisServer {
+        let mut server =
+            Self::spawn_unchecked(free_port(false), false, &["--requirepass", password]);
+        server.password = Some(password.to_owned());
         server.wait_until_up();
         server
+    }
+
+    fn spawn(port: u16, cluster: bool, extra: &[&str]) -> RedisServer {
+        let server = Self::spawn_unchecked(port, cluster, extra);
+        server.wait_until_up();
+        server
+    }
+
+    fn spawn_unchecked(port: u16, cluster: bool, extra: &[&str]) -> RedisServer {
+        let dir = std::env::temp_dir().join(format!("quotad-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a Redis work folder");
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        RedisServer {
+            port,
+            child: Some(spawn_child(port, cluster, &dir, &extra)),
+            dir,
+            cluster,
+            extra,
+            password: None,
+            paused: false,
+        }
+    }
+
+    /// The process ID of the running server.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server is running").id()
+    }
+
+    /// Freezes the server (SIGSTOP): its sockets stay open and nothing is
+    /// answered, as in a long GC-like stall or a hung host.
+    pub(crate) fn pause(&mut self) {
+        signal(self.pid(), "-STOP");
+        self.paused = true;
+    }
+
+    /// Lets a paused server run again (SIGCONT): it then serves everything
+    /// that queued up meanwhile.
+    pub(crate) fn resume(&mut self) {
+        signal(self.pid(), "-CONT");
+        self.paused = false;
     }
 
     pub(crate) fn url(&self) -> String {
@@ -65,9 +106,12 @@ impl RedisServer {
 
     /// Runs `redis-cli -p PORT args...` and returns its output.
     pub(crate) fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(binary("redis-cli", "QUOTAD_REDIS_CLI"))
-            .arg("-p")
-            .arg(self.port.to_string())
+        let mut command = Command::new(binary("redis-cli", "QUOTAD_REDIS_CLI"));
+        command.arg("-p").arg(self.port.to_string());
+        if let Some(password) = &self.password {
+            command.env("REDISCLI_AUTH", password);
+        }
+        let out = command
             .args(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): {HOW_TO_GET_REDIS}"));
@@ -90,6 +134,9 @@ impl RedisServer {
 
     /// Stops the server (SIGKILL: as abrupt as a crash).
     pub(crate) fn stop(&mut self) {
+        if self.paused {
+            self.resume();
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -99,7 +146,7 @@ impl RedisServer {
     /// Starts the server again on the same port, empty.
     pub(crate) fn restart(&mut self) {
         self.stop();
-        self.child = Some(spawn_child(self.port, self.cluster, &self.dir));
+        self.child = Some(spawn_child(self.port, self.cluster, &self.dir, &self.extra));
         self.wait_until_up();
     }
 }
@@ -111,7 +158,17 @@ impl Drop for RedisServer {
     }
 }
 
-fn spawn_child(port: u16, cluster: bool, dir: &Path) -> Child {
+/// Sends a signal to one process this test started, by its PID.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+fn spawn_child(port: u16, cluster: bool, dir: &Path, extra: &[String]) -> Child {
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
@@ -130,15 +187,24 @@ fn spawn_child(port: u16, cluster: bool, dir: &Path) -> Child {
     args.extend(["--dir".to_owned(), dir.display().to_string()]);
     if cluster {
         args.extend(
-            ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
-                .iter()
-                .map(|s| (*s).to_owned()),
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "2000",
+                // One master down leaves the others serving their slots.
+                "--cluster-require-full-coverage",
+                "no",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned()),
         );
         args.extend([
             "--cluster-config-file".to_owned(),
             format!("nodes-{port}.conf"),
         ]);
     }
+    args.extend(extra.iter().cloned());
     Command::new(binary("redis-server", "QUOTAD_REDIS_SERVER"))
         .args(&args)
         .stdout(Stdio::null())
@@ -155,7 +221,7 @@ pub(crate) struct RedisCluster {
 impl RedisCluster {
     pub(crate) fn start() -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::spawn(free_port(true), true))
+            .map(|_| RedisServer::spawn(free_port(true), true, &[]))
             .collect();
         let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
         create.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
@@ -190,5 +256,118 @@ impl RedisCluster {
 
     pub(crate) fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The index of the master that serves `key`'s slot.
+    pub(crate) fn node_of(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| !n.cli(&["exists", key]).contains("MOVED"))
+            .expect("one master serves every slot")
+    }
+
+    /// `count` keys, `prefix-N`, served by node `node`.
+    pub(crate) fn keys_on(&self, node: usize, prefix: &str, count: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|k| self.node_of(k) == node)
+            .take(count)
+            .collect()
+    }
+}
+
+/// A TCP proxy on loopback in front of one server, that can blackhole the
+/// connections it holds: they stay open, and nothing more passes in either
+/// direction (a partition, or a peer gone without a FIN). Connections made
+/// after that pass as usual.
+pub(crate) struct BlackholeProxy {
+    pub(crate) port: u16,
+    /// Bumped by [`BlackholeProxy::blackhole`]; a connection accepted in an
+    /// earlier generation stops forwarding.
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Where new connections go.
+    upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BlackholeProxy {
+    pub(crate) async fn start(upstream: u16) -> BlackholeProxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream));
+        let gen_ = generation.clone();
+        let target_ = target.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let born = gen_.load(Ordering::SeqCst);
+                let live = gen_.clone();
+                let upstream = target_.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let alive = move || live.load(Ordering::SeqCst) == born;
+                    let up = pump(cr, sw, alive.clone());
+                    let down = pump(sr, cw, alive);
+                    let _ = tokio::join!(up, down);
+                });
+            }
+        });
+        BlackholeProxy {
+            port,
+            generation,
+            upstream: target,
+            task,
+        }
+    }
+
+    /// Sends connections made from now on to `port` (a failover behind one
+    /// address); open ones stay where they are.
+    pub(crate) fn switch_to(&self, port: u16) {
+        self.upstream
+            .store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Stops forwarding on every connection open now, keeping them open.
+    pub(crate) fn blackhole(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for BlackholeProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to` while `alive()`; once it is not, reads and drops
+/// everything and holds the socket open.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    alive: impl Fn() -> bool,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if alive() && to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
     }
 }
