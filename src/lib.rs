@@ -62,6 +62,8 @@ pub mod config;
 pub mod grpc;
 pub mod policy;
 
+pub mod listen;
+
 mod admin;
 mod api;
 mod health;
@@ -80,7 +82,7 @@ use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
-pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings};
+pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings, TransportSettings};
 
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits};
@@ -88,6 +90,7 @@ use crate::backend::Backend;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
 use crate::health::Health;
+use crate::listen::ConnectionLimit;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
 use crate::tasks::Tasks;
@@ -221,11 +224,19 @@ async fn serve<B: Backend>(
             on_error: config.store().on_error,
         },
     );
-    let routes = Routes::new(QuotaServer::new(quota));
+    let transport = config.transport();
+    let routes =
+        Routes::new(QuotaServer::new(quota).max_decoding_message_size(transport.max_message_bytes));
     let grpc_addr = display_addr(listeners.grpc.local_addr());
     let admin_addr = display_addr(listeners.admin.local_addr());
+    let limit = |port| {
+        ConnectionLimit::new(transport.max_connections, port)
+            .counting(metrics.connections_rejected(port))
+    };
     let mut grpc = grpc::spawn(
         listeners.grpc,
+        transport,
+        limit("grpc"),
         config.server().tls.as_ref(),
         health_service,
         routes,
@@ -233,11 +244,13 @@ async fn serve<B: Backend>(
     let mut admin = admin::spawn(
         listeners.admin,
         AdminState {
-            metrics,
+            metrics: Arc::clone(&metrics),
             policies: registry,
             health: health.clone(),
             backend_stats: Arc::new(move || backend.stats()),
         },
+        transport.admin_header_timeout,
+        limit("admin"),
     );
     health.set_ready(true).await;
     tracing::info!(%grpc_addr, %admin_addr, "quotad serving");

@@ -19,6 +19,7 @@
 //! | `quotad_evictions_total` | counter | |
 //! | `quotad_reclaimed_keys_total` | counter | |
 //! | `quotad_policy_reloads_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_connections_rejected_total` | counter | `port` (`grpc`/`admin`) |
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -40,6 +41,7 @@ const LIVE_KEYS: &str = "quotad_live_keys";
 const EVICTIONS: &str = "quotad_evictions_total";
 const RECLAIMED: &str = "quotad_reclaimed_keys_total";
 const RELOADS: &str = "quotad_policy_reloads_total";
+const CONNECTIONS_REJECTED: &str = "quotad_connections_rejected_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -176,6 +178,15 @@ impl Metrics {
         register_counter(&self.recorder, STORE_OPERATIONS, labels)
     }
 
+    /// A counter of the connections refused on `port` because it was full.
+    pub(crate) fn connections_rejected(&self, port: &'static str) -> Counter {
+        register_counter(
+            &self.recorder,
+            CONNECTIONS_REJECTED,
+            vec![Label::new("port", port)],
+        )
+    }
+
     /// Counts a policy reload.
     pub(crate) fn policy_reload(&self, ok: bool) {
         if ok {
@@ -275,6 +286,10 @@ fn describe(recorder: &PrometheusRecorder) {
         (
             RELOADS,
             "Policy reloads, by outcome (an error keeps the previous policies).",
+        ),
+        (
+            CONNECTIONS_REJECTED,
+            "Connections closed as soon as accepted because the port held transport.max_connections, by port.",
         ),
     ];
     for (name, help) in counters {

@@ -46,6 +46,7 @@ mod policies;
 mod settings;
 mod store;
 mod tls;
+mod transport;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -62,16 +63,18 @@ pub use policies::{OnError, PolicySettings};
 pub use settings::LimitSettings;
 pub use store::{BackendSettings, MemorySettings, StoreSettings};
 pub use tls::TlsSettings;
+pub use transport::TransportSettings;
 
 use document::Layers;
 use policies::{Invalid, RawPolicy};
-use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection};
+use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection, TransportSection};
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
 /// overrides) or [`Config::from_toml`]; every value in it is valid.
 #[derive(Clone, Debug)]
 pub struct Config {
     server: ServerSettings,
+    transport: TransportSettings,
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
@@ -116,6 +119,7 @@ pub struct ServerSettings {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     server: ServerSection,
+    transport: TransportSection,
     store: StoreSection,
     limits: LimitSettings,
     #[serde(default)]
@@ -200,9 +204,12 @@ impl Config {
             })?;
         }
         let store = StoreSettings::validate(raw.store).map_err(located)?;
+        let needed = crate::grpc::largest_request_bytes(store.max_key_bytes);
+        let transport = TransportSettings::validate(raw.transport, needed).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
         Ok(Config {
             server,
+            transport,
             store,
             limits: raw.limits,
             policies,
@@ -227,6 +234,11 @@ impl Config {
     /// `[server]`.
     pub fn server(&self) -> &ServerSettings {
         &self.server
+    }
+
+    /// `[transport]`.
+    pub fn transport(&self) -> &TransportSettings {
+        &self.transport
     }
 
     /// `[store]`.

@@ -169,6 +169,39 @@ section! {
 }
 
 section! {
+    /// `[transport]` as written: the bounds every connection to either port
+    /// lives within.
+    pub(crate) struct TransportSection at "transport", flags "" {
+        /// Most calls in progress at once on one gRPC connection (HTTP/2
+        /// streams; the client queues the rest)
+        max_concurrent_streams: u32 = Int("200"), Restart;
+        /// Most streams a gRPC client may open and reset before quotad has
+        /// accepted them; past it the connection is closed (HTTP/2 reset
+        /// flood)
+        max_pending_reset_streams: usize = Int("20"), Restart;
+        /// Most open connections on each port, gRPC and admin; a connection
+        /// past it is closed at once
+        max_connections: usize = Int("10000"), Restart;
+        /// Longest time a gRPC call may run; past it the call ends with
+        /// CANCELLED
+        #[serde(deserialize_with = "human_duration")]
+        request_timeout: Duration = Str("5s"), Restart;
+        /// Largest gRPC request message, in bytes [default: a full CheckBatch
+        /// at store.max_key_bytes]
+        ///
+        /// Larger messages are refused with RESOURCE_EXHAUSTED before they are
+        /// read. The default is computed: 1,000 items, each with a key of
+        /// `store.max_key_bytes`, the longest policy name and the largest
+        /// cost.
+        max_message_bytes: Option<usize> = Int, Restart;
+        /// Longest time an admin HTTP client may take to send a request's
+        /// headers; past it the connection is closed
+        #[serde(deserialize_with = "human_duration")]
+        admin_header_timeout: Duration = Str("5s"), Restart;
+    }
+}
+
+section! {
     /// `[store]` as written: the state backend and its bounds.
     pub(crate) struct StoreSection at "store", flags "" {
         /// The state backend: memory or redis
@@ -236,6 +269,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
     [
         ServerSection::SETTINGS,
         TlsSection::SETTINGS,
+        TransportSection::SETTINGS,
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
         LimitSettings::SETTINGS,

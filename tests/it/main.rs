@@ -21,3 +21,4 @@ mod redis;
 mod reload;
 mod shutdown;
 mod tls;
+mod transport;
