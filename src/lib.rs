@@ -142,9 +142,6 @@ pub enum Error {
     /// The TLS files could not be read at start.
     #[error("TLS: {0}")]
     Tls(String),
-    /// The admin HTTP server failed.
-    #[error("admin server: {0}")]
-    Admin(#[source] std::io::Error),
     /// A server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] JoinError),

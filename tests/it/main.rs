@@ -5,6 +5,7 @@
 mod common;
 
 mod admin;
+mod bad_bytes;
 mod bad_input;
 mod cli;
 mod cli_client;

@@ -6,7 +6,10 @@
 //! connection (advertised in the SETTINGS frame), streams reset before
 //! they are accepted and locally reset streams (both close the connection
 //! past their limit: HTTP/2 reset floods), open connections per port, a
-//! timeout per call, and the size of a request message.
+//! timeout per call, and the size of a request message (past it:
+//! RESOURCE_EXHAUSTED, [`status`]).
+
+pub mod status;
 
 use std::time::Duration;
 
@@ -17,12 +20,18 @@ use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
+use tower_layer::{Identity, Stack};
 
 use crate::Error;
 use crate::config::{TlsSettings, TransportSettings};
 use crate::listen::{ConnectionLimit, Incoming};
 use crate::policy::MAX_POLICY_NAME_LEN;
 use crate::tasks::ServerTask;
+
+use self::status::SizeStatusLayer;
+
+/// The gRPC server builder [`server`] makes: tonic's, with quotad's layers.
+pub type GrpcServer = Server<Stack<SizeStatusLayer, Identity>>;
 
 /// Locally reset streams (the server refusing a client's broken frames)
 /// allowed on one connection before it is closed: hyper's own default,
@@ -37,7 +46,10 @@ const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 ///
 /// [`Error::Tls`] when the TLS files cannot be read, and the transport
 /// error when tonic rejects them.
-pub fn server(transport: &TransportSettings, tls: Option<&TlsSettings>) -> Result<Server, Error> {
+pub fn server(
+    transport: &TransportSettings,
+    tls: Option<&TlsSettings>,
+) -> Result<GrpcServer, Error> {
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -51,7 +63,7 @@ pub fn server(transport: &TransportSettings, tls: Option<&TlsSettings>) -> Resul
             .map_err(|e| Error::Tls(format!("server.tls.{}: {}", e.field, e.message)))?;
         builder = builder.tls_config(config)?;
     }
-    Ok(builder)
+    Ok(builder.layer(SizeStatusLayer))
 }
 
 /// The accepted connections of `listener`, at most
