@@ -66,7 +66,9 @@ pub mod listen;
 
 mod admin;
 mod api;
+mod auth;
 mod health;
+mod log;
 mod metrics;
 mod tasks;
 
@@ -235,6 +237,7 @@ async fn serve<B: Backend>(
         transport,
         limit("grpc"),
         config.server().tls.as_ref(),
+        auth::layer(config.auth(), &metrics),
         health_service,
         routes,
     )?;

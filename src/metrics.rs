@@ -20,6 +20,7 @@
 //! | `quotad_reclaimed_keys_total` | counter | |
 //! | `quotad_policy_reloads_total` | counter | `outcome` (`ok`/`error`) |
 //! | `quotad_connections_rejected_total` | counter | `port` (`grpc`/`admin`) |
+//! | `quotad_auth_denied_total` | counter | `method` (the `[auth]` group: `check`, `peek`, `reset`, `should_rate_limit`) |
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -42,6 +43,7 @@ const EVICTIONS: &str = "quotad_evictions_total";
 const RECLAIMED: &str = "quotad_reclaimed_keys_total";
 const RELOADS: &str = "quotad_policy_reloads_total";
 const CONNECTIONS_REJECTED: &str = "quotad_connections_rejected_total";
+const AUTH_DENIED: &str = "quotad_auth_denied_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -187,6 +189,15 @@ impl Metrics {
         )
     }
 
+    /// A counter of the calls of the `[auth]` group `group` denied.
+    pub(crate) fn auth_denied(&self, group: &'static str) -> Counter {
+        register_counter(
+            &self.recorder,
+            AUTH_DENIED,
+            vec![Label::new("method", group)],
+        )
+    }
+
     /// Counts a policy reload.
     pub(crate) fn policy_reload(&self, ok: bool) {
         if ok {
@@ -286,6 +297,10 @@ fn describe(recorder: &PrometheusRecorder) {
         (
             RELOADS,
             "Policy reloads, by outcome (an error keeps the previous policies).",
+        ),
+        (
+            AUTH_DENIED,
+            "Calls denied by [auth] (PERMISSION_DENIED), by method group.",
         ),
         (
             CONNECTIONS_REJECTED,

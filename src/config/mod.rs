@@ -39,6 +39,7 @@
 //! # Ok::<(), quotad::ConfigError>(())
 //! ```
 
+mod auth;
 mod document;
 mod error;
 mod overrides;
@@ -57,6 +58,7 @@ use std::time::Duration;
 use quotad_core::{Clock, SystemClock};
 use serde::{Deserialize, Deserializer};
 
+pub use auth::{AuthSettings, IdentityPattern};
 pub use error::{ConfigError, Origin};
 pub use overrides::Overrides;
 pub use policies::{OnError, PolicySettings};
@@ -67,7 +69,9 @@ pub use transport::TransportSettings;
 
 use document::Layers;
 use policies::{Invalid, RawPolicy};
-use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection, TransportSection};
+use settings::{
+    AuthSection, Kind, Reload, ServerSection, StoreSection, TlsSection, TransportSection,
+};
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
 /// overrides) or [`Config::from_toml`]; every value in it is valid.
@@ -75,6 +79,7 @@ use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection, TransportS
 pub struct Config {
     server: ServerSettings,
     transport: TransportSettings,
+    auth: AuthSettings,
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
@@ -120,6 +125,9 @@ pub struct ServerSettings {
 struct RawConfig {
     server: ServerSection,
     transport: TransportSection,
+    // Every `[auth]` setting is optional, so no default creates the table.
+    #[serde(default)]
+    auth: AuthSection,
     store: StoreSection,
     limits: LimitSettings,
     #[serde(default)]
@@ -206,10 +214,13 @@ impl Config {
         let store = StoreSettings::validate(raw.store).map_err(located)?;
         let needed = crate::grpc::largest_request_bytes(store.max_key_bytes);
         let transport = TransportSettings::validate(raw.transport, needed).map_err(located)?;
+        let mtls = server.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
         Ok(Config {
             server,
             transport,
+            auth,
             store,
             limits: raw.limits,
             policies,
@@ -239,6 +250,11 @@ impl Config {
     /// `[transport]`.
     pub fn transport(&self) -> &TransportSettings {
         &self.transport
+    }
+
+    /// `[auth]`.
+    pub fn auth(&self) -> &AuthSettings {
+        &self.auth
     }
 
     /// `[store]`.

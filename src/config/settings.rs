@@ -202,6 +202,42 @@ section! {
 }
 
 section! {
+    /// `[auth]` as written: who may call each gRPC method, by the identity
+    /// in the client's certificate (mTLS). A method left out is open to
+    /// every client that passed mTLS.
+    pub(crate) struct AuthSection at "auth", flags "auth_" {
+        /// Client identities that may call Check and CheckBatch
+        /// [default: every client that passed mTLS]
+        ///
+        /// An identity is a URI or DNS name in the certificate's subject
+        /// alternative names, or its common name when it has neither; a
+        /// pattern matches exactly, or by prefix when it ends in `*`.
+        check: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Peek [default: every client that
+        /// passed mTLS]
+        peek: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Reset [default: every client that
+        /// passed mTLS]
+        reset: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Envoy's ShouldRateLimit
+        /// [default: every client that passed mTLS]
+        should_rate_limit: Option<Vec<String>> = List, Restart;
+    }
+}
+
+impl Default for AuthSection {
+    /// No allowlist: every client that passed mTLS may call every method.
+    fn default() -> Self {
+        AuthSection {
+            check: None,
+            peek: None,
+            reset: None,
+            should_rate_limit: None,
+        }
+    }
+}
+
+section! {
     /// `[store]` as written: the state backend and its bounds.
     pub(crate) struct StoreSection at "store", flags "" {
         /// The state backend: memory or redis
@@ -270,6 +306,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         ServerSection::SETTINGS,
         TlsSection::SETTINGS,
         TransportSection::SETTINGS,
+        AuthSection::SETTINGS,
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
         LimitSettings::SETTINGS,

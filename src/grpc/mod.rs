@@ -23,6 +23,7 @@ use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
 use tower_layer::{Identity, Stack};
 
 use crate::Error;
+use crate::auth::AuthLayer;
 use crate::config::{TlsSettings, TransportSettings};
 use crate::listen::{ConnectionLimit, Incoming};
 use crate::policy::MAX_POLICY_NAME_LEN;
@@ -127,16 +128,18 @@ pub(crate) fn reflection(routes: Routes) -> Result<Routes, Error> {
 }
 
 /// Serves `routes` (quotad's services), health and reflection on
-/// `listener` until stopped, then lets calls in flight finish.
+/// `listener` until stopped, then lets calls in flight finish; `auth`
+/// decides who may call what.
 pub(crate) fn spawn(
     listener: TcpListener,
     transport: &TransportSettings,
     limit: ConnectionLimit,
     tls: Option<&TlsSettings>,
+    auth: AuthLayer,
     health: HealthServer<impl HealthService>,
     routes: Routes,
 ) -> Result<ServerTask, Error> {
-    let mut builder = server(transport, tls)?;
+    let mut builder = server(transport, tls)?.layer(auth);
     let routes = reflection(routes.add_service(health))?;
     let incoming = incoming_within(listener, limit);
     Ok(ServerTask::spawn(move |stop| async move {

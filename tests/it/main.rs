@@ -5,6 +5,7 @@
 mod common;
 
 mod admin;
+mod auth;
 mod bad_bytes;
 mod bad_input;
 mod cli;
@@ -17,6 +18,7 @@ mod decisions;
 mod demo;
 mod global_budget;
 mod http_layer;
+mod pki;
 mod python_client;
 mod redis;
 mod reload;

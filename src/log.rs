@@ -1,0 +1,40 @@
+//! Logs that an outage or an attack would repeat on every call: at most one
+//! line per interval, carrying the count of the events kept quiet
+//! ([`quotad_core::Throttle`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_core::{Clock, SystemClock, Throttle};
+
+/// How often a repeated warning is written, at most.
+pub(crate) const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One kind of repeated event, logged at most once per interval.
+#[derive(Debug)]
+pub(crate) struct Throttled {
+    throttle: Throttle,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for Throttled {
+    /// Once per [`LOG_INTERVAL`] on the system clock.
+    fn default() -> Self {
+        Throttled::new(LOG_INTERVAL, Arc::new(SystemClock))
+    }
+}
+
+impl Throttled {
+    pub(crate) fn new(interval: Duration, clock: Arc<dyn Clock>) -> Self {
+        Throttled {
+            throttle: Throttle::new(interval),
+            clock,
+        }
+    }
+
+    /// Records one event: `Some(suppressed)` when it should be logged, with
+    /// the number of events kept quiet since the last line.
+    pub(crate) fn record(&self) -> Option<u64> {
+        self.throttle.record(self.clock.now_ms())
+    }
+}
