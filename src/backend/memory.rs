@@ -43,6 +43,7 @@ impl Backend for MemoryStore {
             live_keys: Some(self.live_keys() as u64),
             evictions: self.evictions(),
             reclaimed: self.reclaimed(),
+            capacity: Some(self.config().max_keys() as u64),
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct BackendStats {
     pub evictions: u64,
     /// Keys dropped because their state had become fresh, since start.
     pub reclaimed: u64,
+    /// The most keys the store holds (the memory store's `max_keys`).
+    pub capacity: Option<u64>,
 }
 
 /// An owner of rate-limit state: one atomic transition per call.

@@ -42,6 +42,7 @@
 mod auth;
 mod document;
 mod error;
+mod limits;
 mod overrides;
 mod policies;
 mod settings;

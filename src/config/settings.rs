@@ -284,8 +284,22 @@ section! {
         /// Whether the Reset RPC is served
         ///
         /// Anyone who can call `Check` can call `Reset`; turn it off where
-        /// clients are not trusted to leave their own budgets alone.
+        /// clients are not trusted to leave their own budgets alone (or allow
+        /// it per client identity with `[auth]`).
         allow_reset: bool = Bool("true"), Live;
+        /// Longest window an inline policy may ask for
+        ///
+        /// A key's state lives about one window after its last use, so this
+        /// bounds how long a caller can make quotad hold state.
+        #[serde(deserialize_with = "human_duration")]
+        max_inline_window: Duration = Str("1d"), Live;
+        /// Largest limit (and burst) an inline policy may ask for
+        max_inline_limit: u64 = Int("1000000"), Live;
+        /// Largest limit an inline sliding_log policy may ask for
+        ///
+        /// A sliding log keeps up to `limit` entries of 16 bytes per key, so
+        /// this bounds the memory one key of a caller's choosing can take.
+        max_inline_log_limit: u64 = Int("100"), Live;
     }
 }
 

@@ -18,6 +18,7 @@ mod decisions;
 mod demo;
 mod global_budget;
 mod http_layer;
+mod inline_limits;
 mod pki;
 mod python_client;
 mod redis;
