@@ -31,11 +31,12 @@
 //!     limit = 5
 //!     window = "1m"
 //! "#)?;
+//! let grpc = TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = grpc.local_addr()?;
 //! let listeners = quotad::Listeners {
-//!     grpc: TcpListener::bind("127.0.0.1:0").await?,
+//!     grpc: grpc.into(),
 //!     admin: TcpListener::bind("127.0.0.1:0").await?,
 //! };
-//! let addr = listeners.grpc.local_addr()?;
 //! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 //! let server = tokio::spawn(quotad::run(config, listeners, async {
 //!     let _ = stopped.await;
@@ -84,7 +85,10 @@ use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
-pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings, TransportSettings};
+pub use config::{
+    Config, ConfigError, ListenAddr, OnError, Overrides, PolicySettings, TransportSettings,
+};
+pub use listen::GrpcListener;
 
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits};
@@ -98,17 +102,20 @@ use crate::policy::{PolicyRegistry, PolicySet, Reloader};
 use crate::tasks::Tasks;
 
 /// The bound sockets the server accepts on. `main` binds them from the
-/// config; tests bind `127.0.0.1:0`.
+/// config; tests bind `127.0.0.1:0` (`TcpListener::bind(..).await?.into()`)
+/// or a [`listen::UnixSocket`] in a temporary folder.
 #[derive(Debug)]
 pub struct Listeners {
-    /// The gRPC port (the `quotad.v1.Quota` API, health, reflection).
-    pub grpc: TcpListener,
+    /// The gRPC port (the `quotad.v1.Quota` API, health, reflection): TCP
+    /// or a unix socket.
+    pub grpc: GrpcListener,
     /// The admin HTTP port (metrics, health and readiness, policies).
     pub admin: TcpListener,
 }
 
 impl Listeners {
-    /// Binds `server.grpc_addr` and `server.admin_addr`.
+    /// Binds `server.grpc_addr` (a unix socket with
+    /// `server.unix_socket_mode`) and `server.admin_addr`.
     ///
     /// # Errors
     ///
@@ -122,9 +129,16 @@ impl Listeners {
                 )
             })
         };
+        let server = config.server();
+        let grpc = match &server.grpc_addr {
+            ListenAddr::Tcp(addr) => bind("gRPC", *addr).await?.into(),
+            ListenAddr::Unix(path) => {
+                listen::UnixSocket::bind(path, server.unix_socket_mode)?.into()
+            }
+        };
         Ok(Listeners {
-            grpc: bind("gRPC", config.server().grpc_addr).await?,
-            admin: bind("admin", config.server().admin_addr).await?,
+            grpc,
+            admin: bind("admin", server.admin_addr).await?,
         })
     }
 }
@@ -226,7 +240,7 @@ async fn serve<B: Backend>(
     let transport = config.transport();
     let routes =
         Routes::new(QuotaServer::new(quota).max_decoding_message_size(transport.max_message_bytes));
-    let grpc_addr = display_addr(listeners.grpc.local_addr());
+    let grpc_addr = listeners.grpc.describe();
     let admin_addr = display_addr(listeners.admin.local_addr());
     let limit = |port| {
         ConnectionLimit::new(transport.max_connections, port)

@@ -106,8 +106,10 @@ pub(crate) struct Source {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ServerSettings {
-    /// `server.grpc_addr`: the gRPC listen address.
-    pub grpc_addr: SocketAddr,
+    /// `server.grpc_addr`: the gRPC listen address, TCP or a unix socket.
+    pub grpc_addr: ListenAddr,
+    /// `server.unix_socket_mode`: the file mode of the gRPC unix socket.
+    pub unix_socket_mode: u32,
     /// `server.admin_addr`: the admin HTTP listen address.
     pub admin_addr: SocketAddr,
     /// `[server.tls]`: TLS (and mTLS) for the gRPC port; plaintext if absent.
@@ -343,10 +345,31 @@ fn validate_server(
             "worker_threads must be at least 1 (leave it out for one per core)".to_owned(),
         ));
     }
-    if section.grpc_addr == section.admin_addr && section.grpc_addr.port() != 0 {
+    if let ListenAddr::Tcp(grpc) = section.grpc_addr
+        && grpc == section.admin_addr
+        && grpc.port() != 0
+    {
         return Err(invalid(
             &["server", "admin_addr"],
-            format!("must differ from server.grpc_addr ({})", section.grpc_addr),
+            format!("must differ from server.grpc_addr ({grpc})"),
+        ));
+    }
+    let unix_socket_mode = u32::from_str_radix(&section.unix_socket_mode, 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| {
+            invalid(
+                &["server", "unix_socket_mode"],
+                format!(
+                    "{:?} is not a file mode: write permission bits in octal, e.g. \"0660\"",
+                    section.unix_socket_mode
+                ),
+            )
+        })?;
+    if matches!(section.grpc_addr, ListenAddr::Unix(_)) && section.tls.is_some() {
+        return Err(invalid(
+            &["server", "tls"],
+            "TLS is for a TCP grpc_addr; a unix socket is guarded by its file mode (server.unix_socket_mode)".to_owned(),
         ));
     }
     let tls = section
@@ -356,6 +379,7 @@ fn validate_server(
         .map_err(|(field, message)| invalid(&["server", "tls", field], message))?;
     Ok(ServerSettings {
         grpc_addr: section.grpc_addr,
+        unix_socket_mode,
         admin_addr: section.admin_addr,
         tls,
         config_poll_interval: section.config_poll_interval,
@@ -384,6 +408,53 @@ fn validate_tls(
         key: required(section.key, "key")?,
         client_ca: section.client_ca.map(resolve),
     })
+}
+
+/// Where a server listens: a TCP address, or a unix socket's path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// `host:port`.
+    Tcp(SocketAddr),
+    /// `unix:///path/to.sock` (or `unix:path`).
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(addr) => write!(f, "{addr}"),
+            ListenAddr::Unix(path) => write!(f, "unix://{}", path.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Some(rest) = text.strip_prefix("unix:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(format!(
+                    "{text:?}: a unix address needs a path, e.g. unix:///run/quotad/grpc.sock"
+                ));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        text.parse().map(ListenAddr::Tcp).map_err(|e| {
+            format!(
+                "{text:?}: {e} (write host:port, e.g. 127.0.0.1:50051, or unix:///path/to.sock)"
+            )
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// A duration written the human way: `"1m"`, `"500ms"`, `"1h 30m"`.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use quotad_core::OnFull;
 use serde::Deserialize;
 
-use super::{OnError, human_duration};
+use super::{ListenAddr, OnError, human_duration};
 
 /// How a flag's text becomes a TOML value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,14 +139,20 @@ section! {
     /// `[server]` as written: listeners, the config file poll and the
     /// runtime.
     pub(crate) struct ServerSection at "server", flags "" {
-        /// gRPC listen address
-        grpc_addr: SocketAddr = Str("127.0.0.1:50051"), Restart;
+        /// gRPC listen address: host:port, or unix:///path/to.sock for a unix
+        /// socket
+        grpc_addr: ListenAddr = Str("127.0.0.1:50051"), Restart;
         /// Admin HTTP listen address (/metrics, /healthz, /readyz, /policies)
         admin_addr: SocketAddr = Str("127.0.0.1:9464"), Restart;
         /// How often the config file is re-read for policy changes; 0s disables
         /// (SIGHUP still reloads)
         #[serde(deserialize_with = "human_duration")]
         config_poll_interval: Duration = Str("1s"), Restart;
+        /// File mode of the gRPC unix socket (grpc_addr = unix:...), in octal
+        ///
+        /// Connecting needs write permission: 0660 admits the socket's owner
+        /// and group, 0600 the owner only.
+        unix_socket_mode: String = Str("0660"), Restart;
         /// Async runtime worker threads [default: one per core]
         ///
         /// A sidecar, or a box shared with its clients, wants fewer.

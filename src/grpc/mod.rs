@@ -25,7 +25,7 @@ use tower_layer::{Identity, Stack};
 use crate::Error;
 use crate::auth::AuthLayer;
 use crate::config::{TlsSettings, TransportSettings};
-use crate::listen::{ConnectionLimit, Incoming};
+use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
 use crate::policy::MAX_POLICY_NAME_LEN;
 use crate::tasks::ServerTask;
 
@@ -131,7 +131,7 @@ pub(crate) fn reflection(routes: Routes) -> Result<Routes, Error> {
 /// `listener` until stopped, then lets calls in flight finish; `auth`
 /// decides who may call what.
 pub(crate) fn spawn(
-    listener: TcpListener,
+    listener: GrpcListener,
     transport: &TransportSettings,
     limit: ConnectionLimit,
     tls: Option<&TlsSettings>,
@@ -141,14 +141,29 @@ pub(crate) fn spawn(
 ) -> Result<ServerTask, Error> {
     let mut builder = server(transport, tls)?.layer(auth);
     let routes = reflection(routes.add_service(health))?;
-    let incoming = incoming_within(listener, limit);
-    Ok(ServerTask::spawn(move |stop| async move {
-        builder
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-            .await
-            .map_err(Error::Grpc)
-    }))
+    let router = builder.add_routes(routes);
+    Ok(match listener {
+        GrpcListener::Tcp(listener) => {
+            let incoming = incoming_within(listener, limit);
+            ServerTask::spawn(move |stop| async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                    .await
+                    .map_err(Error::Grpc)
+            })
+        }
+        GrpcListener::Unix(socket) => {
+            // Dropped when the server stops accepting, which removes the
+            // socket file.
+            let incoming = Incoming::new(UnixIncoming::new(socket), limit);
+            ServerTask::spawn(move |stop| async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                    .await
+                    .map_err(Error::Grpc)
+            })
+        }
+    })
 }
 
 #[cfg(test)]

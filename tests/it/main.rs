@@ -26,3 +26,4 @@ mod reload;
 mod shutdown;
 mod tls;
 mod transport;
+mod unix;
