@@ -179,9 +179,11 @@ pub fn install_crypto_provider() {
 /// `shutdown` resolves, then shuts down gracefully.
 ///
 /// On shutdown, `/readyz` turns 503 and gRPC health reports NOT_SERVING;
-/// the gRPC server stops accepting and lets calls in flight finish (with
-/// no deadline of its own), then the admin server stops the same way, and
-/// `run` returns `Ok(())` once every connection has closed.
+/// the server keeps serving for `server.shutdown_delay` (0 by default), so
+/// load balancers stop sending first; then the gRPC server stops accepting
+/// and lets calls in flight finish (with no deadline of its own), then the
+/// admin server stops the same way, and `run` returns `Ok(())` once every
+/// connection has closed.
 ///
 /// # Errors
 ///
@@ -228,6 +230,7 @@ async fn serve<B: Backend>(
     tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 
     let (health, health_service) = Health::new(&[QUOTA_SERVICE]);
+    let probed = Arc::clone(&backend);
     let quota = QuotaService::new(
         Arc::clone(&backend),
         Arc::clone(&registry),
@@ -266,18 +269,34 @@ async fn serve<B: Backend>(
         transport.admin_header_timeout,
         limit("admin"),
     );
-    health.set_ready(true).await;
+    health.set_serving(true).await;
+    if config.server().readiness_follows_store {
+        let (probed, ready) = (Arc::clone(&probed), health.clone());
+        tasks.spawn(|stop| health::follow_store(probed, ready, STORE_PROBE_INTERVAL, stop));
+    }
     tracing::info!(%grpc_addr, %admin_addr, "quotad serving");
 
-    let failed = tokio::select! {
-        () = shutdown => {
-            tracing::info!("shutting down: draining calls in flight");
-            None
-        }
+    let mut failed = tokio::select! {
+        () = shutdown => None,
         result = grpc.stopped() => Some(result),
         result = admin.stopped() => Some(result),
     };
-    health.set_ready(false).await;
+    health.set_serving(false).await;
+    let delay = config.server().shutdown_delay;
+    if failed.is_none() && !delay.is_zero() {
+        // Not ready, still serving: load balancers see it and stop sending
+        // before the listener closes.
+        tracing::info!(
+            ?delay,
+            "shutting down: not ready, serving for server.shutdown_delay"
+        );
+        failed = tokio::select! {
+            () = tokio::time::sleep(delay) => None,
+            result = grpc.stopped() => Some(result),
+            result = admin.stopped() => Some(result),
+        };
+    }
+    tracing::info!("shutting down: draining calls in flight");
     // gRPC stops first; the admin server stays up while calls drain, so
     // /readyz reports 503 and /metrics can still be scraped meanwhile.
     let grpc_result = grpc.stop().await;
@@ -285,6 +304,9 @@ async fn serve<B: Backend>(
     tracing::info!("quotad stopped");
     failed.unwrap_or(Ok(())).and(grpc_result).and(admin_result)
 }
+
+/// How often the store is probed when readiness follows it.
+const STORE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The named policies in force, and the task that reloads them when the
 /// config file changes.

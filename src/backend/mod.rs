@@ -100,4 +100,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Counts for the metrics; cheap enough to call on every scrape.
     fn stats(&self) -> BackendStats;
+
+    /// Whether the store can serve now, by the cheapest call that proves
+    /// it (for Redis, a round trip). Readiness follows it when
+    /// `server.readiness_follows_store` is on. The default is always
+    /// healthy: a store in this process cannot be unreachable.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the store cannot serve.
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }

@@ -101,7 +101,7 @@ fn endpoint(addr: &str) -> Result<String, Failure> {
         Ok(uri)
     } else {
         Err(Failure::Usage(format!(
-            "--addr {addr}: only plaintext http:// and unix: addresses are supported by the command line client"
+            "--addr {addr}: only plaintext http:// addresses (and unix: sockets) are supported by the command line client"
         )))
     }
 }

@@ -63,7 +63,7 @@ pub use auth::{AuthSettings, IdentityPattern};
 pub use error::{ConfigError, Origin};
 pub use overrides::Overrides;
 pub use policies::{OnError, PolicySettings};
-pub use settings::LimitSettings;
+pub use settings::{LimitSettings, LogFormat};
 pub use store::{BackendSettings, MemorySettings, StoreSettings};
 pub use tls::TlsSettings;
 pub use transport::TransportSettings;
@@ -71,7 +71,8 @@ pub use transport::TransportSettings;
 use document::Layers;
 use policies::{Invalid, RawPolicy};
 use settings::{
-    AuthSection, Kind, Reload, ServerSection, StoreSection, TlsSection, TransportSection,
+    AuthSection, Kind, LogSection, Reload, ServerSection, StoreSection, TlsSection,
+    TransportSection,
 };
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
@@ -81,6 +82,7 @@ pub struct Config {
     server: ServerSettings,
     transport: TransportSettings,
     auth: AuthSettings,
+    log: LogSettings,
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
@@ -120,6 +122,42 @@ pub struct ServerSettings {
     /// `server.worker_threads`: async runtime threads; `None` is one per
     /// core.
     pub worker_threads: Option<usize>,
+    /// `server.shutdown_delay`: how long to keep serving, not ready, after
+    /// a shutdown is requested.
+    pub shutdown_delay: Duration,
+    /// `server.readiness_follows_store`: whether readiness requires the
+    /// store to answer its probe.
+    pub readiness_follows_store: bool,
+}
+
+/// `[log]`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogSettings {
+    /// `log.format`.
+    pub format: LogFormat,
+    /// `log.level`: a filter `tracing_subscriber::EnvFilter` accepts.
+    pub level: String,
+}
+
+impl LogSettings {
+    fn validate(section: LogSection) -> Result<Self, Invalid> {
+        tracing_subscriber::EnvFilter::builder()
+            .parse(&section.level)
+            .map_err(|e| {
+                (
+                    vec!["log".to_owned(), "level".to_owned()],
+                    format!(
+                        "{:?} is not a log filter: {e} (write a level such as \"info\", or directives such as \"info,quotad=debug\")",
+                        section.level
+                    ),
+                )
+            })?;
+        Ok(LogSettings {
+            format: section.format,
+            level: section.level,
+        })
+    }
 }
 
 /// The whole file as written, after the layers are merged.
@@ -131,6 +169,7 @@ struct RawConfig {
     // Every `[auth]` setting is optional, so no default creates the table.
     #[serde(default)]
     auth: AuthSection,
+    log: LogSection,
     store: StoreSection,
     limits: LimitSettings,
     #[serde(default)]
@@ -219,11 +258,13 @@ impl Config {
         let transport = TransportSettings::validate(raw.transport, needed).map_err(located)?;
         let mtls = server.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
         let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
+        let log = LogSettings::validate(raw.log).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
         Ok(Config {
             server,
             transport,
             auth,
+            log,
             store,
             limits: raw.limits,
             policies,
@@ -258,6 +299,11 @@ impl Config {
     /// `[auth]`.
     pub fn auth(&self) -> &AuthSettings {
         &self.auth
+    }
+
+    /// `[log]`.
+    pub fn log(&self) -> &LogSettings {
+        &self.log
     }
 
     /// `[store]`.
@@ -384,6 +430,8 @@ fn validate_server(
         tls,
         config_poll_interval: section.config_poll_interval,
         worker_threads: section.worker_threads,
+        shutdown_delay: section.shutdown_delay,
+        readiness_follows_store: section.readiness_follows_store,
     })
 }
 

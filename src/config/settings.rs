@@ -153,6 +153,19 @@ section! {
         /// Connecting needs write permission: 0660 admits the socket's owner
         /// and group, 0600 the owner only.
         unix_socket_mode: String = Str("0660"), Restart;
+        /// How long quotad keeps serving after SIGTERM while reporting not
+        /// ready, before it drains
+        ///
+        /// Readiness (`/readyz`, gRPC health) turns NOT_SERVING at once, so
+        /// load balancers stop sending new calls before connections close.
+        #[serde(deserialize_with = "human_duration")]
+        shutdown_delay: Duration = Str("0s"), Restart;
+        /// Whether readiness also requires the state store to answer a probe
+        ///
+        /// Off by default: a fail-open deployment wants traffic while Redis is
+        /// down, and an outage would otherwise take every replica out of
+        /// service at once.
+        readiness_follows_store: bool = Bool("false"), Restart;
         /// Async runtime worker threads [default: one per core]
         ///
         /// A sidecar, or a box shared with its clients, wants fewer.
@@ -244,6 +257,28 @@ impl Default for AuthSection {
 }
 
 section! {
+    /// `[log]`: what the server logs, and how. Every value is checked when
+    /// the configuration loads.
+    pub(crate) struct LogSection at "log", flags "log_" {
+        /// Log line format on stderr: text or json (one JSON object a line)
+        format: LogFormat = Str("text"), Restart;
+        /// Log filter: a level (error, warn, info, debug, trace) or
+        /// tracing-subscriber directives such as "info,quotad=debug"
+        level: String = Str("info"), Restart;
+    }
+}
+
+/// `log.format`: how log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line, for log collectors.
+    Json,
+}
+
+section! {
     /// `[store]` as written: the state backend and its bounds.
     pub(crate) struct StoreSection at "store", flags "" {
         /// The state backend: memory or redis
@@ -327,6 +362,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         TlsSection::SETTINGS,
         TransportSection::SETTINGS,
         AuthSection::SETTINGS,
+        LogSection::SETTINGS,
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
         LimitSettings::SETTINGS,
