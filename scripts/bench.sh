@@ -192,7 +192,7 @@ loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
 
 # --- quotad -----------------------------------------------------------------
 # `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
-NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
+NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
   --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
   --worker-threads "$SERVER_THREADS" >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
 QUOTAD_PID=$!
@@ -233,7 +233,7 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
     [[ $(redis-cli -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]] && break
     sleep 0.1
   done
-  NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
+  NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
     --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
     --worker-threads "$SERVER_THREADS" --backend redis \
     --redis-url "redis://127.0.0.1:$REDIS_PORT/" --redis-timeout 1s \
