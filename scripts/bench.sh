@@ -301,7 +301,7 @@ loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
 
 # --- quotad -----------------------------------------------------------------
 # `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
-NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
+NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
   --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
   --worker-threads "$SERVER_THREADS" >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
 QUOTAD_PID=$!
@@ -335,7 +335,7 @@ REDIS_ROWS=""
 if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
   start_redis "$SERVER_LIMIT" "$WORK/redis.out"
   REDIS_PORT=$REDIS_STARTED_PORT REDIS_PID=$REDIS_STARTED_PID
-  NO_COLOR=1 RUST_LOG=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
+  NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
     --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
     --worker-threads "$SERVER_THREADS" --backend redis \
     --redis-url "redis://127.0.0.1:$REDIS_PORT/" --redis-timeout 1s \

@@ -9,21 +9,33 @@
 //!   `{"policies": {"login": {"algorithm": "fixed_window", "limit": 5,
 //!   "window_ms": 60000, "burst": null}}}` (`burst` is set for the bucket
 //!   algorithms only).
+//!
+//! HTTP/1.1 only (Prometheus and the kubelet speak it). A client has
+//! `transport.admin_header_timeout` to send a request's headers, and the
+//! port holds at most `transport.max_connections` connections: a client
+//! that sends half a request, or opens connections and sends nothing,
+//! cannot hold the port.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::backend::BackendStats;
 use crate::health::Health;
+use crate::listen::ConnectionLimit;
 use crate::metrics::Metrics;
 use crate::policy::PolicyRegistry;
 use crate::tasks::ServerTask;
@@ -46,14 +58,60 @@ impl std::fmt::Debug for AdminState {
 }
 
 /// Serves the admin routes on `listener` until stopped, then lets requests
-/// in flight finish.
-pub(crate) fn spawn(listener: TcpListener, state: AdminState) -> ServerTask {
-    ServerTask::spawn(move |stop| async move {
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-            .map_err(Error::Admin)
-    })
+/// in flight finish. Each connection has `header_timeout` to send each
+/// request's headers; at most `limit` are open at once.
+pub(crate) fn spawn(
+    listener: TcpListener,
+    state: AdminState,
+    header_timeout: Duration,
+    limit: ConnectionLimit,
+) -> ServerTask {
+    ServerTask::spawn(move |stop| serve(listener, router(state), header_timeout, limit, stop))
+}
+
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    limit: ConnectionLimit,
+    stop: CancellationToken,
+) -> Result<(), Error> {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    // hyper enforces the header read timeout only with a timer.
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                // A connection that failed before it was accepted (reset,
+                // or out of file descriptors): keep serving the others.
+                Err(error) => {
+                    tracing::debug!(%error, "admin port: accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(permit) = limit.admit() else {
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "admin connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    // Stop accepting (the listener closes), then let requests in flight
+    // finish; idle keep-alive connections close at once.
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// The admin routes.

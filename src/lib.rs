@@ -31,11 +31,12 @@
 //!     limit = 5
 //!     window = "1m"
 //! "#)?;
+//! let grpc = TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = grpc.local_addr()?;
 //! let listeners = quotad::Listeners {
-//!     grpc: TcpListener::bind("127.0.0.1:0").await?,
+//!     grpc: grpc.into(),
 //!     admin: TcpListener::bind("127.0.0.1:0").await?,
 //! };
-//! let addr = listeners.grpc.local_addr()?;
 //! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 //! let server = tokio::spawn(quotad::run(config, listeners, async {
 //!     let _ = stopped.await;
@@ -62,9 +63,13 @@ pub mod config;
 pub mod grpc;
 pub mod policy;
 
+pub mod listen;
+
 mod admin;
 mod api;
+mod auth;
 mod health;
+mod log;
 mod metrics;
 mod tasks;
 
@@ -80,7 +85,10 @@ use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
-pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings};
+pub use config::{
+    Config, ConfigError, ListenAddr, OnError, Overrides, PolicySettings, TransportSettings,
+};
+pub use listen::GrpcListener;
 
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits};
@@ -89,22 +97,26 @@ use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
 use crate::health::Health;
+use crate::listen::ConnectionLimit;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
 use crate::tasks::Tasks;
 
 /// The bound sockets the server accepts on. `main` binds them from the
-/// config; tests bind `127.0.0.1:0`.
+/// config; tests bind `127.0.0.1:0` (`TcpListener::bind(..).await?.into()`)
+/// or a [`listen::UnixSocket`] in a temporary folder.
 #[derive(Debug)]
 pub struct Listeners {
-    /// The gRPC port (the `quotad.v1.Quota` API, health, reflection).
-    pub grpc: TcpListener,
+    /// The gRPC port (the `quotad.v1.Quota` API, health, reflection): TCP
+    /// or a unix socket.
+    pub grpc: GrpcListener,
     /// The admin HTTP port (metrics, health and readiness, policies).
     pub admin: TcpListener,
 }
 
 impl Listeners {
-    /// Binds `server.grpc_addr` and `server.admin_addr`.
+    /// Binds `server.grpc_addr` (a unix socket with
+    /// `server.unix_socket_mode`) and `server.admin_addr`.
     ///
     /// # Errors
     ///
@@ -118,9 +130,28 @@ impl Listeners {
                 )
             })
         };
+        let server = config.server();
+        let grpc = match &server.grpc_addr {
+            ListenAddr::Tcp(addr) => bind("gRPC", *addr).await?.into(),
+            ListenAddr::Unix(path) => {
+                listen::UnixSocket::bind(path, server.unix_socket_mode)?.into()
+            }
+        };
         Ok(Listeners {
-            grpc: bind("gRPC", config.server().grpc_addr).await?,
-            admin: bind("admin", config.server().admin_addr).await?,
+            grpc,
+            admin: bind("admin", server.admin_addr).await?,
+        })
+    }
+
+    /// Two fresh ports on 127.0.0.1, for tests and embedding.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error of a port that could not be bound.
+    pub async fn loopback() -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            grpc: TcpListener::bind("127.0.0.1:0").await?.into(),
+            admin: TcpListener::bind("127.0.0.1:0").await?,
         })
     }
 }
@@ -140,9 +171,6 @@ pub enum Error {
     /// The TLS files could not be read at start.
     #[error("TLS: {0}")]
     Tls(String),
-    /// The admin HTTP server failed.
-    #[error("admin server: {0}")]
-    Admin(#[source] std::io::Error),
     /// A server task panicked or was cancelled.
     #[error("server task: {0}")]
     Task(#[from] JoinError),
@@ -168,9 +196,11 @@ pub fn install_crypto_provider() {
 /// `shutdown` resolves, then shuts down gracefully.
 ///
 /// On shutdown, `/readyz` turns 503 and gRPC health reports NOT_SERVING;
-/// the gRPC server stops accepting and lets calls in flight finish (with
-/// no deadline of its own), then the admin server stops the same way, and
-/// `run` returns `Ok(())` once every connection has closed.
+/// the server keeps serving for `server.shutdown_delay` (0 by default), so
+/// load balancers stop sending first; then the gRPC server stops accepting
+/// and lets calls in flight finish (with no deadline of its own), then the
+/// admin server stops the same way, and `run` returns `Ok(())` once every
+/// connection has closed.
 ///
 /// # Errors
 ///
@@ -258,6 +288,7 @@ async fn serve<B: Backend>(
     tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 
     let (health, health_service) = Health::new(&[QUOTA_SERVICE]);
+    let probed = Arc::clone(&backend);
     let quota = QuotaService::new(
         Arc::clone(&backend),
         Arc::clone(&registry),
@@ -267,36 +298,63 @@ async fn serve<B: Backend>(
             on_error: config.store().on_error,
         },
     );
-    let routes = Routes::new(QuotaServer::new(quota));
-    let grpc_addr = display_addr(listeners.grpc.local_addr());
+    let transport = config.transport();
+    let routes =
+        Routes::new(QuotaServer::new(quota).max_decoding_message_size(transport.max_message_bytes));
+    let grpc_addr = listeners.grpc.describe();
     let admin_addr = display_addr(listeners.admin.local_addr());
+    let limit = |port| {
+        ConnectionLimit::new(transport.max_connections, port)
+            .counting(metrics.connections_rejected(port))
+    };
     let mut grpc = grpc::spawn(
         listeners.grpc,
+        transport,
+        limit("grpc"),
         config.server().tls.as_ref(),
+        auth::layer(config.auth(), &metrics),
         health_service,
         routes,
     )?;
     let mut admin = admin::spawn(
         listeners.admin,
         AdminState {
-            metrics,
+            metrics: Arc::clone(&metrics),
             policies: registry,
             health: health.clone(),
             backend_stats: Arc::new(move || backend.stats()),
         },
+        transport.admin_header_timeout,
+        limit("admin"),
     );
-    health.set_ready(true).await;
+    health.set_serving(true).await;
+    if config.server().readiness_follows_store {
+        let (probed, ready) = (Arc::clone(&probed), health.clone());
+        tasks.spawn(|stop| health::follow_store(probed, ready, STORE_PROBE_INTERVAL, stop));
+    }
     tracing::info!(%grpc_addr, %admin_addr, "quotad serving");
 
-    let failed = tokio::select! {
-        () = shutdown => {
-            tracing::info!("shutting down: draining calls in flight");
-            None
-        }
+    let mut failed = tokio::select! {
+        () = shutdown => None,
         result = grpc.stopped() => Some(result),
         result = admin.stopped() => Some(result),
     };
-    health.set_ready(false).await;
+    health.set_serving(false).await;
+    let delay = config.server().shutdown_delay;
+    if failed.is_none() && !delay.is_zero() {
+        // Not ready, still serving: load balancers see it and stop sending
+        // before the listener closes.
+        tracing::info!(
+            ?delay,
+            "shutting down: not ready, serving for server.shutdown_delay"
+        );
+        failed = tokio::select! {
+            () = tokio::time::sleep(delay) => None,
+            result = grpc.stopped() => Some(result),
+            result = admin.stopped() => Some(result),
+        };
+    }
+    tracing::info!("shutting down: draining calls in flight");
     // gRPC stops first; the admin server stays up while calls drain, so
     // /readyz reports 503 and /metrics can still be scraped meanwhile.
     let grpc_result = grpc.stop().await;
@@ -304,6 +362,9 @@ async fn serve<B: Backend>(
     tracing::info!("quotad stopped");
     failed.unwrap_or(Ok(())).and(grpc_result).and(admin_result)
 }
+
+/// How often the store is probed when readiness follows it.
+const STORE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The named policies in force, and the task that reloads them when the
 /// config file changes.

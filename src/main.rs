@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use quotad::config::{LogFormat, LogSettings};
 use quotad::{Config, ConfigError, Listeners, Overrides};
 use tracing_subscriber::EnvFilter;
 
@@ -71,12 +72,12 @@ const EXIT_INVALID_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The client commands print their own output; only problems are logged.
-    let client = matches!(
-        cli.command,
-        Some(Command::Check(_) | Command::Peek(_) | Command::Demo(_) | Command::Simulate(_))
-    );
-    init_tracing(if client { "warn" } else { "info" });
+    // The server logs as `[log]` says, once its configuration is loaded;
+    // the client commands print their own output and log only problems.
+    let serving = matches!(cli.command, None | Some(Command::Serve(_)));
+    if !serving {
+        init_client_tracing();
+    }
     match cli.command {
         Some(Command::ValidateConfig { file }) => validate_config(&file),
         Some(Command::Serve(args)) => serve(*args),
@@ -112,6 +113,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(config) => config,
         Err(error) => return config_error(args.config.as_deref(), &error),
     };
+    init_server_tracing(config.log());
     match serve_config(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -177,10 +179,23 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'stati
     }
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `default_level`).
-fn init_tracing(default_level: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+/// The server's logs on stderr: `log.level` filters, `log.format` is text
+/// or one JSON object a line.
+fn init_server_tracing(log: &LogSettings) {
+    let filter = EnvFilter::new(&log.level);
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log.format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().init(),
+    }
+}
+
+/// The client commands' logs on stderr: `RUST_LOG` filters (default
+/// `warn`).
+fn init_client_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

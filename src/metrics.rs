@@ -16,6 +16,8 @@
 //! | `quotad_decision_duration_seconds` | histogram | `method` |
 //! | `quotad_store_operations_total` | counter | `backend`, `op` |
 //! | `quotad_live_keys` | gauge | |
+//! | `quotad_max_keys` | gauge (memory store only) | |
+//! | `quotad_build_info` | gauge, always 1 | `version` |
 //! | `quotad_evictions_total` | counter | |
 //! | `quotad_reclaimed_keys_total` | counter | |
 //! | `quotad_policy_reloads_total` | counter | `outcome` (`ok`/`error`) |
@@ -26,6 +28,8 @@
 //! | `quotad_redis_connection_attempts_total` | counter | `outcome` (`ok`/`error`) |
 //! | `quotad_redis_late_scripts_total` | counter | `outcome` (`refused`/`counted`) |
 //! | `quotad_redis_corrupt_state_total` | counter | |
+//! | `quotad_connections_rejected_total` | counter | `port` (`grpc`/`admin`) |
+//! | `quotad_auth_denied_total` | counter | `method` (the `[auth]` group: `check`, `peek`, `reset`, `should_rate_limit`) |
 //!
 //! The `quotad_redis_*` series stay at 0 with the memory backend.
 
@@ -46,6 +50,8 @@ const REQUEST_ERRORS: &str = "quotad_request_errors_total";
 const DURATION: &str = "quotad_decision_duration_seconds";
 const STORE_OPERATIONS: &str = "quotad_store_operations_total";
 const LIVE_KEYS: &str = "quotad_live_keys";
+const MAX_KEYS: &str = "quotad_max_keys";
+const BUILD_INFO: &str = "quotad_build_info";
 const EVICTIONS: &str = "quotad_evictions_total";
 const RECLAIMED: &str = "quotad_reclaimed_keys_total";
 const RELOADS: &str = "quotad_policy_reloads_total";
@@ -58,6 +64,8 @@ const SNAPSHOT_LOAD_FAILURES: &str = "quotad_snapshot_load_failures_total";
 const REDIS_CONNECTS: &str = "quotad_redis_connection_attempts_total";
 const REDIS_LATE: &str = "quotad_redis_late_scripts_total";
 const REDIS_CORRUPT: &str = "quotad_redis_corrupt_state_total";
+const CONNECTIONS_REJECTED: &str = "quotad_connections_rejected_total";
+const AUTH_DENIED: &str = "quotad_auth_denied_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -102,6 +110,7 @@ pub(crate) struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     durations: [Histogram; 4],
     live_keys: Gauge,
+    max_keys: Gauge,
     evictions: Counter,
     reclaimed: Counter,
     reloads_ok: Counter,
@@ -136,6 +145,15 @@ impl Metrics {
         let counter =
             |name: &'static str, labels: Vec<Label>| register_counter(&recorder, name, labels);
         let gauge = recorder.register_gauge(&Key::from_static_name(LIVE_KEYS), &metadata());
+        recorder
+            .register_gauge(
+                &Key::from_parts(
+                    BUILD_INFO,
+                    vec![Label::new("version", env!("CARGO_PKG_VERSION"))],
+                ),
+                &metadata(),
+            )
+            .set(1.0);
         let durations = Method::ALL.map(|m| {
             recorder.register_histogram(
                 &Key::from_parts(DURATION, vec![Label::new("method", m.as_str())]),
@@ -152,6 +170,7 @@ impl Metrics {
         Ok(Metrics {
             durations,
             live_keys: gauge,
+            max_keys: recorder.register_gauge(&Key::from_static_name(MAX_KEYS), &metadata()),
             evictions: counter(EVICTIONS, vec![]),
             reclaimed: counter(RECLAIMED, vec![]),
             reloads_ok: counter(RELOADS, vec![Label::new("outcome", "ok")]),
@@ -212,6 +231,24 @@ impl Metrics {
         register_counter(&self.recorder, STORE_OPERATIONS, labels)
     }
 
+    /// A counter of the connections refused on `port` because it was full.
+    pub(crate) fn connections_rejected(&self, port: &'static str) -> Counter {
+        register_counter(
+            &self.recorder,
+            CONNECTIONS_REJECTED,
+            vec![Label::new("port", port)],
+        )
+    }
+
+    /// A counter of the calls of the `[auth]` group `group` denied.
+    pub(crate) fn auth_denied(&self, group: &'static str) -> Counter {
+        register_counter(
+            &self.recorder,
+            AUTH_DENIED,
+            vec![Label::new("method", group)],
+        )
+    }
+
     /// Counts a policy reload.
     pub(crate) fn policy_reload(&self, ok: bool) {
         if ok {
@@ -264,6 +301,9 @@ impl Metrics {
     pub(crate) fn store_stats(&self, stats: BackendStats) {
         if let Some(live) = stats.live_keys {
             self.live_keys.set(live as f64);
+        }
+        if let Some(capacity) = stats.capacity {
+            self.max_keys.set(capacity as f64);
         }
         self.evictions.absolute(stats.evictions);
         self.reclaimed.absolute(stats.reclaimed);
@@ -384,6 +424,14 @@ fn describe(recorder: &PrometheusRecorder) {
             REDIS_CORRUPT,
             "Redis calls that found a quotad key holding state the script cannot read (answered INTERNAL).",
         ),
+        (
+            AUTH_DENIED,
+            "Calls denied by [auth] (PERMISSION_DENIED), by method group.",
+        ),
+        (
+            CONNECTIONS_REJECTED,
+            "Connections closed as soon as accepted because the port held transport.max_connections, by port.",
+        ),
     ];
     for (name, help) in counters {
         recorder.describe_counter(name.into(), None, help.into());
@@ -408,6 +456,16 @@ fn describe(recorder: &PrometheusRecorder) {
         LIVE_KEYS.into(),
         None,
         "Keys holding state in the store.".into(),
+    );
+    recorder.describe_gauge(
+        MAX_KEYS.into(),
+        None,
+        "The most keys the memory store holds (store.max_keys); live keys against it is how full the store is.".into(),
+    );
+    recorder.describe_gauge(
+        BUILD_INFO.into(),
+        None,
+        "Always 1; the version label says which quotad is running.".into(),
     );
     recorder.describe_histogram(
         DURATION.into(),
@@ -452,6 +510,24 @@ mod tests {
             r#"quotad_decisions_total{policy="inline",algorithm="token_bucket",outcome="denied",reason="cost_exceeds_capacity"} 1"#
         ), "{text}");
         assert!(text.contains("# HELP quotad_decisions_total"), "{text}");
+    }
+
+    #[test]
+    fn exports_the_build_and_the_store_capacity() {
+        let metrics = Metrics::new().expect("metrics");
+        metrics.store_stats(BackendStats {
+            live_keys: Some(3),
+            capacity: Some(1_000),
+            ..BackendStats::default()
+        });
+        let text = metrics.render();
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(
+            text.contains(&format!("quotad_build_info{{version=\"{version}\"}} 1")),
+            "{text}"
+        );
+        assert!(text.contains("quotad_max_keys 1000"), "{text}");
+        assert!(text.contains("quotad_live_keys 3"), "{text}");
     }
 
     #[test]

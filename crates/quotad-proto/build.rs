@@ -28,6 +28,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
 
     tonic_prost_build::configure()
+        // quotad's own codec: undecodable requests are the caller's error.
+        .codec_path("crate::codec::QuotadCodec")
         .build_client(true)
         .build_server(true)
         .file_descriptor_set_path(out_dir.join("quotad_descriptor.bin"))

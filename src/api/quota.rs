@@ -137,7 +137,7 @@ fn resolve_results(
         .map(|(target, result)| {
             result.or_else(|error| {
                 if !failed {
-                    tracing::warn!(%error, "backend call failed; applying on_error");
+                    crate::log::store_failed(&error);
                 }
                 failed = true;
                 target.on_backend_error(&error, answer)
@@ -213,6 +213,11 @@ impl<S: Backend> QuotaService<S> {
                         field: "inline_policy".to_owned(),
                     });
                 }
+                set.limits()
+                    .check_inline(policy)
+                    .map_err(|(field, message)| {
+                        ServiceError::invalid(&format!("inline_policy.{field}"), message)
+                    })?;
                 Ok(Target {
                     namespace: Cow::Owned(inline_namespace(policy)),
                     policy: *policy,
@@ -307,7 +312,8 @@ impl<S: Backend> QuotaService<S> {
         self.store_ops.reset.increment(1);
         self.backend
             .reset(&target.namespace, &target.policy, &spec.key)
-            .await?;
+            .await
+            .inspect_err(crate::log::store_failed)?;
         Ok(pb::ResetResponse {})
     }
 
@@ -322,10 +328,8 @@ impl<S: Backend> QuotaService<S> {
         let result = call.await;
         self.metrics.request_duration(method, started.elapsed());
         result.map(Response::new).map_err(|error| {
+            // A store failure has been logged where it happened.
             let status = to_status(&error);
-            if let ServiceError::Backend(backend) = &error {
-                tracing::warn!(method = method.as_str(), error = %backend, "backend call failed");
-            }
             self.metrics.request_error(method, status.code());
             status
         })

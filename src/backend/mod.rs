@@ -53,6 +53,8 @@ pub struct BackendStats {
     pub reclaimed: u64,
     /// The Redis backend's own counts; `None` for other backends.
     pub redis: Option<redis::RedisCounts>,
+    /// The most keys the store holds (the memory store's `max_keys`).
+    pub capacity: Option<u64>,
 }
 
 /// An owner of rate-limit state: one atomic transition per call.
@@ -106,4 +108,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Counts for the metrics; cheap enough to call on every scrape.
     fn stats(&self) -> BackendStats;
+
+    /// Whether the store can serve now, by the cheapest call that proves
+    /// it (for Redis, a round trip). Readiness follows it when
+    /// `server.readiness_follows_store` is on. The default is always
+    /// healthy: a store in this process cannot be unreachable.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the store cannot serve.
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }

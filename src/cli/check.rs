@@ -11,7 +11,8 @@ use super::{DEFAULT_ADDR, Failure, client, endpoint, failure, human};
 /// What to ask: a key under a named policy, at a quotad.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Target {
-    /// quotad's gRPC address (`http://host:port` or `host:port`)
+    /// quotad's gRPC address (`http://host:port`, `host:port` or
+    /// `unix:///path/to.sock`)
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_ADDR)]
     addr: String,
     /// The named policy to count under

@@ -429,14 +429,14 @@ impl InProcess {
                 .await
                 .map_err(|e| Failure::Failed(format!("cannot bind a loopback port: {e}")))
         };
-        let listeners = Listeners {
-            grpc: bind().await?,
-            admin: bind().await?,
-        };
-        let addr = listeners
-            .grpc
+        let grpc = bind().await?;
+        let addr = grpc
             .local_addr()
             .map_err(|e| Failure::Failed(format!("cannot read the bound address: {e}")))?;
+        let listeners = Listeners {
+            grpc: grpc.into(),
+            admin: bind().await?,
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let join = tokio::spawn(quotad::run(config, listeners, async {
             let _ = stopped.await;

@@ -81,13 +81,17 @@ where
     }
 }
 
-/// The URI for `--addr`: `host:port` means `http://host:port`.
+/// The URI for `--addr`: `host:port` means `http://host:port`;
+/// `unix:///path/to.sock` (or `unix:path`) is a unix socket.
 ///
 /// # Errors
 ///
-/// [`Failure::Usage`] for a scheme other than `http` (this client speaks
-/// plaintext gRPC only).
+/// [`Failure::Usage`] for a scheme other than `http` or `unix` (this client
+/// speaks plaintext gRPC only).
 fn endpoint(addr: &str) -> Result<String, Failure> {
+    if addr.starts_with("unix:") {
+        return Ok(addr.to_owned());
+    }
     let uri = if addr.contains("://") {
         addr.to_owned()
     } else {
@@ -97,7 +101,7 @@ fn endpoint(addr: &str) -> Result<String, Failure> {
         Ok(uri)
     } else {
         Err(Failure::Usage(format!(
-            "--addr {addr}: only plaintext http:// addresses are supported by the command line client"
+            "--addr {addr}: only plaintext http:// addresses (and unix: sockets) are supported by the command line client"
         )))
     }
 }
@@ -174,6 +178,10 @@ mod tests {
             endpoint("https://quotad:50051"),
             Err(Failure::Usage(_))
         ));
+        assert_eq!(
+            endpoint("unix:///run/quotad.sock").expect("valid"),
+            "unix:///run/quotad.sock"
+        );
     }
 
     #[test]

@@ -39,13 +39,16 @@
 //! # Ok::<(), quotad::ConfigError>(())
 //! ```
 
+mod auth;
 mod document;
 mod error;
+mod limits;
 mod overrides;
 mod policies;
 mod settings;
 mod store;
 mod tls;
+mod transport;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -56,22 +59,30 @@ use std::time::Duration;
 use quotad_core::{Clock, SystemClock};
 use serde::{Deserialize, Deserializer};
 
+pub use auth::{AuthSettings, IdentityPattern};
 pub use error::{ConfigError, Origin};
 pub use overrides::Overrides;
 pub use policies::{OnError, PolicySettings};
-pub use settings::{LimitSettings, OnBadSnapshot};
+pub use settings::{LimitSettings, LogFormat, OnBadSnapshot};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
 pub use tls::TlsSettings;
+pub use transport::TransportSettings;
 
 use document::Layers;
 use policies::{Invalid, RawPolicy};
-use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection};
+use settings::{
+    AuthSection, Kind, LogSection, Reload, ServerSection, StoreSection, TlsSection,
+    TransportSection,
+};
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
 /// overrides) or [`Config::from_toml`]; every value in it is valid.
 #[derive(Clone)]
 pub struct Config {
     server: ServerSettings,
+    transport: TransportSettings,
+    auth: AuthSettings,
+    log: LogSettings,
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
@@ -111,8 +122,10 @@ pub(crate) struct Source {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ServerSettings {
-    /// `server.grpc_addr`: the gRPC listen address.
-    pub grpc_addr: SocketAddr,
+    /// `server.grpc_addr`: the gRPC listen address, TCP or a unix socket.
+    pub grpc_addr: ListenAddr,
+    /// `server.unix_socket_mode`: the file mode of the gRPC unix socket.
+    pub unix_socket_mode: u32,
     /// `server.admin_addr`: the admin HTTP listen address.
     pub admin_addr: SocketAddr,
     /// `[server.tls]`: TLS (and mTLS) for the gRPC port; plaintext if absent.
@@ -123,6 +136,42 @@ pub struct ServerSettings {
     /// `server.worker_threads`: async runtime threads; `None` is one per
     /// core.
     pub worker_threads: Option<usize>,
+    /// `server.shutdown_delay`: how long to keep serving, not ready, after
+    /// a shutdown is requested.
+    pub shutdown_delay: Duration,
+    /// `server.readiness_follows_store`: whether readiness requires the
+    /// store to answer its probe.
+    pub readiness_follows_store: bool,
+}
+
+/// `[log]`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogSettings {
+    /// `log.format`.
+    pub format: LogFormat,
+    /// `log.level`: a filter `tracing_subscriber::EnvFilter` accepts.
+    pub level: String,
+}
+
+impl LogSettings {
+    fn validate(section: LogSection) -> Result<Self, Invalid> {
+        tracing_subscriber::EnvFilter::builder()
+            .parse(&section.level)
+            .map_err(|e| {
+                (
+                    vec!["log".to_owned(), "level".to_owned()],
+                    format!(
+                        "{:?} is not a log filter: {e} (write a level such as \"info\", or directives such as \"info,quotad=debug\")",
+                        section.level
+                    ),
+                )
+            })?;
+        Ok(LogSettings {
+            format: section.format,
+            level: section.level,
+        })
+    }
 }
 
 /// The whole file as written, after the layers are merged.
@@ -130,6 +179,11 @@ pub struct ServerSettings {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     server: ServerSection,
+    transport: TransportSection,
+    // Every `[auth]` setting is optional, so no default creates the table.
+    #[serde(default)]
+    auth: AuthSection,
+    log: LogSection,
     store: StoreSection,
     limits: LimitSettings,
     #[serde(default)]
@@ -214,9 +268,17 @@ impl Config {
             })?;
         }
         let store = StoreSettings::validate(raw.store, base_dir).map_err(located)?;
+        let needed = crate::grpc::largest_request_bytes(store.max_key_bytes);
+        let transport = TransportSettings::validate(raw.transport, needed).map_err(located)?;
+        let mtls = server.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
+        let log = LogSettings::validate(raw.log).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
         Ok(Config {
             server,
+            transport,
+            auth,
+            log,
             store,
             limits: raw.limits,
             policies,
@@ -241,6 +303,21 @@ impl Config {
     /// `[server]`.
     pub fn server(&self) -> &ServerSettings {
         &self.server
+    }
+
+    /// `[transport]`.
+    pub fn transport(&self) -> &TransportSettings {
+        &self.transport
+    }
+
+    /// `[auth]`.
+    pub fn auth(&self) -> &AuthSettings {
+        &self.auth
+    }
+
+    /// `[log]`.
+    pub fn log(&self) -> &LogSettings {
+        &self.log
     }
 
     /// `[store]`.
@@ -328,10 +405,31 @@ fn validate_server(
             "worker_threads must be at least 1 (leave it out for one per core)".to_owned(),
         ));
     }
-    if section.grpc_addr == section.admin_addr && section.grpc_addr.port() != 0 {
+    if let ListenAddr::Tcp(grpc) = section.grpc_addr
+        && grpc == section.admin_addr
+        && grpc.port() != 0
+    {
         return Err(invalid(
             &["server", "admin_addr"],
-            format!("must differ from server.grpc_addr ({})", section.grpc_addr),
+            format!("must differ from server.grpc_addr ({grpc})"),
+        ));
+    }
+    let unix_socket_mode = u32::from_str_radix(&section.unix_socket_mode, 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| {
+            invalid(
+                &["server", "unix_socket_mode"],
+                format!(
+                    "{:?} is not a file mode: write permission bits in octal, e.g. \"0660\"",
+                    section.unix_socket_mode
+                ),
+            )
+        })?;
+    if matches!(section.grpc_addr, ListenAddr::Unix(_)) && section.tls.is_some() {
+        return Err(invalid(
+            &["server", "tls"],
+            "TLS is for a TCP grpc_addr; a unix socket is guarded by its file mode (server.unix_socket_mode)".to_owned(),
         ));
     }
     let tls = section
@@ -341,10 +439,13 @@ fn validate_server(
         .map_err(|(field, message)| invalid(&["server", "tls", field], message))?;
     Ok(ServerSettings {
         grpc_addr: section.grpc_addr,
+        unix_socket_mode,
         admin_addr: section.admin_addr,
         tls,
         config_poll_interval: section.config_poll_interval,
         worker_threads: section.worker_threads,
+        shutdown_delay: section.shutdown_delay,
+        readiness_follows_store: section.readiness_follows_store,
     })
 }
 
@@ -369,6 +470,53 @@ fn validate_tls(
         key: required(section.key, "key")?,
         client_ca: section.client_ca.map(resolve),
     })
+}
+
+/// Where a server listens: a TCP address, or a unix socket's path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// `host:port`.
+    Tcp(SocketAddr),
+    /// `unix:///path/to.sock` (or `unix:path`).
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(addr) => write!(f, "{addr}"),
+            ListenAddr::Unix(path) => write!(f, "unix://{}", path.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Some(rest) = text.strip_prefix("unix:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(format!(
+                    "{text:?}: a unix address needs a path, e.g. unix:///run/quotad/grpc.sock"
+                ));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        text.parse().map(ListenAddr::Tcp).map_err(|e| {
+            format!(
+                "{text:?}: {e} (write host:port, e.g. 127.0.0.1:50051, or unix:///path/to.sock)"
+            )
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ListenAddr {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 /// A duration written the human way: `"1m"`, `"500ms"`, `"1h 30m"`.

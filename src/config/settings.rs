@@ -19,7 +19,7 @@ use bytesize::ByteSize;
 use quotad_core::OnFull;
 use serde::Deserialize;
 
-use super::{OnError, human_duration};
+use super::{ListenAddr, OnError, human_duration};
 
 /// How a flag's text becomes a TOML value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,14 +140,33 @@ section! {
     /// `[server]` as written: listeners, the config file poll and the
     /// runtime.
     pub(crate) struct ServerSection at "server", flags "" {
-        /// gRPC listen address
-        grpc_addr: SocketAddr = Str("127.0.0.1:50051"), Restart;
+        /// gRPC listen address: host:port, or unix:///path/to.sock for a unix
+        /// socket
+        grpc_addr: ListenAddr = Str("127.0.0.1:50051"), Restart;
         /// Admin HTTP listen address (/metrics, /healthz, /readyz, /policies)
         admin_addr: SocketAddr = Str("127.0.0.1:9464"), Restart;
         /// How often the config file is re-read for policy changes; 0s disables
         /// (SIGHUP still reloads)
         #[serde(deserialize_with = "human_duration")]
         config_poll_interval: Duration = Str("1s"), Restart;
+        /// File mode of the gRPC unix socket (grpc_addr = unix:...), in octal
+        ///
+        /// Connecting needs write permission: 0660 admits the socket's owner
+        /// and group, 0600 the owner only.
+        unix_socket_mode: String = Str("0660"), Restart;
+        /// How long quotad keeps serving after SIGTERM while reporting not
+        /// ready, before it drains
+        ///
+        /// Readiness (`/readyz`, gRPC health) turns NOT_SERVING at once, so
+        /// load balancers stop sending new calls before connections close.
+        #[serde(deserialize_with = "human_duration")]
+        shutdown_delay: Duration = Str("0s"), Restart;
+        /// Whether readiness also requires the state store to answer a probe
+        ///
+        /// Off by default: a fail-open deployment wants traffic while Redis is
+        /// down, and an outage would otherwise take every replica out of
+        /// service at once.
+        readiness_follows_store: bool = Bool("false"), Restart;
         /// Async runtime worker threads [default: one per core]
         ///
         /// A sidecar, or a box shared with its clients, wants fewer.
@@ -167,6 +186,97 @@ section! {
         /// PEM CA certificates that client certificates must chain to (mTLS)
         client_ca: Option<PathBuf> = Str, Restart;
     }
+}
+
+section! {
+    /// `[transport]` as written: the bounds every connection to either port
+    /// lives within.
+    pub(crate) struct TransportSection at "transport", flags "" {
+        /// Most calls in progress at once on one gRPC connection (HTTP/2
+        /// streams; the client queues the rest)
+        max_concurrent_streams: u32 = Int("200"), Restart;
+        /// Most streams a gRPC client may open and reset before quotad has
+        /// accepted them; past it the connection is closed (HTTP/2 reset
+        /// flood)
+        max_pending_reset_streams: usize = Int("20"), Restart;
+        /// Most open connections on each port, gRPC and admin; a connection
+        /// past it is closed at once
+        max_connections: usize = Int("10000"), Restart;
+        /// Longest time a gRPC call may run; past it the call ends with
+        /// CANCELLED
+        #[serde(deserialize_with = "human_duration")]
+        request_timeout: Duration = Str("5s"), Restart;
+        /// Largest gRPC request message, in bytes [default: a full CheckBatch
+        /// at store.max_key_bytes]
+        ///
+        /// Larger messages are refused with RESOURCE_EXHAUSTED before they are
+        /// read. The default is computed: 1,000 items, each with a key of
+        /// `store.max_key_bytes`, the longest policy name and the largest
+        /// cost.
+        max_message_bytes: Option<usize> = Int, Restart;
+        /// Longest time an admin HTTP client may take to send a request's
+        /// headers; past it the connection is closed
+        #[serde(deserialize_with = "human_duration")]
+        admin_header_timeout: Duration = Str("5s"), Restart;
+    }
+}
+
+section! {
+    /// `[auth]` as written: who may call each gRPC method, by the identity
+    /// in the client's certificate (mTLS). A method left out is open to
+    /// every client that passed mTLS.
+    pub(crate) struct AuthSection at "auth", flags "auth_" {
+        /// Client identities that may call Check and CheckBatch
+        /// [default: every client that passed mTLS]
+        ///
+        /// An identity is a URI or DNS name in the certificate's subject
+        /// alternative names, or its common name when it has neither; a
+        /// pattern matches exactly, or by prefix when it ends in `*`.
+        check: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Peek [default: every client that
+        /// passed mTLS]
+        peek: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Reset [default: every client that
+        /// passed mTLS]
+        reset: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Envoy's ShouldRateLimit
+        /// [default: every client that passed mTLS]
+        should_rate_limit: Option<Vec<String>> = List, Restart;
+    }
+}
+
+impl Default for AuthSection {
+    /// No allowlist: every client that passed mTLS may call every method.
+    fn default() -> Self {
+        AuthSection {
+            check: None,
+            peek: None,
+            reset: None,
+            should_rate_limit: None,
+        }
+    }
+}
+
+section! {
+    /// `[log]`: what the server logs, and how. Every value is checked when
+    /// the configuration loads.
+    pub(crate) struct LogSection at "log", flags "log_" {
+        /// Log line format on stderr: text or json (one JSON object a line)
+        format: LogFormat = Str("text"), Restart;
+        /// Log filter: a level (error, warn, info, debug, trace) or
+        /// tracing-subscriber directives such as "info,quotad=debug"
+        level: String = Str("info"), Restart;
+    }
+}
+
+/// `log.format`: how log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line, for log collectors.
+    Json,
 }
 
 section! {
@@ -256,8 +366,22 @@ section! {
         /// Whether the Reset RPC is served
         ///
         /// Anyone who can call `Check` can call `Reset`; turn it off where
-        /// clients are not trusted to leave their own budgets alone.
+        /// clients are not trusted to leave their own budgets alone (or allow
+        /// it per client identity with `[auth]`).
         allow_reset: bool = Bool("true"), Live;
+        /// Longest window an inline policy may ask for
+        ///
+        /// A key's state lives about one window after its last use, so this
+        /// bounds how long a caller can make quotad hold state.
+        #[serde(deserialize_with = "human_duration")]
+        max_inline_window: Duration = Str("1d"), Live;
+        /// Largest limit (and burst) an inline policy may ask for
+        max_inline_limit: u64 = Int("1000000"), Live;
+        /// Largest limit an inline sliding_log policy may ask for
+        ///
+        /// A sliding log keeps up to `limit` entries of 16 bytes per key, so
+        /// this bounds the memory one key of a caller's choosing can take.
+        max_inline_log_limit: u64 = Int("100"), Live;
     }
 }
 
@@ -277,6 +401,9 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
     [
         ServerSection::SETTINGS,
         TlsSection::SETTINGS,
+        TransportSection::SETTINGS,
+        AuthSection::SETTINGS,
+        LogSection::SETTINGS,
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
         SnapshotSection::SETTINGS,

@@ -64,7 +64,10 @@ fn reads_every_section() {
         "#,
     )
     .expect("valid");
-    assert_eq!(config.server().grpc_addr.port(), 7000);
+    assert_eq!(
+        config.server().grpc_addr,
+        ListenAddr::Tcp("0.0.0.0:7000".parse().expect("an address"))
+    );
     assert_eq!(config.server().config_poll_interval, Duration::ZERO);
     assert_eq!(memory(&config).store.on_full(), OnFull::Evict);
     assert_eq!(memory(&config).store.shards(), 16);
@@ -411,4 +414,32 @@ fn max_bytes_takes_human_sizes_and_refuses_a_budget_too_small_to_use() {
     assert!(message.ends_with("(line 2)"), "{message}");
     let message = error("[store]\nmax_bytes = \"lots\"\n");
     assert!(message.starts_with("store.max_bytes: "), "{message}");
+}
+
+#[test]
+fn the_grpc_address_may_be_a_unix_socket_with_a_mode() {
+    let config = Config::from_toml(
+        "[server]\ngrpc_addr = \"unix:///run/quotad/grpc.sock\"\nunix_socket_mode = \"0600\"\n",
+    )
+    .expect("valid");
+    assert_eq!(
+        config.server().grpc_addr,
+        ListenAddr::Unix(PathBuf::from("/run/quotad/grpc.sock"))
+    );
+    assert_eq!(config.server().unix_socket_mode, 0o600);
+    assert_eq!(
+        "unix:relative.sock".parse::<ListenAddr>(),
+        Ok(ListenAddr::Unix(PathBuf::from("relative.sock")))
+    );
+    assert_eq!(Config::default().server().unix_socket_mode, 0o660);
+    assert!(error("[server]\ngrpc_addr = \"unix://\"\n").starts_with("server.grpc_addr: "));
+    assert!(
+        error("[server]\nunix_socket_mode = \"0999\"\n").starts_with("server.unix_socket_mode: ")
+    );
+    let tls = "[server]\ngrpc_addr = \"unix:///q.sock\"\n[server.tls]\ncert = \"c\"\nkey = \"k\"\n";
+    assert!(
+        error(tls).starts_with("server.tls: TLS is for a TCP grpc_addr"),
+        "{}",
+        error(tls)
+    );
 }

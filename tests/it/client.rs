@@ -29,7 +29,8 @@ async fn serve_on(addr: SocketAddr) -> (oneshot::Sender<()>, tokio::task::JoinHa
     let listeners = Listeners {
         grpc: TcpListener::bind(addr)
             .await
-            .expect("the port is free again"),
+            .expect("the port is free again")
+            .into(),
         admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
     };
     let (stop, stopped) = oneshot::channel::<()>();

@@ -9,48 +9,17 @@ use std::time::Duration;
 
 use quotad::{Config, Overrides};
 use quotad_client::{Check, Client, Error, TlsConfig};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 
 use crate::common::TestServer;
+use crate::pki::{Names, Pki};
 
 /// A CA, a server certificate for `localhost` and a client certificate,
 /// as PEM files in `dir/tls/`: the layout of the server's own TLS tests, so
 /// one helper can serve both.
 fn write_pki(dir: &Path) {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "quotad test CA");
-    let ca =
-        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA");
-    let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
-        let key = KeyPair::generate().expect("leaf key");
-        let mut params = CertificateParams::new(vec![name.to_owned()]).expect("leaf params");
-        params.extended_key_usages = vec![purpose];
-        let cert = params.signed_by(&key, &ca).expect("leaf certificate");
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf("localhost", ExtendedKeyUsagePurpose::ServerAuth);
-    let (client_cert, client_key) = leaf("client", ExtendedKeyUsagePurpose::ClientAuth);
-    let pki = dir.join("tls");
-    std::fs::create_dir_all(&pki).expect("tls dir");
-    for (name, pem) in [
-        ("ca.pem", ca.pem()),
-        ("server.pem", server_cert),
-        ("server.key", server_key),
-        ("client.pem", client_cert),
-        ("client.key", client_key),
-    ] {
-        std::fs::write(pki.join(name), pem).expect("write PEM");
-    }
+    let pki = Pki::new(&dir.join("tls"));
+    pki.server();
+    pki.client("client", Names::dns("client"));
 }
 
 async fn start(dir: &Path, client_ca: bool) -> TestServer {

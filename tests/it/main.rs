@@ -5,6 +5,8 @@
 mod common;
 
 mod admin;
+mod auth;
+mod bad_bytes;
 mod bad_input;
 mod cli;
 mod cli_client;
@@ -16,9 +18,14 @@ mod decisions;
 mod demo;
 mod global_budget;
 mod http_layer;
+mod inline_limits;
+mod lifecycle;
+mod pki;
 mod python_client;
 mod redis;
 mod reload;
 mod shutdown;
 mod snapshot;
 mod tls;
+mod transport;
+mod unix;

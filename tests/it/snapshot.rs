@@ -193,14 +193,7 @@ async fn a_bad_snapshot_starts_empty_loudly_by_default_or_refuses_to_start() {
         let refusing = Config::from_toml(&config(&path, "on_bad_file = \"refuse\""))
             .expect("valid")
             .with_clock(clock.clone());
-        let listeners = quotad::Listeners {
-            grpc: tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind"),
-            admin: tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind"),
-        };
+        let listeners = quotad::Listeners::loopback().await.expect("bind");
         let error = quotad::run(refusing, listeners, std::future::pending())
             .await
             .expect_err("refuses to start");
@@ -223,14 +216,7 @@ async fn an_unreadable_snapshot_is_a_bad_one_and_a_missing_one_is_none_yet() {
     let refusing = Config::from_toml(&config(&folder, "on_bad_file = \"refuse\""))
         .expect("valid")
         .with_clock(clock.clone());
-    let listeners = quotad::Listeners {
-        grpc: tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind"),
-        admin: tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind"),
-    };
+    let listeners = quotad::Listeners::loopback().await.expect("bind");
     let error = quotad::run(refusing, listeners, std::future::pending())
         .await
         .expect_err("refuses to start");

@@ -3,12 +3,9 @@
 use std::path::Path;
 
 use crate::common::{TestServer, named};
+use crate::pki::{Names, Pki};
 use quotad::{Config, Overrides};
 use quotad_proto::v1::quota_client::QuotaClient;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 const POLICY: &str =
@@ -17,39 +14,9 @@ const POLICY: &str =
 /// A CA, a server certificate for `localhost` and a client certificate, as
 /// PEM files in `dir/tls/`.
 fn write_pki(dir: &Path) {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "quotad test CA");
-    let ca =
-        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key")).expect("CA");
-
-    let leaf = |name: &str, purpose: ExtendedKeyUsagePurpose| {
-        let key = KeyPair::generate().expect("leaf key");
-        let mut params = CertificateParams::new(vec![name.to_owned()]).expect("leaf params");
-        params.extended_key_usages = vec![purpose];
-        let cert = params.signed_by(&key, &ca).expect("leaf certificate");
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf("localhost", ExtendedKeyUsagePurpose::ServerAuth);
-    let (client_cert, client_key) = leaf("client", ExtendedKeyUsagePurpose::ClientAuth);
-
-    let tls = dir.join("tls");
-    std::fs::create_dir_all(&tls).expect("tls dir");
-    for (name, pem) in [
-        ("ca.pem", ca.pem()),
-        ("server.pem", server_cert),
-        ("server.key", server_key),
-        ("client.pem", client_cert),
-        ("client.key", client_key),
-    ] {
-        std::fs::write(tls.join(name), pem).expect("write PEM");
-    }
+    let pki = Pki::new(&dir.join("tls"));
+    pki.server();
+    pki.client("client", Names::dns("client"));
 }
 
 /// Starts a server whose config file names the TLS files by paths relative

@@ -77,9 +77,12 @@ pub async fn serve_noop(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), quotad::Error> {
-    quotad::grpc::server(None)?
-        .add_service(QuotaServer::new(NoopQuota))
-        .serve_with_incoming_shutdown(quotad::grpc::incoming(listener), shutdown)
+    let transport = quotad::TransportSettings::default();
+    quotad::grpc::server(&transport, None)?
+        .add_service(
+            QuotaServer::new(NoopQuota).max_decoding_message_size(transport.max_message_bytes),
+        )
+        .serve_with_incoming_shutdown(quotad::grpc::incoming(listener, &transport), shutdown)
         .await?;
     Ok(())
 }

@@ -14,6 +14,8 @@
 //!   under `proto/envoy/` with Envoy's package names and field numbers.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors of both APIs, for gRPC
 //!   server reflection.
+//! - [`codec`]: the codec of every generated client and server: a request
+//!   that is not valid protobuf is INVALID_ARGUMENT, not INTERNAL.
 //! - [`convert`]: the one mapping between wire and domain types
 //!   (quotad-core's `Algorithm`, `Reason`, `Decision`, `Policy`,
 //!   `BatchMode`).
@@ -58,6 +60,7 @@
 //! # }
 //! ```
 
+pub mod codec;
 pub mod convert;
 
 /// The most items a `CheckBatch` may carry (the API's documented bound).

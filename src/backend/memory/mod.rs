@@ -47,6 +47,7 @@ impl Backend for MemoryStore {
             evictions: self.evictions(),
             reclaimed: self.reclaimed(),
             redis: None,
+            capacity: Some(self.config().max_keys() as u64),
         }
     }
 }

@@ -35,11 +35,12 @@ pub(crate) struct TestServer {
 impl TestServer {
     /// Starts `quotad::run` with `config` on two fresh loopback ports.
     pub(crate) async fn start(config: Config) -> TestServer {
+        let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind gRPC");
+        let grpc_addr = grpc.local_addr().expect("gRPC address");
         let listeners = Listeners {
-            grpc: TcpListener::bind("127.0.0.1:0").await.expect("bind gRPC"),
+            grpc: grpc.into(),
             admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
         };
-        let grpc_addr = listeners.grpc.local_addr().expect("gRPC address");
         let admin_addr = listeners.admin.local_addr().expect("admin address");
         let (stop, stopped) = oneshot::channel::<()>();
         let join = tokio::spawn(quotad::run(config, listeners, async {

@@ -1,0 +1,100 @@
+//! `[limits]`: what an inline policy may ask for.
+
+use quotad_core::{Algorithm, Policy};
+
+use super::settings::LimitSettings;
+
+impl LimitSettings {
+    /// Checks an inline policy against `limits.max_inline_*`.
+    ///
+    /// # Errors
+    ///
+    /// The offending field of the inline policy (`window_ms`, `limit`,
+    /// `burst`) and a message naming the setting that bounds it.
+    pub fn check_inline(&self, policy: &Policy) -> Result<(), (&'static str, String)> {
+        let max_window_ms = u64::try_from(self.max_inline_window.as_millis()).unwrap_or(u64::MAX);
+        if policy.window_ms() > max_window_ms {
+            return Err((
+                "window_ms",
+                format!(
+                    "must be at most {max_window_ms} for an inline policy (limits.max_inline_window); got {}",
+                    policy.window_ms()
+                ),
+            ));
+        }
+        let (max_limit, setting) = if policy.algorithm() == Algorithm::SlidingLog {
+            (
+                self.max_inline_log_limit.min(self.max_inline_limit),
+                "limits.max_inline_log_limit",
+            )
+        } else {
+            (self.max_inline_limit, "limits.max_inline_limit")
+        };
+        if policy.limit() > max_limit {
+            return Err((
+                "limit",
+                format!(
+                    "must be at most {max_limit} for an inline {} policy ({setting}); got {}",
+                    policy.algorithm(),
+                    policy.limit()
+                ),
+            ));
+        }
+        if policy.algorithm().is_bucket() && policy.burst() > self.max_inline_limit {
+            return Err((
+                "burst",
+                format!(
+                    "must be at most {} for an inline policy (limits.max_inline_limit); got {}",
+                    self.max_inline_limit,
+                    policy.burst()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Config;
+
+    fn policy(algorithm: Algorithm, limit: u64, window: Duration, burst: Option<u64>) -> Policy {
+        Policy::try_new(algorithm, limit, window, burst).expect("a valid policy")
+    }
+
+    #[test]
+    fn inline_policies_stay_within_the_configured_bounds() {
+        let limits = Config::default().limits().clone();
+        let day = Duration::from_secs(86_400);
+        let ok = |p: Policy| limits.check_inline(&p);
+        let field = |p: Policy| limits.check_inline(&p).expect_err("out of bounds").0;
+
+        assert!(ok(policy(Algorithm::FixedWindow, 1_000_000, day, None)).is_ok());
+        assert_eq!(
+            field(policy(
+                Algorithm::FixedWindow,
+                10,
+                day + Duration::from_millis(1),
+                None
+            )),
+            "window_ms"
+        );
+        assert_eq!(
+            field(policy(Algorithm::FixedWindow, 1_000_001, day, None)),
+            "limit"
+        );
+        assert!(ok(policy(Algorithm::SlidingLog, 100, day, None)).is_ok());
+        let (name, message) = limits
+            .check_inline(&policy(Algorithm::SlidingLog, 101, day, None))
+            .expect_err("a long log");
+        assert_eq!(name, "limit");
+        assert!(message.contains("limits.max_inline_log_limit"), "{message}");
+        assert_eq!(
+            field(policy(Algorithm::TokenBucket, 10, day, Some(1_000_001))),
+            "burst"
+        );
+    }
+}

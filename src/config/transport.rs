@@ -1,0 +1,153 @@
+//! `[transport]`, validated: the bounds of every connection on either port.
+
+use std::time::Duration;
+
+use quotad_proto::MAX_BATCH_ITEMS;
+
+use super::policies::Invalid;
+use super::settings::TransportSection;
+
+/// `[transport]`: what one connection, one call and one message may cost
+/// the server. [`Default`] is the declared defaults, with the message
+/// bound for the default `store.max_key_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransportSettings {
+    /// `transport.max_concurrent_streams`: calls in progress at once on one
+    /// gRPC connection, advertised in the HTTP/2 SETTINGS frame.
+    pub max_concurrent_streams: u32,
+    /// `transport.max_pending_reset_streams`: streams a client may open and
+    /// reset before they are accepted, before the connection is closed.
+    pub max_pending_reset_streams: usize,
+    /// `transport.max_connections`: open connections on each port.
+    pub max_connections: usize,
+    /// `transport.request_timeout`: the longest a gRPC call may run.
+    pub request_timeout: Duration,
+    /// `transport.max_message_bytes`, or its computed default: the largest
+    /// gRPC request message.
+    pub max_message_bytes: usize,
+    /// `transport.admin_header_timeout`: the longest an admin HTTP client
+    /// may take to send a request's headers.
+    pub admin_header_timeout: Duration,
+}
+
+impl Default for TransportSettings {
+    fn default() -> Self {
+        super::Config::default().transport().clone()
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> Invalid {
+    (
+        vec!["transport".to_owned(), field.to_owned()],
+        message.into(),
+    )
+}
+
+impl TransportSettings {
+    /// Validates `[transport]`; `needed_message_bytes` is the largest valid
+    /// request (a full batch at `store.max_key_bytes`).
+    pub(super) fn validate(
+        section: TransportSection,
+        needed_message_bytes: usize,
+    ) -> Result<Self, Invalid> {
+        if section.max_concurrent_streams == 0 {
+            return Err(invalid(
+                "max_concurrent_streams",
+                "max_concurrent_streams must be at least 1",
+            ));
+        }
+        if section.max_pending_reset_streams == 0 {
+            return Err(invalid(
+                "max_pending_reset_streams",
+                "max_pending_reset_streams must be at least 1",
+            ));
+        }
+        if section.max_connections == 0 {
+            return Err(invalid(
+                "max_connections",
+                "max_connections must be at least 1",
+            ));
+        }
+        for (field, value) in [
+            ("request_timeout", section.request_timeout),
+            ("admin_header_timeout", section.admin_header_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(field, format!("{field} must be longer than zero")));
+            }
+        }
+        let max_message_bytes = match section.max_message_bytes {
+            None => needed_message_bytes,
+            Some(bytes) if bytes < needed_message_bytes => {
+                return Err(invalid(
+                    "max_message_bytes",
+                    format!(
+                        "must be at least {needed_message_bytes} bytes, the largest valid request (a CheckBatch of {MAX_BATCH_ITEMS} items at store.max_key_bytes); got {bytes}"
+                    ),
+                ));
+            }
+            Some(bytes) => bytes,
+        };
+        Ok(TransportSettings {
+            max_concurrent_streams: section.max_concurrent_streams,
+            max_pending_reset_streams: section.max_pending_reset_streams,
+            max_connections: section.max_connections,
+            request_timeout: section.request_timeout,
+            max_message_bytes,
+            admin_header_timeout: section.admin_header_timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Config;
+
+    fn error(text: &str) -> String {
+        Config::from_toml(text).expect_err(text).to_string()
+    }
+
+    #[test]
+    fn the_message_bound_follows_the_longest_key_unless_set() {
+        let config = Config::default();
+        assert_eq!(
+            config.transport().max_message_bytes,
+            crate::grpc::largest_request_bytes(256)
+        );
+        let longer = Config::from_toml("[store]\nmax_key_bytes = 1024\n").expect("valid");
+        assert_eq!(
+            longer.transport().max_message_bytes,
+            crate::grpc::largest_request_bytes(1024)
+        );
+        let set = Config::from_toml("[transport]\nmax_message_bytes = 4_000_000\n").expect("valid");
+        assert_eq!(set.transport().max_message_bytes, 4_000_000);
+        assert_eq!(
+            error("[transport]\nmax_message_bytes = 1000\n"),
+            "transport.max_message_bytes: must be at least 337002 bytes, the largest valid request (a CheckBatch of 1000 items at store.max_key_bytes); got 1000 (line 2)"
+        );
+    }
+
+    #[test]
+    fn zero_bounds_are_refused_naming_the_field() {
+        for (text, field) in [
+            (
+                "max_concurrent_streams = 0",
+                "transport.max_concurrent_streams",
+            ),
+            (
+                "max_pending_reset_streams = 0",
+                "transport.max_pending_reset_streams",
+            ),
+            ("max_connections = 0", "transport.max_connections"),
+            ("request_timeout = \"0s\"", "transport.request_timeout"),
+            (
+                "admin_header_timeout = \"0s\"",
+                "transport.admin_header_timeout",
+            ),
+        ] {
+            let message = error(&format!("[transport]\n{text}\n"));
+            assert!(message.starts_with(field), "{message}");
+        }
+    }
+}

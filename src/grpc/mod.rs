@@ -1,0 +1,221 @@
+//! The gRPC server: quotad's services, gRPC health checking and server
+//! reflection on one port, with the transport settings that the no-op
+//! bench server shares (so the floor it measures stays a floor).
+//!
+//! What bounds a connection ([`TransportSettings`]): HTTP/2 streams per
+//! connection (advertised in the SETTINGS frame), streams reset before
+//! they are accepted and locally reset streams (both close the connection
+//! past their limit: HTTP/2 reset floods), open connections per port, a
+//! timeout per call, and the size of a request message (past it:
+//! RESOURCE_EXHAUSTED, [`status`]).
+
+pub mod status;
+
+use std::time::Duration;
+
+use quotad_core::MAX_EXACT;
+use quotad_proto::MAX_BATCH_ITEMS;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
+use tower_layer::{Identity, Stack};
+
+use crate::Error;
+use crate::auth::AuthLayer;
+use crate::config::{TlsSettings, TransportSettings};
+use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
+use crate::policy::MAX_POLICY_NAME_LEN;
+use crate::tasks::ServerTask;
+
+use self::status::SizeStatusLayer;
+
+/// The gRPC server builder [`server`] makes: tonic's, with quotad's layers.
+pub type GrpcServer = Server<Stack<SizeStatusLayer, Identity>>;
+
+/// Locally reset streams (the server refusing a client's broken frames)
+/// allowed on one connection before it is closed: hyper's own default,
+/// which tonic otherwise turns off (RUSTSEC-2024-0003).
+const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
+
+/// The tonic server builder with quotad's transport settings.
+///
+/// HTTP/2 keepalive pings find dead connections; TLS is applied when given.
+///
+/// # Errors
+///
+/// [`Error::Tls`] when the TLS files cannot be read, and the transport
+/// error when tonic rejects them.
+pub fn server(
+    transport: &TransportSettings,
+    tls: Option<&TlsSettings>,
+) -> Result<GrpcServer, Error> {
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(transport.max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(transport.max_pending_reset_streams))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+        .timeout(transport.request_timeout);
+    if let Some(tls) = tls {
+        let config = tls
+            .server_config()
+            .map_err(|e| Error::Tls(format!("server.tls.{}: {}", e.field, e.message)))?;
+        builder = builder.tls_config(config)?;
+    }
+    Ok(builder.layer(SizeStatusLayer))
+}
+
+/// The accepted connections of `listener`, at most
+/// `transport.max_connections` open at once, each with TCP_NODELAY and TCP
+/// keepalive (tonic ignores the builder's `tcp_nodelay` for a pre-bound
+/// listener; `TcpIncoming` sets it on each accepted socket).
+pub fn incoming(listener: TcpListener, transport: &TransportSettings) -> Incoming<TcpIncoming> {
+    incoming_within(
+        listener,
+        ConnectionLimit::new(transport.max_connections, "grpc"),
+    )
+}
+
+pub(crate) fn incoming_within(
+    listener: TcpListener,
+    limit: ConnectionLimit,
+) -> Incoming<TcpIncoming> {
+    let tcp = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
+    Incoming::new(tcp, limit)
+}
+
+/// The encoded size of the largest valid request: a `CheckBatch` of
+/// [`MAX_BATCH_ITEMS`] items, each with a key of `max_key_bytes`, a cost of
+/// 2^53 and a policy name of [`MAX_POLICY_NAME_LEN`] characters (longer
+/// than any inline policy), in batch mode `ALL_OR_NOTHING`.
+///
+/// The default of `transport.max_message_bytes`, so that a server never
+/// refuses a request it would have served.
+pub fn largest_request_bytes(max_key_bytes: usize) -> usize {
+    // A length-delimited field: tag, length, bytes. Every field number is
+    // below 16, so each tag is one byte.
+    let delimited = |len: usize| 1 + varint_len(len as u64) + len;
+    let number = |value: u64| 1 + varint_len(value);
+    let name = delimited(MAX_POLICY_NAME_LEN);
+    // algorithm (an enum below 128), limit, window_ms and burst (each at most
+    // 2^53).
+    let inline = delimited(number(5) + 3 * number(MAX_EXACT));
+    let item = delimited(max_key_bytes) + number(MAX_EXACT) + name.max(inline);
+    MAX_BATCH_ITEMS * delimited(item) + number(1)
+}
+
+/// The bytes of `value` as a protobuf varint.
+fn varint_len(value: u64) -> usize {
+    let bits = 64 - value.leading_zeros() as usize;
+    bits.div_ceil(7).max(1)
+}
+
+/// Reflection for quotad's API and gRPC health, v1 and v1alpha (older
+/// grpcurl and other tools still ask for v1alpha).
+pub(crate) fn reflection(routes: Routes) -> Result<Routes, Error> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(quotad_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok(routes
+        .add_service(builder().build_v1()?)
+        .add_service(builder().build_v1alpha()?))
+}
+
+/// Serves `routes` (quotad's services), health and reflection on
+/// `listener` until stopped, then lets calls in flight finish; `auth`
+/// decides who may call what.
+pub(crate) fn spawn(
+    listener: GrpcListener,
+    transport: &TransportSettings,
+    limit: ConnectionLimit,
+    tls: Option<&TlsSettings>,
+    auth: AuthLayer,
+    health: HealthServer<impl HealthService>,
+    routes: Routes,
+) -> Result<ServerTask, Error> {
+    let mut builder = server(transport, tls)?.layer(auth);
+    let routes = reflection(routes.add_service(health))?;
+    let router = builder.add_routes(routes);
+    Ok(match listener {
+        GrpcListener::Tcp(listener) => {
+            let incoming = incoming_within(listener, limit);
+            ServerTask::spawn(move |stop| async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                    .await
+                    .map_err(Error::Grpc)
+            })
+        }
+        GrpcListener::Unix(socket) => {
+            // Dropped when the server stops accepting, which removes the
+            // socket file.
+            let incoming = Incoming::new(UnixIncoming::new(socket), limit);
+            ServerTask::spawn(move |stop| async move {
+                router
+                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+                    .await
+                    .map_err(Error::Grpc)
+            })
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use quotad_proto::v1 as pb;
+
+    use super::*;
+
+    fn largest_batch(key_bytes: usize, policy: pb::check_request::Policy) -> pb::CheckBatchRequest {
+        let item = pb::CheckRequest {
+            key: "k".repeat(key_bytes),
+            cost: Some(MAX_EXACT),
+            policy: Some(policy),
+        };
+        pb::CheckBatchRequest {
+            items: vec![item; MAX_BATCH_ITEMS],
+            mode: pb::BatchMode::AllOrNothing.into(),
+        }
+    }
+
+    #[test]
+    fn the_largest_request_is_a_full_batch_of_the_longest_keys_and_names() {
+        for key_bytes in [1, 127, 128, 256, 16_383, 16_384, 100_000] {
+            let named = largest_batch(
+                key_bytes,
+                pb::check_request::Policy::PolicyName("p".repeat(MAX_POLICY_NAME_LEN)),
+            );
+            assert_eq!(
+                named.encoded_len(),
+                largest_request_bytes(key_bytes),
+                "{key_bytes}-byte keys"
+            );
+            let inline = largest_batch(
+                key_bytes,
+                pb::check_request::Policy::InlinePolicy(pb::Policy {
+                    algorithm: pb::Algorithm::SlidingLog.into(),
+                    limit: MAX_EXACT,
+                    window_ms: MAX_EXACT,
+                    burst: Some(MAX_EXACT),
+                }),
+            );
+            assert!(inline.encoded_len() <= largest_request_bytes(key_bytes));
+        }
+        // The default store.max_key_bytes.
+        assert_eq!(largest_request_bytes(256), 337_002);
+    }
+
+    #[test]
+    fn varints_take_seven_bits_a_byte() {
+        for (value, len) in [(0, 1), (127, 1), (128, 2), (MAX_EXACT, 8), (u64::MAX, 10)] {
+            assert_eq!(varint_len(value), len, "{value}");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The server's lifecycle as load balancers and log collectors see it:
+//! `server.shutdown_delay` (not ready but still serving, then draining),
+//! and `--log-format json` (one JSON object a line).
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::{NOON_30, TestServer, check, eventually, named};
+use quotad_core::FakeClock;
+use tonic_health::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+const CONFIG: &str = r#"
+[server]
+shutdown_delay = "3s"
+
+[policies.api]
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+"#;
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn during_the_shutdown_delay_health_says_not_serving_and_calls_still_succeed() {
+    let mut server = TestServer::start_toml(CONFIG, Arc::new(FakeClock::new(NOON_30))).await;
+    let mut client = server.client().await;
+    let mut health = HealthClient::new(server.channel().await);
+    assert!(check(&mut client, named("k", "api", None)).await.allowed);
+
+    server.trigger_shutdown();
+    eventually(PATIENCE, "/readyz turns 503", || async {
+        server.get("/readyz").await.0 == 503
+    })
+    .await;
+    let status = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health answers during the delay")
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::NotServing as i32);
+
+    // Still serving: on an open connection, and on a new one (the listener
+    // stays open until the delay ends).
+    assert!(check(&mut client, named("k", "api", None)).await.allowed);
+    let mut fresh = server.client().await;
+    assert!(check(&mut fresh, named("k", "api", None)).await.allowed);
+    drop((client, fresh, health));
+
+    // Then it drains and run returns Ok.
+    server.join().await.expect("run returns Ok after the delay");
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_a_line() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quotad"))
+        .args([
+            "serve",
+            "--log-format",
+            "json",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .env_remove("RUST_LOG")
+        .env_remove("QUOTAD_CONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start quotad");
+    let pid = child.id();
+    let stderr = child.stderr.take().expect("piped stderr");
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines() {
+            let line = line.expect("a line of stderr");
+            let serving = line.contains("quotad serving");
+            lines.push(line);
+            if serving {
+                // Ask for a graceful stop (the process this test started,
+                // by its id), then read what it logs until it exits.
+                let stopped = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .expect("kill runs");
+                assert!(stopped.success());
+            }
+        }
+        lines
+    });
+    let Ok(lines) = tokio::time::timeout(PATIENCE, lines).await else {
+        let _ = child.kill();
+        panic!("quotad did not start and stop within {PATIENCE:?}");
+    };
+    let lines = lines.expect("the reader finishes");
+    let status = child.wait().expect("quotad exits");
+    assert!(status.success(), "graceful exit: {status}; {lines:?}");
+
+    assert!(lines.len() >= 2, "{lines:?}");
+    for line in &lines {
+        let object: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(object.is_object(), "{line}");
+        assert!(
+            object.get("level").is_some() && object.get("fields").is_some(),
+            "{line}"
+        );
+    }
+    assert!(
+        lines.iter().any(|l| l.contains("quotad serving")),
+        "{lines:?}"
+    );
+}
