@@ -167,6 +167,12 @@ impl Metrics {
                 algorithm,
             ))
         });
+        // Exported at 0 from the start, so alerts on them work (and are
+        // checked against a scrape) whether or not snapshots are on.
+        for outcome in ["ok", "error"] {
+            let _ = counter(SNAPSHOT_WRITES, vec![Label::new("outcome", outcome)]);
+        }
+        let _ = counter(SNAPSHOT_LOAD_FAILURES, vec![]);
         Ok(Metrics {
             durations,
             live_keys: gauge,
