@@ -44,6 +44,8 @@ struct Rule {
 #[derive(Debug)]
 struct Rules {
     methods: Vec<(String, Arc<Rule>)>,
+    /// Every method some group names, allowlisted or not.
+    known: Vec<String>,
     denials_log: Throttled,
 }
 
@@ -65,8 +67,10 @@ fn groups() -> [(&'static str, Vec<String>); 4] {
 /// through.
 pub(crate) fn layer(settings: &AuthSettings, metrics: &Metrics) -> AuthLayer {
     let mut methods = Vec::new();
+    let mut known = Vec::new();
     for ((group, allowed), (name, paths)) in settings.groups().zip(groups()) {
         debug_assert_eq!(group, name, "the groups are listed in the same order");
+        known.extend(paths.iter().cloned());
         let Some(allowed) = allowed else { continue };
         let rule = Arc::new(Rule {
             group,
@@ -78,6 +82,7 @@ pub(crate) fn layer(settings: &AuthSettings, metrics: &Metrics) -> AuthLayer {
     AuthLayer {
         rules: Arc::new(Rules {
             methods,
+            known,
             denials_log: Throttled::default(),
         }),
     }
@@ -123,6 +128,17 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let path = request.uri().path();
         let Some((_, rule)) = self.rules.methods.iter().find(|(p, _)| p == path) else {
+            // A quotad.v1 method no group names (one added later) is closed
+            // once any allowlist is set, rather than open by omission.
+            if !self.rules.methods.is_empty()
+                && path.starts_with(&format!("/{QUOTA_SERVICE}/"))
+                && !self.rules.known.iter().any(|known| known == path)
+            {
+                let status = Status::permission_denied(format!(
+                    "{path}: no [auth] group covers this method"
+                ));
+                return Either::Left(ready(Ok(status.into_http())));
+            }
             return Either::Right(self.inner.call(request));
         };
         let identities = client_identities(&request);
@@ -165,31 +181,108 @@ fn client_identities<B>(request: &Request<B>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The URI and DNS subject alternative names of `cert`, or its common names
-/// when it has neither.
+/// The URI and DNS subject alternative names of `cert` (DNS names in lower
+/// case: they compare case-insensitively), or its common names when it has
+/// no subject alternative name extension at all. A certificate whose
+/// extension cannot be read has no identity: it is never taken for its
+/// common name.
 pub(crate) fn identities(cert: &CertificateDer<'_>) -> Vec<String> {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
         return Vec::new();
     };
-    let mut names: Vec<String> = match cert.subject_alternative_name() {
+    match cert.subject_alternative_name() {
         Ok(Some(san)) => san
             .value
             .general_names
             .iter()
             .filter_map(|name| match name {
                 GeneralName::URI(uri) => Some((*uri).to_owned()),
-                GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+                GeneralName::DNSName(dns) => Some(dns.to_ascii_lowercase()),
                 _ => None,
             })
             .collect(),
-        _ => Vec::new(),
-    };
-    if names.is_empty() {
-        names = cert
+        Ok(None) => cert
             .subject()
             .iter_common_name()
             .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
-            .collect();
+            .collect(),
+        Err(_) => Vec::new(),
     }
-    names
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+
+    use super::*;
+
+    fn certificate(common_name: &str, sans: Vec<SanType>) -> CertificateDer<'static> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.subject_alt_names = sans;
+        let key = KeyPair::generate().expect("a key");
+        params.self_signed(&key).expect("signed").der().clone()
+    }
+
+    #[test]
+    fn the_common_name_counts_only_without_subject_alternative_names() {
+        let no_san = certificate("ops-tool", Vec::new());
+        assert_eq!(identities(&no_san), ["ops-tool"]);
+        // An IP-only SAN extension: the common name is not an identity, or
+        // a certificate for an address could claim any name.
+        let ip_only = certificate(
+            "spiffe://example.org/ops/admin",
+            vec![SanType::IpAddress("10.0.0.7".parse().expect("an address"))],
+        );
+        assert!(identities(&ip_only).is_empty());
+        let dns = certificate(
+            "ignored",
+            vec![SanType::DnsName(
+                "Client.Example.ORG".try_into().expect("a name"),
+            )],
+        );
+        assert_eq!(
+            identities(&dns),
+            ["client.example.org"],
+            "DNS names compare in lower case"
+        );
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use std::convert::Infallible;
+
+    use super::*;
+    use crate::config::{Config, Files, Overrides};
+
+    #[tokio::test]
+    async fn a_quotad_method_no_group_names_is_closed_once_any_allowlist_is_set() {
+        let text = "[server.tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
+                    [auth]\nreset = [\"spiffe://example.org/ops/*\"]\n";
+        let config = Config::parse(text, None, &Overrides::default(), Files::Skip).expect("valid");
+        let metrics = Metrics::new().expect("metrics");
+        let inner =
+            tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+        let mut auth = layer(config.auth(), &metrics).layer(inner);
+        let call = |path: &str| Request::builder().uri(path).body(()).expect("a request");
+        let status = |response: Response<()>| {
+            response
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.to_str().expect("text").to_owned())
+        };
+        let future = auth.call(call(&format!("/{QUOTA_SERVICE}/SomeLaterMethod")));
+        let response = future.await.expect("infallible");
+        assert_eq!(status(response).as_deref(), Some("7"), "PERMISSION_DENIED");
+        // Check has no allowlist here: open to every client that passed mTLS.
+        let response = auth.call(call(&format!("/{QUOTA_SERVICE}/Check"))).await;
+        assert_eq!(
+            status(response.expect("infallible")),
+            None,
+            "passed through"
+        );
+    }
 }

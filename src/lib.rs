@@ -181,6 +181,10 @@ pub enum Error {
     /// `store.snapshot.on_bad_file` says to refuse to start.
     #[error("{0}")]
     Snapshot(#[from] snapshot::LoadError),
+    /// The memory store's snapshot could not be written: at start (quotad
+    /// then does not serve), or the last one on shutdown.
+    #[error("{0}")]
+    SnapshotWrite(#[from] snapshot::WriteError),
 }
 
 /// Installs ring as the process-wide rustls crypto provider, unless one is
@@ -226,6 +230,12 @@ pub async fn run(
                 None => MemoryStore::new(settings.store, clock),
             };
             let store = Arc::new(store);
+            if let Some(snapshot) = &settings.snapshot {
+                // Written once now: a folder quotad cannot write to stops it
+                // here, not at the next restart with every budget lost.
+                snapshot::remove_leftovers(&snapshot.path);
+                snapshot::write_now(&store, &snapshot.path, &registry, &metrics).await?;
+            }
             let (swept, interval) = (Arc::clone(&store), settings.sweep_interval);
             tasks.spawn(|stop| backend::memory::sweep(swept, interval, stop));
             if let Some(snapshot) = &settings.snapshot {
@@ -268,7 +278,8 @@ pub async fn run(
     };
     tasks.stop().await;
     if let Some((store, path)) = last_snapshot {
-        snapshot::write_now(&store, &path, &registry, &metrics).await;
+        let written = snapshot::write_now(&store, &path, &registry, &metrics).await;
+        return result.and(written.map_err(Error::SnapshotWrite));
     }
     result
 }
@@ -306,6 +317,7 @@ async fn serve<B: Backend>(
     let limit = |port| {
         ConnectionLimit::new(transport.max_connections, port)
             .counting(metrics.connections_rejected(port))
+            .silent_for(transport.handshake_timeout)
     };
     let mut grpc = grpc::spawn(
         listeners.grpc,
@@ -334,33 +346,37 @@ async fn serve<B: Backend>(
     }
     tracing::info!(%grpc_addr, %admin_addr, "quotad serving");
 
-    let mut failed = tokio::select! {
-        () = shutdown => None,
-        result = grpc.stopped() => Some(result),
-        result = admin.stopped() => Some(result),
+    let mut ended = tokio::select! {
+        () = shutdown => false,
+        () = grpc.stopped() => true,
+        () = admin.stopped() => true,
     };
     health.set_serving(false).await;
     let delay = config.server().shutdown_delay;
-    if failed.is_none() && !delay.is_zero() {
+    if !ended && !delay.is_zero() {
         // Not ready, still serving: load balancers see it and stop sending
         // before the listener closes.
         tracing::info!(
             ?delay,
             "shutting down: not ready, serving for server.shutdown_delay"
         );
-        failed = tokio::select! {
-            () = tokio::time::sleep(delay) => None,
-            result = grpc.stopped() => Some(result),
-            result = admin.stopped() => Some(result),
+        ended = tokio::select! {
+            () = tokio::time::sleep(delay) => false,
+            () = grpc.stopped() => true,
+            () = admin.stopped() => true,
         };
     }
-    tracing::info!("shutting down: draining calls in flight");
+    if !ended {
+        tracing::info!("shutting down: draining calls in flight");
+    }
     // gRPC stops first; the admin server stays up while calls drain, so
-    // /readyz reports 503 and /metrics can still be scraped meanwhile.
-    let grpc_result = grpc.stop().await;
-    let admin_result = admin.stop().await;
+    // /readyz reports 503 and /metrics can still be scraped meanwhile. Each
+    // drain is bounded: streams such as gRPC health's Watch never end.
+    let drain = transport.drain_timeout;
+    let grpc_result = grpc.stop(drain, "grpc").await;
+    let admin_result = admin.stop(drain, "admin").await;
     tracing::info!("quotad stopped");
-    failed.unwrap_or(Ok(())).and(grpc_result).and(admin_result)
+    grpc_result.and(admin_result)
 }
 
 /// How often the store is probed when readiness follows it.

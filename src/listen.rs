@@ -4,12 +4,14 @@
 //! in the backlog, and can try another replica). The gRPC port listens on
 //! TCP or on a unix socket ([`UnixSocket`]).
 
+use std::future::Future as _;
 use std::io;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use futures_util::Stream;
 use metrics::Counter;
@@ -18,12 +20,14 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
-/// The cap on the open connections of one port. Clones share the count.
+/// The cap on the open connections of one port, and how long a new one may
+/// stay silent. Clones share the count.
 #[derive(Clone, Debug)]
 pub struct ConnectionLimit {
     permits: Arc<Semaphore>,
     port: &'static str,
     rejected: Option<Counter>,
+    silent_for: Option<Duration>,
 }
 
 impl ConnectionLimit {
@@ -33,7 +37,17 @@ impl ConnectionLimit {
             permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             port,
             rejected: None,
+            silent_for: None,
         }
+    }
+
+    /// Closes a connection that sends nothing within `timeout` of being
+    /// accepted (a TLS hello or the HTTP/2 preface comes first), so sockets
+    /// that never speak cannot hold the port's places.
+    #[must_use]
+    pub fn silent_for(mut self, timeout: Duration) -> Self {
+        self.silent_for = Some(timeout);
+        self
     }
 
     /// Counts each refused connection in `rejected`.
@@ -88,9 +102,14 @@ where
             match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
                 Some(Ok(io)) => {
                     if let Some(permit) = self.limit.admit() {
+                        let first_byte_by = self
+                            .limit
+                            .silent_for
+                            .map(|timeout| Box::pin(tokio::time::sleep(timeout)));
                         return Poll::Ready(Some(Ok(Admitted {
                             io,
                             _permit: permit,
+                            first_byte_by,
                         })));
                     }
                     // Dropping `io` closes it; go on accepting.
@@ -108,6 +127,8 @@ where
 pub struct Admitted<IO> {
     io: IO,
     _permit: OwnedSemaphorePermit,
+    /// Until the first byte arrives: when the connection is given up.
+    first_byte_by: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<IO: Connected> Connected for Admitted<IO> {
@@ -126,7 +147,25 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if self.first_byte_by.is_some() {
+            match &read {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => self.first_byte_by = None,
+                Poll::Pending => {
+                    if let Some(deadline) = &mut self.first_byte_by
+                        && deadline.as_mut().poll(cx).is_ready()
+                    {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "nothing received within transport.handshake_timeout",
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        read
     }
 }
 
@@ -194,6 +233,17 @@ impl GrpcListener {
     }
 }
 
+/// The longest path a unix socket address may have (`sun_path` is 108
+/// bytes on Linux, the last one a NUL).
+pub(crate) const MAX_UNIX_PATH_BYTES: usize = 107;
+
+/// The private folder a socket is bound in before it is moved into place:
+/// `.q` and six random characters, in the socket's own folder.
+const PRIVATE_FOLDER_PREFIX: &str = ".q";
+const PRIVATE_FOLDER_RANDOM: usize = 6;
+/// The socket's name inside that folder.
+const PRIVATE_SOCKET_NAME: &str = "s";
+
 /// A unix socket bound for the gRPC port, whose file is removed when the
 /// server stops listening (when this, or the stream of its connections, is
 /// dropped) unless another process has replaced it meanwhile.
@@ -203,26 +253,61 @@ pub struct UnixSocket {
     path: PathBuf,
     /// The socket file's device and inode, to recognise it at removal.
     file: (u64, u64),
+    /// `<path>.lock`, locked while this socket serves: one quotad a path.
+    _lock: std::fs::File,
 }
 
 impl UnixSocket {
+    /// The longest path binding at `path` uses: the path itself, or the
+    /// temporary one in a private folder beside it.
+    pub(crate) fn longest_path_bytes(path: &Path) -> usize {
+        let folder = path.parent().map_or(0, |p| p.as_os_str().len().max(1));
+        let temporary = folder
+            + 1
+            + PRIVATE_FOLDER_PREFIX.len()
+            + PRIVATE_FOLDER_RANDOM
+            + 1
+            + PRIVATE_SOCKET_NAME.len();
+        path.as_os_str().len().max(temporary)
+    }
+
     /// Binds a unix socket at `path` whose file has `mode` (e.g. `0o660`).
     ///
-    /// A socket file already at `path` that no process listens on (left by
-    /// a process that died) is replaced; the new socket is bound under a
-    /// temporary name, given its mode and then renamed over it, so the path
-    /// never holds a socket with other permissions.
+    /// One quotad serves a path at a time: `<path>.lock` (left in place) is
+    /// locked for as long as the socket serves. A socket file already at
+    /// `path` that no process listens on (left by a process that died) is
+    /// replaced. The new socket is bound in a private folder (mode 0700)
+    /// beside `path`, given its mode there, and renamed into place: nobody
+    /// else can reach it, or swap it for a link, before it has its mode.
     ///
     /// # Errors
     ///
-    /// `AddrInUse` when a process listens at `path`; `AlreadyExists` when
-    /// `path` is not a socket (it is left alone); any error binding,
-    /// setting the mode or renaming, naming the path. Must be called within
-    /// a tokio runtime.
+    /// `AddrInUse` when a process serves at `path`; `AlreadyExists` when
+    /// `path` is not a socket (it is left alone); any error locking,
+    /// binding, setting the mode or renaming, naming the path. Must be
+    /// called within a tokio runtime.
     pub fn bind(path: &Path, mode: u32) -> io::Result<UnixSocket> {
         let named = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
         };
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| named(e, "cannot open the lock file of"))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("another quotad serves on {}", path.display()),
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(named(e, "cannot lock")),
+        }
         match std::fs::symlink_metadata(path) {
             Ok(meta) if meta.file_type().is_socket() => {
                 match std::os::unix::net::UnixStream::connect(path) {
@@ -249,31 +334,26 @@ impl UnixSocket {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(named(e, "cannot inspect")),
         }
-        let file_name = path.file_name().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} names no file", path.display()),
-            )
-        })?;
-        let temporary = path.with_file_name(format!(
-            ".{}.{}.tmp",
-            file_name.to_string_lossy(),
-            std::process::id()
-        ));
-        // Left by this same process id before, if at all.
-        let _ = std::fs::remove_file(&temporary);
+        let folder = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let private = tempfile::Builder::new()
+            .prefix(PRIVATE_FOLDER_PREFIX)
+            .rand_bytes(PRIVATE_FOLDER_RANDOM)
+            .tempdir_in(folder)
+            .map_err(|e| named(e, "cannot make a private folder beside"))?;
+        let temporary = private.path().join(PRIVATE_SOCKET_NAME);
         let listener = UnixListener::bind(&temporary).map_err(|e| named(e, "cannot bind"))?;
-        let placed = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
-            .and_then(|()| std::fs::rename(&temporary, path));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&temporary);
-            return Err(named(e, "cannot place the socket at"));
-        }
+        std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+            .and_then(|()| std::fs::rename(&temporary, path))
+            .map_err(|e| named(e, "cannot place the socket at"))?;
         let meta = std::fs::symlink_metadata(path).map_err(|e| named(e, "cannot inspect"))?;
         Ok(UnixSocket {
             listener,
             path: path.to_owned(),
             file: (meta.dev(), meta.ino()),
+            _lock: lock,
         })
     }
 

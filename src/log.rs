@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use quotad_core::{Clock, SystemClock, Throttle};
+use quotad_core::{Clock, MonotonicClock, Throttle};
 
 use crate::backend::BackendError;
 
@@ -20,9 +20,10 @@ pub(crate) struct Throttled {
 }
 
 impl Default for Throttled {
-    /// Once per [`LOG_INTERVAL`] on the system clock.
+    /// Once per [`LOG_INTERVAL`] on a monotonic clock (a wall clock set
+    /// back would silence the log for as long).
     fn default() -> Self {
-        Throttled::new(LOG_INTERVAL, Arc::new(SystemClock))
+        Throttled::new(LOG_INTERVAL, Arc::new(MonotonicClock::new()))
     }
 }
 

@@ -139,6 +139,7 @@ fn config_error(file: Option<&Path>, error: &ConfigError) -> ExitCode {
 }
 
 fn serve_config(config: Config) -> anyhow::Result<()> {
+    raise_open_files_limit(config.transport().max_connections);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = config.server().worker_threads {
         runtime.worker_threads(threads);
@@ -153,6 +154,32 @@ fn serve_config(config: Config) -> anyhow::Result<()> {
         quotad::run(config, listeners, shutdown).await?;
         Ok(())
     })
+}
+
+/// Raises the soft limit on open files to the hard one: each connection is
+/// a file, and both ports may hold `max_connections` (the common soft limit
+/// of 1,024 is below the default 10,000). Warns when even the hard limit is
+/// too low, since accept then fails (EMFILE) before the cap is reached.
+fn raise_open_files_limit(max_connections: usize) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    if let Err(error) = setrlimit(Resource::Nofile, raised) {
+        tracing::warn!(%error, "cannot raise the open files limit");
+    }
+    let open_files = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    // Both ports' connections, and room for the store, logs and snapshots.
+    let needed = 2 * max_connections as u64 + 64;
+    if open_files < needed {
+        tracing::warn!(
+            open_files,
+            needed,
+            "the open files limit is below 2 x transport.max_connections: raise it (ulimit -n) or lower the cap"
+        );
+    }
 }
 
 /// Resolves on the first SIGTERM or SIGINT (Ctrl-C).

@@ -2,6 +2,7 @@
 //! server task that can be asked to drain.
 
 use std::future::Future;
+use std::time::Duration;
 
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +43,8 @@ impl Tasks {
 pub(crate) struct ServerTask {
     stop: CancellationToken,
     handle: JoinHandle<Result<(), Error>>,
+    /// Set once the task has ended, so it is never awaited twice.
+    finished: Option<Result<(), Error>>,
 }
 
 impl ServerTask {
@@ -54,22 +57,71 @@ impl ServerTask {
     {
         let stop = CancellationToken::new();
         let handle = tokio::spawn(serve(stop.clone()));
-        ServerTask { stop, handle }
+        ServerTask {
+            stop,
+            handle,
+            finished: None,
+        }
     }
 
-    /// Resolves when the server stops by itself (a failure).
-    pub(crate) async fn stopped(&mut self) -> Result<(), Error> {
-        flatten((&mut self.handle).await)
+    /// Resolves when the server stops by itself (a failure, which
+    /// [`ServerTask::stop`] then returns); at once if it has already.
+    pub(crate) async fn stopped(&mut self) {
+        if self.finished.is_none() {
+            self.finished = Some(flatten((&mut self.handle).await));
+        }
     }
 
-    /// Asks the server to stop accepting and to finish what is in flight;
-    /// resolves once it has.
-    pub(crate) async fn stop(self) -> Result<(), Error> {
+    /// Asks the server to stop accepting and to finish what is in flight,
+    /// for at most `drain`; past it, the server and its connections are
+    /// dropped (streams such as gRPC health's Watch never end by
+    /// themselves). Resolves once it has stopped.
+    pub(crate) async fn stop(mut self, drain: Duration, what: &'static str) -> Result<(), Error> {
+        if let Some(finished) = self.finished.take() {
+            return finished;
+        }
         self.stop.cancel();
-        flatten(self.handle.await)
+        match tokio::time::timeout(drain, &mut self.handle).await {
+            Ok(result) => flatten(result),
+            Err(_) => {
+                tracing::warn!(
+                    server = what,
+                    ?drain,
+                    "calls still in flight after transport.drain_timeout: closing their connections"
+                );
+                self.handle.abort();
+                Ok(())
+            }
+        }
     }
 }
 
 fn flatten(result: Result<Result<(), Error>, JoinError>) -> Result<(), Error> {
     result.map_err(Error::Task).and_then(|inner| inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_server_that_stopped_by_itself_is_stopped_without_being_awaited_twice() {
+        let mut failed =
+            ServerTask::spawn(|_stop| async { Err(Error::Tls("the server failed".to_owned())) });
+        failed.stopped().await;
+        let result = failed.stop(Duration::from_secs(1), "test").await;
+        assert!(matches!(result, Err(Error::Tls(_))), "{result:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_will_not_drain_is_dropped_after_the_drain_timeout() {
+        let stubborn = ServerTask::spawn(|_stop| async {
+            std::future::pending::<()>().await;
+            Ok(())
+        });
+        let started = tokio::time::Instant::now();
+        let result = stubborn.stop(Duration::from_secs(3), "test").await;
+        assert!(result.is_ok());
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+    }
 }

@@ -501,7 +501,16 @@ impl std::str::FromStr for ListenAddr {
                     "{text:?}: a unix address needs a path, e.g. unix:///run/quotad/grpc.sock"
                 ));
             }
-            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+            let path = PathBuf::from(path);
+            let longest = crate::listen::UnixSocket::longest_path_bytes(&path);
+            if longest > crate::listen::MAX_UNIX_PATH_BYTES {
+                return Err(format!(
+                    "{text:?}: a unix socket path (and the temporary name it is bound under first, \
+                     {longest} bytes) must be at most {} bytes",
+                    crate::listen::MAX_UNIX_PATH_BYTES
+                ));
+            }
+            return Ok(ListenAddr::Unix(path));
         }
         text.parse().map(ListenAddr::Tcp).map_err(|e| {
             format!(

@@ -218,6 +218,28 @@ section! {
         /// headers; past it the connection is closed
         #[serde(deserialize_with = "human_duration")]
         admin_header_timeout: Duration = Str("5s"), Restart;
+        /// Longest time a new connection may stay silent before its first
+        /// byte (a TLS hello or the HTTP/2 preface); past it it is closed
+        ///
+        /// A connection holds one of `max_connections` from the moment it is
+        /// accepted: without this, sockets that never speak could hold them all.
+        #[serde(deserialize_with = "human_duration")]
+        handshake_timeout: Duration = Str("5s"), Restart;
+        /// Age after which a gRPC connection is asked to go away (clients
+        /// reconnect); 0s never
+        ///
+        /// Bounds how long any one client can hold a connection, and spreads
+        /// clients over replicas that joined later.
+        #[serde(deserialize_with = "human_duration")]
+        max_connection_age: Duration = Str("30m"), Restart;
+        /// Longest time a shutdown waits for calls in flight (and the admin
+        /// port's requests) to finish; past it the connections are closed
+        ///
+        /// Streams such as gRPC health's Watch never finish by themselves;
+        /// termination grace periods must cover shutdown_delay + drain_timeout
+        /// + the snapshot write.
+        #[serde(deserialize_with = "human_duration")]
+        drain_timeout: Duration = Str("10s"), Restart;
     }
 }
 

@@ -9,6 +9,10 @@ use super::policies::{Invalid, OnError};
 use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
 use crate::backend::redis::{RedisSettings, RedisTarget, redact};
 
+/// The largest `store.max_key_bytes`: the request size bound grows 1,000
+/// times with it (a full batch of the longest keys).
+pub(crate) const MAX_KEY_BYTES: usize = 64 * 1024;
+
 /// `[store]`: the backend with its own settings, and what every backend
 /// shares.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,10 +78,10 @@ impl StoreSettings {
         section: StoreSection,
         base_dir: Option<&std::path::Path>,
     ) -> Result<Self, Invalid> {
-        if section.max_key_bytes == 0 {
+        if !(1..=MAX_KEY_BYTES).contains(&section.max_key_bytes) {
             return Err(invalid(
                 &["store", "max_key_bytes"],
-                "max_key_bytes must be at least 1",
+                format!("max_key_bytes must be from 1 to {MAX_KEY_BYTES}"),
             ));
         }
         let backend = match section.backend {

@@ -192,7 +192,7 @@ fn validates_store_settings() {
     );
     assert_eq!(
         error("[store]\nmax_key_bytes = 0\n"),
-        "store.max_key_bytes: max_key_bytes must be at least 1 (line 2)"
+        "store.max_key_bytes: max_key_bytes must be from 1 to 65536 (line 2)"
     );
     assert_eq!(
         error("[store]\nsweep_interval = \"0s\"\n"),

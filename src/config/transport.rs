@@ -29,6 +29,15 @@ pub struct TransportSettings {
     /// `transport.admin_header_timeout`: the longest an admin HTTP client
     /// may take to send a request's headers.
     pub admin_header_timeout: Duration,
+    /// `transport.handshake_timeout`: the longest a new connection may stay
+    /// silent before its first byte.
+    pub handshake_timeout: Duration,
+    /// `transport.max_connection_age`: when a gRPC connection is asked to
+    /// go away; `None` never.
+    pub max_connection_age: Option<Duration>,
+    /// `transport.drain_timeout`: the longest a shutdown waits for calls
+    /// in flight.
+    pub drain_timeout: Duration,
 }
 
 impl Default for TransportSettings {
@@ -72,6 +81,8 @@ impl TransportSettings {
         for (field, value) in [
             ("request_timeout", section.request_timeout),
             ("admin_header_timeout", section.admin_header_timeout),
+            ("handshake_timeout", section.handshake_timeout),
+            ("drain_timeout", section.drain_timeout),
         ] {
             if value.is_zero() {
                 return Err(invalid(field, format!("{field} must be longer than zero")));
@@ -96,6 +107,10 @@ impl TransportSettings {
             request_timeout: section.request_timeout,
             max_message_bytes,
             admin_header_timeout: section.admin_header_timeout,
+            handshake_timeout: section.handshake_timeout,
+            max_connection_age: (!section.max_connection_age.is_zero())
+                .then_some(section.max_connection_age),
+            drain_timeout: section.drain_timeout,
         })
     }
 }

@@ -58,6 +58,11 @@ pub fn server(
         .http2_max_pending_accept_reset_streams(Some(transport.max_pending_reset_streams))
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
         .timeout(transport.request_timeout);
+    if let Some(age) = transport.max_connection_age {
+        builder = builder
+            .max_connection_age(age)
+            .max_connection_age_grace(transport.drain_timeout);
+    }
     if let Some(tls) = tls {
         let config = tls
             .server_config()
@@ -74,7 +79,8 @@ pub fn server(
 pub fn incoming(listener: TcpListener, transport: &TransportSettings) -> Incoming<TcpIncoming> {
     incoming_within(
         listener,
-        ConnectionLimit::new(transport.max_connections, "grpc"),
+        ConnectionLimit::new(transport.max_connections, "grpc")
+            .silent_for(transport.handshake_timeout),
     )
 }
 
@@ -114,6 +120,12 @@ fn varint_len(value: u64) -> usize {
     bits.div_ceil(7).max(1)
 }
 
+/// The largest request message health checking and reflection accept: a
+/// service or symbol name, never more than a few hundred bytes. Their
+/// streams are read outside `transport.request_timeout`, so tonic's 4 MiB
+/// default would let one connection hold hundreds of MiB.
+pub(crate) const CONTROL_MESSAGE_BYTES: usize = 64 * 1024;
+
 /// Reflection for quotad's API and gRPC health, v1 and v1alpha (older
 /// grpcurl and other tools still ask for v1alpha).
 pub(crate) fn reflection(routes: Routes) -> Result<Routes, Error> {
@@ -123,8 +135,16 @@ pub(crate) fn reflection(routes: Routes) -> Result<Routes, Error> {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     Ok(routes
-        .add_service(builder().build_v1()?)
-        .add_service(builder().build_v1alpha()?))
+        .add_service(
+            builder()
+                .build_v1()?
+                .max_decoding_message_size(CONTROL_MESSAGE_BYTES),
+        )
+        .add_service(
+            builder()
+                .build_v1alpha()?
+                .max_decoding_message_size(CONTROL_MESSAGE_BYTES),
+        ))
 }
 
 /// Serves `routes` (quotad's services), health and reflection on
@@ -140,6 +160,7 @@ pub(crate) fn spawn(
     routes: Routes,
 ) -> Result<ServerTask, Error> {
     let mut builder = server(transport, tls)?.layer(auth);
+    let health = health.max_decoding_message_size(CONTROL_MESSAGE_BYTES);
     let routes = reflection(routes.add_service(health))?;
     let router = builder.add_routes(routes);
     Ok(match listener {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{NOON_30, TestServer, check, eventually, named};
+use quotad::Config;
 use quotad_core::FakeClock;
 use tonic_health::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -118,4 +119,30 @@ async fn json_logs_are_one_object_a_line() {
         lines.iter().any(|l| l.contains("quotad serving")),
         "{lines:?}"
     );
+}
+
+#[tokio::test]
+async fn a_stream_that_never_ends_cannot_hold_a_shutdown_past_the_drain_timeout() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let snapshot = dir.path().join("quotad.snapshot");
+    let config = Config::from_toml(&format!(
+        "[transport]\ndrain_timeout = \"300ms\"\n[store.snapshot]\npath = {snapshot:?}\n"
+    ))
+    .expect("valid config");
+    let mut server = TestServer::start(config).await;
+    let mut health = HealthClient::new(server.channel().await);
+    // Client-side health checking keeps a Watch open for good.
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    assert!(watch.message().await.expect("a status").is_some());
+    std::fs::remove_file(&snapshot).expect("written at start");
+    server.trigger_shutdown();
+    // TestServer::join gives up after 10 s.
+    server.join().await.expect("stops cleanly");
+    assert!(snapshot.exists(), "the last snapshot was written");
 }

@@ -380,3 +380,45 @@ async fn refusing_a_bad_snapshot_exits_two_naming_the_file() {
         "{log:?}"
     );
 }
+
+#[tokio::test]
+async fn a_snapshot_folder_quotad_cannot_write_to_stops_it_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nowhere = dir.path().join("no-such-folder").join("quotad.snapshot");
+    let config = Config::from_toml(&config(&nowhere, ""))
+        .expect("valid")
+        .with_clock(Arc::new(FakeClock::new(NOON_30)));
+    let listeners = quotad::Listeners::loopback().await.expect("bind");
+    let error = quotad::run(config, listeners, std::future::pending())
+        .await
+        .expect_err("refuses to serve");
+    assert!(matches!(error, quotad::Error::SnapshotWrite(_)), "{error}");
+    assert!(error.to_string().contains("no-such-folder"), "{error}");
+}
+
+#[tokio::test]
+async fn a_bad_snapshot_is_kept_aside_and_a_crashs_leftovers_are_removed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("quotad.snapshot");
+    let clock = Arc::new(FakeClock::new(NOON_30));
+    a_written_snapshot(&path, &clock).await;
+    damage(&path, "corrupt");
+    let damaged = std::fs::read(&path).expect("read");
+    let leftover = dir.path().join(".quotad-snapshot-crashed");
+    std::fs::write(&leftover, b"half a snapshot").expect("write");
+
+    let server = start(&path, "", &clock).await;
+    // Serving: the start, with its load, is over.
+    let mut client = server.client().await;
+    let fresh = peek(&mut client, named("carol", "per_minute", None)).await;
+    assert_eq!(fresh.remaining, 5);
+    let aside = dir.path().join("quotad.snapshot.bad");
+    assert_eq!(
+        std::fs::read(&aside).expect("kept aside"),
+        damaged,
+        "the bad file is kept for an operator, not overwritten"
+    );
+    assert!(!leftover.exists(), "the crash's leftover is gone");
+    server.shutdown().await.expect("clean stop");
+    assert!(path.exists(), "a good snapshot in its place");
+}

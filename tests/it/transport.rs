@@ -180,3 +180,62 @@ async fn scrape(addr: SocketAddr) -> Option<crate::common::Metrics> {
     head.starts_with("HTTP/1.1 200")
         .then(|| crate::common::Metrics::parse(body))
 }
+
+#[tokio::test]
+async fn a_connection_that_never_speaks_is_closed_and_gives_its_place_back() {
+    let server = start(
+        "[transport]\nmax_connections = 1\nhandshake_timeout = \"300ms\"\nadmin_header_timeout = \"1m\"\n",
+    )
+    .await;
+    // A socket that says nothing holds the one place...
+    let mut silent = TcpStream::connect(server.grpc_addr).await.expect("connect");
+    // ...until the handshake timeout closes it.
+    assert!(
+        closed_by_server(&mut silent).await,
+        "closed for its silence"
+    );
+    let (_served, settings) = http2_settings(server.grpc_addr).await;
+    assert!(!settings.is_empty(), "the place came back");
+}
+
+#[tokio::test]
+async fn health_and_reflection_refuse_large_messages() {
+    use tokio_stream::StreamExt as _;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+
+    let server = start("").await;
+    // What the server makes of a reflection request for a symbol name of
+    // `len` bytes: `Some(answered)`, or `None` when the call failed.
+    let ask = |len: usize| {
+        let channel = server.channel();
+        async move {
+            let mut client = ServerReflectionClient::new(channel.await);
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::FileContainingSymbol("x".repeat(len))),
+            };
+            match client
+                .server_reflection_info(tokio_stream::iter([request]))
+                .await
+            {
+                Err(status) => Err(status.code()),
+                Ok(response) => match response.into_inner().next().await {
+                    Some(Ok(_)) => Ok(true),
+                    Some(Err(status)) => Err(status.code()),
+                    // The server read no request: the stream just ends.
+                    None => Ok(false),
+                },
+            }
+        }
+    };
+    // A name of a few KiB is read and answered: no such symbol...
+    assert_eq!(ask(4 * 1024).await, Err(tonic::Code::NotFound));
+    // ...one of 1 MiB is refused before it is read: never answered.
+    let refused = ask(1 << 20).await;
+    assert!(
+        matches!(refused, Ok(false) | Err(tonic::Code::ResourceExhausted)),
+        "{refused:?}"
+    );
+}

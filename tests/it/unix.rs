@@ -111,3 +111,34 @@ async fn a_stale_socket_file_is_replaced_and_a_live_one_or_another_file_is_left_
     assert_eq!(error.kind(), std::io::ErrorKind::AlreadyExists, "{error}");
     assert_eq!(std::fs::read_to_string(&file).expect("read"), "keep me");
 }
+
+#[tokio::test]
+async fn a_socket_is_placed_only_once_it_has_its_mode_and_paths_too_long_are_a_config_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("grpc.sock");
+    let socket = UnixSocket::bind(&path, 0o600).expect("bound");
+    // Bound in a private folder that is gone once the socket is in place:
+    // nothing but the socket and its lock file beside it.
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["grpc.sock", "grpc.sock.lock"]);
+    // Two quotads cannot both take the path, even when the socket file is
+    // removed behind the first one's back.
+    std::fs::remove_file(&path).expect("remove");
+    let error = UnixSocket::bind(&path, 0o600).expect_err("the first still holds it");
+    assert_eq!(error.kind(), std::io::ErrorKind::AddrInUse, "{error}");
+    drop(socket);
+
+    let long = format!("unix://{}/{}.sock", dir.path().display(), "s".repeat(100));
+    let text = format!("[server]\ngrpc_addr = {long:?}\n");
+    let message = quotad::Config::from_toml(&text)
+        .expect_err("too long for a unix socket")
+        .to_string();
+    assert!(
+        message.starts_with("server.grpc_addr: ") && message.contains("at most 107 bytes"),
+        "{message}"
+    );
+}

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{Clock, Throttle};
+use quotad_core::{Clock, MonotonicClock, Throttle};
 use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::Status;
 use tonic::transport::Channel;
 
-use crate::client::{Client, MonotonicClock, OUTAGE_LOG_INTERVAL, Shared, source_chain};
+use crate::client::{Client, OUTAGE_LOG_INTERVAL, Shared, source_chain};
 use crate::coalesce::{Coalescer, Coalescing, deadline_exceeded};
 use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
 use crate::request::{DEFAULT_DEADLINE, Error, FailurePolicy};

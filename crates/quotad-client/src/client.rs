@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, Clock, Decision, Reason, SystemClock, Throttle};
+use quotad_core::{BatchMode, Clock, Decision, Reason, Throttle};
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::quota_client::QuotaClient;
 use tokio::time::Instant;
@@ -97,29 +97,6 @@ where
     match tokio::time::timeout_at(deadline, f(request)).await {
         Ok(answer) => answer.map(tonic::Response::into_inner),
         Err(_) => Err(deadline_exceeded()),
-    }
-}
-
-/// Milliseconds that only move forward, starting from the wall clock.
-#[derive(Debug)]
-pub(crate) struct MonotonicClock {
-    origin: std::time::Instant,
-    origin_ms: u64,
-}
-
-impl MonotonicClock {
-    pub(crate) fn new() -> Self {
-        Self {
-            origin: std::time::Instant::now(),
-            origin_ms: SystemClock.now_ms(),
-        }
-    }
-}
-
-impl Clock for MonotonicClock {
-    fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.origin_ms.saturating_add(elapsed)
     }
 }
 

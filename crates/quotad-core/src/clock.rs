@@ -28,6 +28,40 @@ impl Clock for SystemClock {
     }
 }
 
+/// A clock that never steps back: the wall-clock time when it was made,
+/// plus the time a monotonic clock has measured since. For what must not
+/// stretch or stop when the system clock is set (timers, log throttles,
+/// a client's cached denials); decisions use the wall clock, since windows
+/// are aligned to it.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    origin: std::time::Instant,
+    origin_ms: u64,
+}
+
+impl MonotonicClock {
+    /// A clock that reads the wall-clock time now and moves on monotonically.
+    pub fn new() -> Self {
+        Self {
+            origin: std::time::Instant::now(),
+            origin_ms: SystemClock.now_ms(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_ms.saturating_add(elapsed)
+    }
+}
+
 /// A clock that only moves when told to; for tests and simulations.
 #[derive(Debug, Default)]
 pub struct FakeClock {

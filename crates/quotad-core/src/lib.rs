@@ -47,7 +47,7 @@ pub mod store;
 pub mod throttle;
 
 pub use algorithm::{Log, State, decide, peek};
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Reason};
 pub use policy::{
     Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,

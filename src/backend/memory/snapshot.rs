@@ -39,6 +39,52 @@ pub struct LoadError {
     pub source: SnapshotError,
 }
 
+/// A snapshot that could not be written, naming the file.
+#[derive(Debug, thiserror::Error)]
+#[error("snapshot {} not written: {source}", path.display())]
+pub struct WriteError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Temporary snapshot files start with this, so the ones a crash leaves
+/// behind can be found and removed.
+const TEMPORARY_PREFIX: &str = ".quotad-snapshot-";
+
+/// The folder of the snapshot at `path`.
+fn folder_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Removes the temporary files a crash during a write left next to `path`.
+pub(crate) fn remove_leftovers(path: &Path) {
+    let Ok(entries) = std::fs::read_dir(folder_of(path)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(TEMPORARY_PREFIX)
+        {
+            let leftover = entry.path();
+            match std::fs::remove_file(&leftover) {
+                Ok(()) => {
+                    tracing::info!(path = %leftover.display(), "removed a snapshot a crash left half-written");
+                }
+                Err(error) => {
+                    tracing::warn!(path = %leftover.display(), %error, "cannot remove a half-written snapshot");
+                }
+            }
+        }
+    }
+}
+
 /// The snapshot header: the named policies in force, one a line, as
 /// `name algorithm limit window_ms burst`. Namespaces that are not named
 /// policies (inline, Envoy rules) carry their parameters in their name.
@@ -110,6 +156,16 @@ pub(crate) fn load(
         Ok(loaded) => loaded,
         Err(error) => return bad_file(settings, config, clock, metrics, error),
     };
+    let now = clock.now_ms();
+    if report.taken_at_ms > now {
+        tracing::warn!(
+            path = %path.display(),
+            ahead_ms = report.taken_at_ms - now,
+            "the snapshot was taken later than this clock says it is now (clock skew \
+             between hosts, or a clock stepped back): its keys wait for the clock to \
+             catch up before they refill"
+        );
+    }
     let mut removed = 0;
     let mut changed = 0;
     for (namespace, counts) in &report.namespaces {
@@ -159,10 +215,18 @@ fn bad_file(
         OnBadSnapshot::Refuse => Err(error),
         OnBadSnapshot::StartEmpty => {
             metrics.snapshot_load_failed();
+            // Kept aside, not overwritten by the next snapshot: the error
+            // may have been passing (a read error), or the file of a newer
+            // version that a downgrade cannot read.
+            let mut aside = settings.path.clone().into_os_string();
+            aside.push(".bad");
+            let kept = std::fs::rename(&settings.path, &aside);
             tracing::error!(
                 %error,
+                kept_as = %Path::new(&aside).display(),
+                kept = kept.is_ok(),
                 "SNAPSHOT NOT LOADED: starting with an empty store, every key starts fresh \
-                 (store.snapshot.on_bad_file = \"start_empty\"); the next snapshot replaces the file"
+                 (store.snapshot.on_bad_file = \"start_empty\")"
             );
             Ok(MemoryStore::new(config, clock))
         }
@@ -176,11 +240,10 @@ fn bad_file(
 ///
 /// The I/O error of the step that failed; `path` is then untouched.
 pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io::Result<Exported> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut temp = tempfile::NamedTempFile::new_in(folder)?;
+    let folder = folder_of(path);
+    let mut temp = tempfile::Builder::new()
+        .prefix(TEMPORARY_PREFIX)
+        .tempfile_in(folder)?;
     let exported = {
         let mut out = BufWriter::with_capacity(1 << 20, temp.as_file_mut());
         let exported = store.export(&mut out, header).map_err(|e| match e {
@@ -197,14 +260,17 @@ pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io:
 }
 
 /// Writes a snapshot now, off the async threads, with the policies in
-/// force in its header, recording it in the metrics; logs a failure (the
-/// old snapshot stays).
+/// force in its header, recording it in the metrics and the log.
+///
+/// # Errors
+///
+/// [`WriteError`] when it could not be written; the old snapshot stays.
 pub(crate) async fn write_now(
     store: &Arc<MemoryStore>,
     path: &Path,
     registry: &PolicyRegistry,
     metrics: &Metrics,
-) {
+) -> Result<(), WriteError> {
     let bytes = header(&registry.snapshot().policies());
     let (store, target) = (Arc::clone(store), path.to_owned());
     let started = Instant::now();
@@ -223,14 +289,23 @@ pub(crate) async fn write_now(
                 elapsed_ms = elapsed.as_millis(),
                 "snapshot written"
             );
+            Ok(())
         }
-        Ok(Err(error)) => {
+        Ok(Err(source)) => {
             metrics.snapshot_failed();
-            tracing::error!(path = %path.display(), %error, "snapshot not written; the previous one stays");
+            tracing::error!(path = %path.display(), error = %source, "snapshot not written; the previous one stays");
+            Err(WriteError {
+                path: path.to_owned(),
+                source,
+            })
         }
         Err(error) => {
             metrics.snapshot_failed();
             tracing::error!(path = %path.display(), %error, "snapshot task failed");
+            Err(WriteError {
+                path: path.to_owned(),
+                source: std::io::Error::other(error.to_string()),
+            })
         }
     }
 }
@@ -249,7 +324,10 @@ pub(crate) async fn periodic(
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            _ = ticks.tick() => write_now(&store, &path, &registry, &metrics).await,
+            _ = ticks.tick() => {
+                // A failure is logged and counted; the next tick tries again.
+                let _ = write_now(&store, &path, &registry, &metrics).await;
+            }
         }
     }
 }
