@@ -265,11 +265,13 @@ impl MemoryStore {
         // One probe: the entry found is written back in place.
         if let Some(i) = shard.find(hash, name, key) {
             let state = shard.take(i);
-            let (state, decision) = algorithm::decide(item.policy(), state, now, item.cost());
+            let (state, decision) =
+                algorithm::decide_spending(item.policy(), state, now, item.cost(), item.spend());
             shard.write(i, state, fresh_at(now, &decision));
             return decision;
         }
-        let (state, decision) = algorithm::decide(item.policy(), None, now, item.cost());
+        let (state, decision) =
+            algorithm::decide_spending(item.policy(), None, now, item.cost(), item.spend());
         if let Some(state) = state {
             if !self.make_room(&mut shard, &|_| 1, now, &|_| false) {
                 return capacity_denial(item.policy());
@@ -320,8 +322,13 @@ impl MemoryStore {
                 pending.len() - 1
             });
             let entry = &mut pending[p];
-            let (state, decision) =
-                algorithm::decide(item.policy(), entry.state.take(), now, item.cost());
+            let (state, decision) = algorithm::decide_spending(
+                item.policy(),
+                entry.state.take(),
+                now,
+                item.cost(),
+                item.spend(),
+            );
             entry.state = state;
             entry.fresh_at = fresh_at(now, &decision);
             decisions.push(decision);
