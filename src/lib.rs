@@ -74,6 +74,9 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::BuildError;
 use quotad_core::MemoryStore;
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitServiceServer, SERVICE_NAME as RLS_SERVICE,
+};
 use quotad_proto::v1::quota_server::{QuotaServer, SERVICE_NAME as QUOTA_SERVICE};
 use tokio::net::TcpListener;
 use tokio::task::JoinError;
@@ -83,7 +86,7 @@ use tonic::service::Routes;
 pub use config::{Config, ConfigError, OnError, Overrides, PolicySettings};
 
 use crate::admin::AdminState;
-use crate::api::{QuotaService, RequestLimits};
+use crate::api::{QuotaService, RequestLimits, RlsOptions, RlsService};
 use crate::backend::Backend;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
@@ -148,6 +151,9 @@ pub enum Error {
     /// The state store could not be reached at start (Redis).
     #[error("{0}")]
     Store(#[source] backend::BackendError),
+    /// The RLS rules could not be loaded at start.
+    #[error("RLS rules: {0}")]
+    Rls(#[from] policy::rls::RlsConfigError),
 }
 
 /// Installs ring as the process-wide rustls crypto provider, unless one is
@@ -211,7 +217,7 @@ async fn serve<B: Backend>(
     let upkeep = Arc::clone(&metrics);
     tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 
-    let (health, health_service) = Health::new(&[QUOTA_SERVICE]);
+    let (health, health_service) = Health::new(&[QUOTA_SERVICE, RLS_SERVICE]);
     let quota = QuotaService::new(
         Arc::clone(&backend),
         Arc::clone(&registry),
@@ -221,7 +227,13 @@ async fn serve<B: Backend>(
             on_error: config.store().on_error,
         },
     );
-    let routes = Routes::new(QuotaServer::new(quota));
+    let rls = RlsService::new(
+        Arc::clone(&backend),
+        policy::rls::start(config, &metrics, tasks)?,
+        Arc::clone(&metrics),
+        RlsOptions::new(config),
+    );
+    let routes = Routes::new(QuotaServer::new(quota)).add_service(RateLimitServiceServer::new(rls));
     let grpc_addr = display_addr(listeners.grpc.local_addr());
     let admin_addr = display_addr(listeners.admin.local_addr());
     let mut grpc = grpc::spawn(

@@ -19,6 +19,15 @@
 //! | `quotad_evictions_total` | counter | |
 //! | `quotad_reclaimed_keys_total` | counter | |
 //! | `quotad_policy_reloads_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_rls_reloads_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_rls_rules` | gauge | |
+//! | `quotad_rls_shadow_denials_total` | counter | `policy` (the rule's namespace) |
+//! | `quotad_rls_no_limit_total` | counter | `reason` |
+//!
+//! RLS decisions go to `quotad_decisions_total` too, labelled with the
+//! rule's state namespace (`rls:<domain>/<key>[=<value>]...`, from the
+//! rules files) or `rls:<domain>#<unit>` for limits sent by Envoy: never
+//! a request's values.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -40,6 +49,10 @@ const LIVE_KEYS: &str = "quotad_live_keys";
 const EVICTIONS: &str = "quotad_evictions_total";
 const RECLAIMED: &str = "quotad_reclaimed_keys_total";
 const RELOADS: &str = "quotad_policy_reloads_total";
+const RLS_RELOADS: &str = "quotad_rls_reloads_total";
+const RLS_RULES: &str = "quotad_rls_rules";
+const RLS_SHADOW: &str = "quotad_rls_shadow_denials_total";
+const RLS_NO_LIMIT: &str = "quotad_rls_no_limit_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -54,14 +67,16 @@ pub(crate) enum Method {
     CheckBatch,
     Peek,
     Reset,
+    ShouldRateLimit,
 }
 
 impl Method {
-    const ALL: [Method; 4] = [
+    const ALL: [Method; 5] = [
         Method::Check,
         Method::CheckBatch,
         Method::Peek,
         Method::Reset,
+        Method::ShouldRateLimit,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -70,6 +85,7 @@ impl Method {
             Method::CheckBatch => "check_batch",
             Method::Peek => "peek",
             Method::Reset => "reset",
+            Method::ShouldRateLimit => "should_rate_limit",
         }
     }
 
@@ -82,13 +98,48 @@ impl Method {
 #[derive(Debug)]
 pub(crate) struct Metrics {
     recorder: Arc<PrometheusRecorder>,
-    durations: [Histogram; 4],
+    durations: [Histogram; 5],
     live_keys: Gauge,
     evictions: Counter,
     reclaimed: Counter,
     reloads_ok: Counter,
     reloads_error: Counter,
     inline: [Arc<DecisionCounters>; 5],
+    rls_reloads_ok: Counter,
+    rls_reloads_error: Counter,
+    rls_rules: Gauge,
+    rls_no_limit: [Counter; 4],
+}
+
+/// Why an RLS descriptor had no limit to check, as a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoLimitReason {
+    /// No rules file names the request's domain.
+    UnknownDomain,
+    /// The domain has no rule for the descriptor.
+    NoMatch,
+    /// The rule matched is replaced by another rule of the request.
+    Replaced,
+    /// The rule is `unlimited: true`.
+    Unlimited,
+}
+
+impl NoLimitReason {
+    const ALL: [NoLimitReason; 4] = [
+        NoLimitReason::UnknownDomain,
+        NoLimitReason::NoMatch,
+        NoLimitReason::Replaced,
+        NoLimitReason::Unlimited,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            NoLimitReason::UnknownDomain => "unknown_domain",
+            NoLimitReason::NoMatch => "no_match",
+            NoLimitReason::Replaced => "replaced",
+            NoLimitReason::Unlimited => "unlimited",
+        }
+    }
 }
 
 impl Metrics {
@@ -128,6 +179,11 @@ impl Metrics {
             reloads_ok: counter(RELOADS, vec![Label::new("outcome", "ok")]),
             reloads_error: counter(RELOADS, vec![Label::new("outcome", "error")]),
             inline,
+            rls_reloads_ok: counter(RLS_RELOADS, vec![Label::new("outcome", "ok")]),
+            rls_reloads_error: counter(RLS_RELOADS, vec![Label::new("outcome", "error")]),
+            rls_rules: recorder.register_gauge(&Key::from_static_name(RLS_RULES), &metadata()),
+            rls_no_limit: NoLimitReason::ALL
+                .map(|r| counter(RLS_NO_LIMIT, vec![Label::new("reason", r.as_str())])),
             recorder,
         })
     }
@@ -185,6 +241,35 @@ impl Metrics {
         }
     }
 
+    /// The counters of one RLS rule (or of the limits Envoy sends for one
+    /// domain and unit), labelled with its state namespace.
+    pub(crate) fn rls_rule(&self, namespace: &str, algorithm: Algorithm) -> RlsRuleCounters {
+        RlsRuleCounters {
+            decisions: DecisionCounters::new(&self.recorder, namespace, algorithm),
+            shadow: OnceLock::new(),
+        }
+    }
+
+    /// Counts an RLS rules reload, and the rules in force after it.
+    pub(crate) fn rls_reload(&self, ok: bool, rules: usize) {
+        if ok {
+            self.rls_reloads_ok.increment(1);
+        } else {
+            self.rls_reloads_error.increment(1);
+        }
+        self.rls_rules.set(rules as f64);
+    }
+
+    /// Sets the number of RLS rules in force.
+    pub(crate) fn rls_rules(&self, rules: usize) {
+        self.rls_rules.set(rules as f64);
+    }
+
+    /// Counts an RLS descriptor that had no limit to check.
+    pub(crate) fn rls_no_limit(&self, reason: NoLimitReason) {
+        self.rls_no_limit[reason as usize].increment(1);
+    }
+
     /// Publishes the store's counts (read when `/metrics` is scraped).
     pub(crate) fn store_stats(&self, stats: BackendStats) {
         if let Some(live) = stats.live_keys {
@@ -238,6 +323,26 @@ impl DecisionCounters {
     }
 }
 
+/// One RLS rule's counters: its decisions, and the denials its shadow mode
+/// (or the server's) let through.
+#[derive(Debug)]
+pub(crate) struct RlsRuleCounters {
+    pub(crate) decisions: DecisionCounters,
+    shadow: OnceLock<Counter>,
+}
+
+impl RlsRuleCounters {
+    /// Counts one over-limit answer that shadow mode turned into OK.
+    pub(crate) fn shadow_denial(&self) {
+        self.shadow
+            .get_or_init(|| {
+                let labels = vec![Label::new("policy", self.decisions.policy.clone())];
+                register_counter(&self.decisions.recorder, RLS_SHADOW, labels)
+            })
+            .increment(1);
+    }
+}
+
 fn metadata() -> Metadata<'static> {
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()))
 }
@@ -276,6 +381,18 @@ fn describe(recorder: &PrometheusRecorder) {
             RELOADS,
             "Policy reloads, by outcome (an error keeps the previous policies).",
         ),
+        (
+            RLS_RELOADS,
+            "RLS rules reloads, by outcome (an error keeps the previous rules).",
+        ),
+        (
+            RLS_SHADOW,
+            "RLS descriptors over their limit that shadow mode answered OK, by rule.",
+        ),
+        (
+            RLS_NO_LIMIT,
+            "RLS descriptors with no limit to check, by reason (unknown_domain, no_match, replaced, unlimited).",
+        ),
     ];
     for (name, help) in counters {
         recorder.describe_counter(name.into(), None, help.into());
@@ -284,6 +401,11 @@ fn describe(recorder: &PrometheusRecorder) {
         LIVE_KEYS.into(),
         None,
         "Keys holding state in the store.".into(),
+    );
+    recorder.describe_gauge(
+        RLS_RULES.into(),
+        None,
+        "RLS rules in force (unlimited ones included).".into(),
     );
     recorder.describe_histogram(
         DURATION.into(),

@@ -72,41 +72,51 @@ impl<'a> Target<'a> {
         Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
     }
 
-    /// What a check answers when the backend failed: as the policy's
-    /// `on_error` says, a decision whose reason tells what happened, or the
-    /// error itself. Only an unavailable backend is subject to `on_error`;
-    /// `error` in an independent batch answers the item
-    /// [`Reason::Unavailable`], since the call as a whole cannot fail once
-    /// other items are consumed.
+    /// What a check answers when the backend failed ([`on_backend_error`]
+    /// with the policy's `on_error`).
     fn on_backend_error(
         &self,
         error: &BackendError,
         answer: Answer,
     ) -> Result<Decision, ServiceError> {
-        let reason = match (error, self.on_error) {
-            (BackendError::Unavailable(_), OnError::FailOpen) => Reason::FailOpen,
-            (BackendError::Unavailable(_), OnError::FailClosed) => Reason::FailClosed,
-            (BackendError::Unavailable(_), OnError::Error) if answer == Answer::PerItem => {
-                Reason::Unavailable
-            }
-            _ => return Err(error.clone().into()),
-        };
-        Ok(Decision {
-            allowed: reason == Reason::FailOpen,
-            limit: self.policy.capacity(),
-            remaining: 0,
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-            reason,
-        })
+        on_backend_error(error, self.on_error, &self.policy, answer)
     }
+}
+
+/// What a check under `policy` answers when the backend failed: as
+/// `on_error` says, a decision whose reason tells what happened, or the
+/// error itself. Only an unavailable backend is subject to `on_error`;
+/// `error` answered item by item gives the item [`Reason::Unavailable`],
+/// since the call as a whole cannot fail once other items are consumed.
+pub(super) fn on_backend_error(
+    error: &BackendError,
+    on_error: OnError,
+    policy: &Policy,
+    answer: Answer,
+) -> Result<Decision, ServiceError> {
+    let reason = match (error, on_error) {
+        (BackendError::Unavailable(_), OnError::FailOpen) => Reason::FailOpen,
+        (BackendError::Unavailable(_), OnError::FailClosed) => Reason::FailClosed,
+        (BackendError::Unavailable(_), OnError::Error) if answer == Answer::PerItem => {
+            Reason::Unavailable
+        }
+        _ => return Err(error.clone().into()),
+    };
+    Ok(Decision {
+        allowed: reason == Reason::FailOpen,
+        limit: policy.capacity(),
+        remaining: 0,
+        retry_after_ms: 0,
+        reset_after_ms: 0,
+        reason,
+    })
 }
 
 /// How a call answers a failed item: as the whole call's error (a lone
 /// check, or an all-or-nothing batch), or item by item (an independent
 /// batch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     Whole,
     PerItem,
 }

@@ -43,6 +43,7 @@ mod document;
 mod error;
 mod overrides;
 mod policies;
+mod rls;
 mod settings;
 mod store;
 mod tls;
@@ -59,13 +60,14 @@ use serde::{Deserialize, Deserializer};
 pub use error::{ConfigError, Origin};
 pub use overrides::Overrides;
 pub use policies::{OnError, PolicySettings};
+pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::LimitSettings;
 pub use store::{BackendSettings, MemorySettings, StoreSettings};
 pub use tls::TlsSettings;
 
 use document::Layers;
 use policies::{Invalid, RawPolicy};
-use settings::{Kind, Reload, ServerSection, StoreSection, TlsSection};
+use settings::{Kind, Reload, RlsSection, ServerSection, StoreSection, TlsSection};
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
 /// overrides) or [`Config::from_toml`]; every value in it is valid.
@@ -75,6 +77,7 @@ pub struct Config {
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
+    rls: RlsSettings,
     /// The merged table validated, to tell which settings a reload changed.
     effective: toml::Table,
     source: Option<Source>,
@@ -118,6 +121,7 @@ struct RawConfig {
     server: ServerSection,
     store: StoreSection,
     limits: LimitSettings,
+    rls: RlsSection,
     #[serde(default)]
     policies: BTreeMap<String, RawPolicy>,
 }
@@ -201,11 +205,22 @@ impl Config {
         }
         let store = StoreSettings::validate(raw.store).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
+        // A relative rules folder from the file is the file's neighbour; one
+        // from a flag or the environment is the working directory's.
+        let rls_base = match layers.origin_of(&["rls", "config_dir"]) {
+            Origin::File(_) => base_dir,
+            Origin::Override | Origin::Default => None,
+        };
+        let mut rls = RlsSettings::validate(raw.rls, rls_base).map_err(located)?;
+        if files == Files::Check {
+            rls.load_rules()?;
+        }
         Ok(Config {
             server,
             store,
             limits: raw.limits,
             policies,
+            rls,
             effective: layers.merged().clone(),
             source: path.map(|path| Source {
                 path: path.to_owned(),
@@ -237,6 +252,11 @@ impl Config {
     /// `[limits]`.
     pub fn limits(&self) -> &LimitSettings {
         &self.limits
+    }
+
+    /// `[rls]`: Envoy's rate limit service.
+    pub fn rls(&self) -> &RlsSettings {
+        &self.rls
     }
 
     /// `[policies.NAME]`, by name.

@@ -382,7 +382,7 @@ async fn health_reports_serving_and_reflection_lists_the_api_in_v1_and_v1alpha()
 /// v1alpha are the same messages in two generated modules.
 macro_rules! list_services {
     ($name:ident, $version:ident) => {
-        async fn $name(server: &TestServer) -> Vec<String> {
+        pub(crate) async fn $name(server: &TestServer) -> Vec<String> {
             use tonic_reflection::pb::$version::{
                 ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
                 server_reflection_request::MessageRequest,

@@ -19,5 +19,6 @@ mod http_layer;
 mod python_client;
 mod redis;
 mod reload;
+mod rls;
 mod shutdown;
 mod tls;

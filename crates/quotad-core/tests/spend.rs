@@ -44,7 +44,7 @@ proptest! {
             let (next, decision) = decide_spending(&policy, state, now, hits(n), Spend::Always);
             state = next;
             prop_assert_eq!(decision.allowed, counted <= limit, "at {} with {} hits", now, n);
-            let remaining = if counted <= limit { limit - counted } else { 0 };
+            let remaining = limit.saturating_sub(counted);
             prop_assert_eq!(decision.remaining, remaining);
         }
     }

@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use super::Unit;
 use super::rules::{Limit, RlsRules, Rule, policy_message};
-use super::state::{descriptor_key, override_namespace};
+use super::state::{descriptor_key, digest_key, override_namespace};
 
 /// A `ShouldRateLimit` request, borrowing the strings of the message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,6 +164,17 @@ impl<'r> Applied<'r> {
     /// The state key within the namespace.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Replaces a key longer than `max_bytes` by its SHA-256 digest
+    /// (`sha256:` and 64 hex digits), so that a long descriptor value (a
+    /// URL path) is counted, under a key of bounded size, instead of
+    /// refused. Distinct keys keep distinct digests (SHA-256 is collision
+    /// resistant), and a digest never equals a key kept as written.
+    pub fn bound_key(&mut self, max_bytes: usize) {
+        if self.key.len() > max_bytes {
+            self.key = digest_key(&self.key);
+        }
     }
 
     /// What the descriptor asks.

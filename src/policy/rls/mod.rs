@@ -89,6 +89,8 @@
 //! [`Policy`]: quotad_core::Policy
 
 mod matcher;
+mod registry;
+mod reload;
 mod rules;
 mod state;
 mod unit;
@@ -100,6 +102,8 @@ use std::path::{Path, PathBuf};
 pub use matcher::{
     Applied, Charge, Descriptor, Entry, LimitOverride, NoLimit, Request, RequestError, Resolution,
 };
+pub(crate) use registry::{RlsRegistry, RlsSet};
+pub(crate) use reload::start;
 pub use rules::{Limit, LoadOptions, RlsRules, Rule};
 pub use state::NAMESPACE_PREFIX;
 pub use unit::Unit;

@@ -60,10 +60,24 @@ pub(super) fn push_level(namespace: &mut String, key: &str, value: &str) {
 }
 
 /// `rls:<domain>#<unit>`: where request overrides of this unit count.
-pub(super) fn override_namespace(domain: &str, unit: Unit) -> String {
+pub(crate) fn override_namespace(domain: &str, unit: Unit) -> String {
     let mut out = domain_namespace(domain);
     out.push('#');
     out.push_str(unit.as_str());
+    out
+}
+
+/// What a long key is stored as: `sha256:` and the lowercase hex SHA-256 of
+/// the key, 71 bytes. A descriptor key always holds a `=`, which this has
+/// not, so a digest never meets a key kept as written.
+pub(super) fn digest_key(key: &str) -> String {
+    use ring::digest::{SHA256, digest};
+    let hash = digest(&SHA256, key.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for byte in hash.as_ref() {
+        let _ = write!(out, "{byte:02x}");
+    }
     out
 }
 
@@ -160,6 +174,16 @@ mod tests {
                 prop_assert_ne!(namespace(&a), override_namespace(&domain, unit));
             }
         }
+    }
+
+    #[test]
+    fn digests_are_sha256_and_never_a_descriptor_key() {
+        assert_eq!(
+            digest_key("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(digest_key(&"x".repeat(10_000)).len(), 71);
+        assert!(!digest_key("path=/a").contains('='));
     }
 
     #[test]
