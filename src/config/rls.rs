@@ -120,8 +120,10 @@ impl RlsSettings {
                 }),
             draft: styles.contains(&HeaderStyle::Draft),
         };
+        // `components` drops `.` segments, so errors name `rules/a.yaml`
+        // rather than `rules/./a.yaml`.
         let config_dir = section.config_dir.map(|dir| match base_dir {
-            Some(base) if dir.is_relative() => base.join(dir),
+            Some(base) if dir.is_relative() => base.join(dir).components().collect(),
             _ => dir,
         });
         Ok(RlsSettings {

@@ -20,5 +20,7 @@ mod python_client;
 mod redis;
 mod reload;
 mod rls;
+mod rls_redis;
+mod rls_reload;
 mod shutdown;
 mod tls;
