@@ -51,11 +51,23 @@ pub(crate) struct QuotaService<S> {
 
 /// `quotad_store_operations_total`, one handle per operation.
 #[derive(Debug)]
-struct StoreOps {
-    check: Counter,
-    check_batch: Counter,
-    peek: Counter,
-    reset: Counter,
+pub(super) struct StoreOps {
+    pub(super) check: Counter,
+    pub(super) check_batch: Counter,
+    pub(super) peek: Counter,
+    pub(super) reset: Counter,
+}
+
+impl StoreOps {
+    /// The counters of the backend `name`.
+    pub(super) fn new(metrics: &Metrics, name: &'static str) -> Self {
+        StoreOps {
+            check: metrics.store_operation(name, "check"),
+            check_batch: metrics.store_operation(name, "check_batch"),
+            peek: metrics.store_operation(name, "peek"),
+            reset: metrics.store_operation(name, "reset"),
+        }
+    }
 }
 
 /// A request's policy, resolved: the state namespace, the policy and the
@@ -170,12 +182,7 @@ impl<S: Backend> QuotaService<S> {
         limits: RequestLimits,
     ) -> Self {
         let name = backend.name();
-        let store_ops = StoreOps {
-            check: metrics.store_operation(name, "check"),
-            check_batch: metrics.store_operation(name, "check_batch"),
-            peek: metrics.store_operation(name, "peek"),
-            reset: metrics.store_operation(name, "reset"),
-        };
+        let store_ops = StoreOps::new(&metrics, name);
         QuotaService {
             backend,
             policies,

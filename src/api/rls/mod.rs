@@ -32,14 +32,13 @@ mod status;
 use std::sync::Arc;
 use std::time::Instant;
 
-use metrics::Counter;
 use quotad_core::{BatchMode, CheckItem, Clock, Decision, Reason, Spend};
 use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::envoy::service::ratelimit::v3 as pb;
 use tonic::{Request, Response, Status};
 
 use super::error::{ServiceError, to_status};
-use super::quota::{Answer, on_backend_error};
+use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
 use crate::backend::{Backend, BackendError, ItemResult};
 use crate::config::{BackendSettings, Config, CountMode, OnError, ResponseHeaders};
@@ -73,14 +72,6 @@ pub(crate) struct RlsService<S> {
     metrics: Arc<Metrics>,
     options: RlsOptions,
     store_ops: StoreOps,
-}
-
-/// `quotad_store_operations_total`, one handle per operation.
-#[derive(Debug)]
-struct StoreOps {
-    check: Counter,
-    check_batch: Counter,
-    peek: Counter,
 }
 
 /// Store items decided together, with the descriptor of each.
@@ -157,11 +148,7 @@ impl<S: Backend> RlsService<S> {
         options: RlsOptions,
     ) -> Self {
         let name = backend.name();
-        let store_ops = StoreOps {
-            check: metrics.store_operation(name, "check"),
-            check_batch: metrics.store_operation(name, "check_batch"),
-            peek: metrics.store_operation(name, "peek"),
-        };
+        let store_ops = StoreOps::new(&metrics, name);
         if options.count_mode == CountMode::Reference && !backend.spends_when_denied() {
             tracing::info!(
                 backend = name,
@@ -192,7 +179,28 @@ impl<S: Backend> RlsService<S> {
                 applied.bound_key(self.options.max_key_bytes);
             }
         }
-        let outcomes = self.check(&resolved).await?;
+        let spend = match self.options.count_mode {
+            CountMode::Reference => Spend::Always,
+            CountMode::AllOrNothing => Spend::WhenAdmitted,
+        };
+        // The common case, one descriptor with a limit: one store call and
+        // no lists to sort the answers back from.
+        if let [Resolution::Limited(applied)] = resolved.as_slice()
+            && let Some(item) = applied.check_item()
+        {
+            let outcome = Outcome::Decided(self.check_alone(applied, item, spend).await?);
+            let outcomes = std::slice::from_ref(&outcome);
+            return Ok(status::respond(
+                &resolved,
+                outcomes,
+                &set,
+                &self.options,
+                &self.metrics,
+            ));
+        }
+        // Boxed: its state is larger than the whole of the common case's,
+        // and would otherwise be part of every call's future.
+        let outcomes = Box::pin(self.check_many(&resolved, spend)).await?;
         Ok(status::respond(
             &resolved,
             &outcomes,
@@ -220,14 +228,44 @@ impl<S: Backend> RlsService<S> {
         }
     }
 
-    /// Asks the store about every limited descriptor: the group in one
-    /// all-or-nothing call, the others in one independent call, probes by
-    /// peeking.
-    async fn check(&self, resolved: &[Resolution<'_>]) -> Result<Vec<Outcome>, ServiceError> {
-        let spend = match self.options.count_mode {
-            CountMode::Reference => Spend::Always,
-            CountMode::AllOrNothing => Spend::WhenAdmitted,
+    /// The decision for the one limited descriptor of a request.
+    async fn check_alone(
+        &self,
+        applied: &Applied<'_>,
+        item: CheckItem<'_>,
+        spend: Spend,
+    ) -> Result<Decision, ServiceError> {
+        let result = match self.role(applied) {
+            Role::Probe => {
+                self.store_ops.peek.increment(1);
+                self.backend.peek(&item).await
+            }
+            Role::Group | Role::Alone => {
+                self.store_ops.check.increment(1);
+                let item = item.with_spend(spend);
+                let mut result = self.backend.check_one(&item).await;
+                if let Ok(decision) = &mut result
+                    && !self.backend.spends_when_denied()
+                {
+                    Box::pin(self.spend_rest(&item, decision)).await;
+                }
+                result
+            }
         };
+        result.or_else(|error| {
+            tracing::warn!(%error, "backend call failed; applying on_error");
+            on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
+        })
+    }
+
+    /// Asks the store about every limited descriptor of a request that is
+    /// not the common case: the group in one all-or-nothing call, the
+    /// others in one independent call, probes by peeking.
+    async fn check_many(
+        &self,
+        resolved: &[Resolution<'_>],
+        spend: Spend,
+    ) -> Result<Vec<Outcome>, ServiceError> {
         let mut outcomes = Vec::with_capacity(resolved.len());
         // Each list of store items, with the descriptor of each item.
         let (mut group, mut alone, mut probes) =
@@ -297,7 +335,7 @@ impl<S: Backend> RlsService<S> {
     }
 
     async fn independent(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
-        let results = match items {
+        let mut results = match items {
             [] => return Vec::new(),
             [item] => {
                 self.store_ops.check.increment(1);
@@ -308,41 +346,36 @@ impl<S: Backend> RlsService<S> {
                 self.backend.check(items, BatchMode::Independent).await
             }
         };
-        if self.backend.spends_when_denied() {
-            return results;
-        }
-        self.spend_after(items, results).await
-    }
-
-    /// For a backend that does not spend on denial: each item marked
-    /// [`Spend::Always`] that was denied with budget left spends it by a
-    /// second check of exactly that much. Never admits more than the
-    /// limit; another request may take the budget in between, and then the
-    /// second check is simply denied.
-    async fn spend_after(
-        &self,
-        items: &[CheckItem<'_>],
-        mut results: Vec<ItemResult>,
-    ) -> Vec<ItemResult> {
-        for (item, result) in items.iter().zip(&mut results) {
-            let Ok(decision) = result else { continue };
-            if item.spend() != Spend::Always || decision.allowed || decision.remaining == 0 {
-                continue;
-            }
-            let Ok(rest) =
-                CheckItem::new(item.name(), *item.policy(), item.key(), decision.remaining)
-            else {
-                continue;
-            };
-            self.store_ops.check.increment(1);
-            match self.backend.check_one(&rest).await {
-                Ok(_) => decision.remaining = 0,
-                Err(error) => {
-                    tracing::warn!(%error, "spending a denied hit failed; it stays uncounted");
+        if !self.backend.spends_when_denied() {
+            for (item, result) in items.iter().zip(&mut results) {
+                if let Ok(decision) = result {
+                    Box::pin(self.spend_rest(item, decision)).await;
                 }
             }
         }
         results
+    }
+
+    /// For a backend that does not spend on denial: an item marked
+    /// [`Spend::Always`] that was denied with budget left spends it by a
+    /// second check of exactly that much. Never admits more than the
+    /// limit; another request may take the budget in between, and then the
+    /// second check is simply denied.
+    async fn spend_rest(&self, item: &CheckItem<'_>, decision: &mut Decision) {
+        if item.spend() != Spend::Always || decision.allowed || decision.remaining == 0 {
+            return;
+        }
+        let Ok(rest) = CheckItem::new(item.name(), *item.policy(), item.key(), decision.remaining)
+        else {
+            return;
+        };
+        self.store_ops.check.increment(1);
+        match self.backend.check_one(&rest).await {
+            Ok(_) => decision.remaining = 0,
+            Err(error) => {
+                tracing::warn!(%error, "spending a denied hit failed; it stays uncounted");
+            }
+        }
     }
 
     /// The group of a request already over (a limit of 0 among its
@@ -378,10 +411,9 @@ fn convert(request: &pb::RateLimitRequest) -> Result<rules::Request<'_>, Service
             format!("must hold at most {MAX_BATCH_ITEMS} descriptors (got {count})"),
         ));
     }
-    let descriptors = request
-        .descriptors
-        .iter()
-        .map(|d| rules::Descriptor {
+    let mut descriptors = rules::Descriptors::with_capacity(count);
+    descriptors.extend(request.descriptors.iter().map(|d| {
+        rules::Descriptor {
             entries: d
                 .entries
                 .iter()
@@ -395,8 +427,8 @@ fn convert(request: &pb::RateLimitRequest) -> Result<rules::Request<'_>, Service
                 unit: l.unit,
             }),
             hits_addend: d.hits_addend,
-        })
-        .collect();
+        }
+    }));
     Ok(rules::Request {
         domain: &request.domain,
         descriptors,

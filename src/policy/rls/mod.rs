@@ -31,10 +31,10 @@
 //! let rules = RlsRules::from_sources([(Path::new("edge.yaml"), yaml)], LoadOptions::default())?;
 //! let request = Request {
 //!     domain: "edge",
-//!     descriptors: vec![Descriptor {
-//!         entries: vec![Entry { key: "remote_address", value: "10.0.0.1" }],
+//!     descriptors: [Descriptor {
+//!         entries: [Entry { key: "remote_address", value: "10.0.0.1" }].into_iter().collect(),
 //!         ..Descriptor::default()
-//!     }],
+//!     }].into(),
 //!     hits_addend: 0, // unset: one hit
 //! };
 //! let resolved = rules.resolve(&request)?;
@@ -100,7 +100,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use matcher::{
-    Applied, Charge, Descriptor, Entry, LimitOverride, NoLimit, Request, RequestError, Resolution,
+    Applied, Charge, Descriptor, Descriptors, Entries, Entry, LimitOverride, NoLimit, Request,
+    RequestError, Resolution, Resolutions,
 };
 pub(crate) use registry::{RlsRegistry, RlsSet};
 pub(crate) use reload::start;

@@ -13,11 +13,11 @@
 //! there silently leaves the descriptor without a limit), a second YAML
 //! document in a file, and limits quotad cannot count exactly.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use quotad_core::{Algorithm, MAX_EXACT, Policy, PolicyError};
 
 use super::state::{domain_namespace, push_level};
@@ -35,6 +35,9 @@ pub struct LoadOptions {
 }
 
 /// The RLS rules of every loaded file, by domain.
+///
+/// Its maps hash with foldhash, seeded per map: their keys come from the
+/// files, and a request's strings only look them up.
 #[derive(Debug, Default)]
 pub struct RlsRules {
     pub(super) domains: HashMap<String, Domain>,

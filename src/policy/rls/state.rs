@@ -24,7 +24,9 @@
 //! meets quotad.v1 state. No raw brace reaches the store, so a Redis Cluster
 //! hash tag is always the whole key.
 
-use std::fmt::Write as _;
+use std::fmt::Write;
+
+use compact_str::CompactString;
 
 use super::Unit;
 
@@ -32,13 +34,15 @@ use super::Unit;
 pub const NAMESPACE_PREFIX: &str = "rls:";
 
 /// Appends `text` with the reserved characters percent-encoded.
-pub(super) fn push_escaped(out: &mut String, text: &str) {
+pub(super) fn push_escaped(out: &mut impl Write, text: &str) {
+    // Writing to a string cannot fail.
     for c in text.chars() {
-        if matches!(c, '%' | '/' | '=' | '|' | '#' | '{' | '}' | ' ') || c.is_ascii_control() {
-            let _ = write!(out, "%{:02X}", u32::from(c));
-        } else {
-            out.push(c);
-        }
+        let _ =
+            if matches!(c, '%' | '/' | '=' | '|' | '#' | '{' | '}' | ' ') || c.is_ascii_control() {
+                write!(out, "%{:02X}", u32::from(c))
+            } else {
+                out.write_char(c)
+            };
     }
 }
 
@@ -82,8 +86,17 @@ pub(super) fn digest_key(key: &str) -> String {
 }
 
 /// The key of a descriptor: `<key>=<value>` per entry, joined by `|`.
-pub(super) fn descriptor_key<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut out = String::new();
+pub(super) fn descriptor_key<'a>(
+    entries: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
+) -> CompactString {
+    // Up to 24 bytes inline; longer, one allocation when nothing needs
+    // escaping.
+    let size = entries
+        .clone()
+        .into_iter()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum();
+    let mut out = CompactString::with_capacity(size);
     for (i, (key, value)) in entries.into_iter().enumerate() {
         if i > 0 {
             out.push('|');
