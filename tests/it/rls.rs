@@ -678,18 +678,10 @@ async fn two_hundred_concurrent_requests_on_a_limit_of_fifty_get_exactly_fifty_o
 
 #[tokio::test]
 async fn health_and_reflection_list_the_rate_limit_service() {
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let dir = rules_dir(&[("api.yaml", FIFTY_A_DAY)]);
     let (_clock, server) = start(&dir, "").await;
     let name = "envoy.service.ratelimit.v3.RateLimitService";
-    let status = HealthClient::new(server.channel().await)
-        .check(HealthCheckRequest {
-            service: name.to_owned(),
-        })
-        .await
-        .expect("health check")
-        .into_inner()
-        .status;
+    let status = crate::common::health_status(&server, name).await;
     assert_eq!(
         status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32

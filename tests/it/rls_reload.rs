@@ -1,7 +1,6 @@
 //! RLS rules from files: hot reload on change, an invalid version kept
 //! out, and `validate-config` naming the file, field and line.
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +10,7 @@ use quotad_core::FakeClock;
 
 use crate::common::process::run_within;
 use crate::common::{NOON_30, TestServer, eventually};
+use crate::reload::write_atomically;
 use crate::rls::{ask, descriptor, request, rls_client, rls_toml, rules_dir};
 
 const RELOAD_LIMIT: Duration = Duration::from_secs(10);
@@ -19,13 +19,6 @@ fn rule(limit: &str) -> String {
     format!(
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: {limit}\n"
     )
-}
-
-/// Replaces the file in one step, as a ConfigMap update does.
-fn write_atomically(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write temp rules");
-    std::fs::rename(&tmp, path).expect("rename rules into place");
 }
 
 #[tokio::test]
