@@ -343,6 +343,10 @@ impl MemoryStore {
                 let shard = order[g];
                 let members: Vec<&Pending<'_>> =
                     pending.iter().filter(|p| p.shard == shard).collect();
+                // Room for all of them as new keys: no lookup needed.
+                if members.len() <= self.per_shard.saturating_sub(guard.len()) {
+                    continue;
+                }
                 let needed = |s: &Shard| {
                     members
                         .iter()
