@@ -90,3 +90,64 @@ async fn a_cluster_decides_the_descriptors_of_a_request_one_by_one() {
     // a was counted although c was over (the documented consequence).
     assert_eq!(over.statuses[0].limit_remaining, 3);
 }
+
+/// What each of three servers on one Redis, with `store.on_error` set to
+/// `fail_open`, `fail_closed` and `error`, answers one request: its
+/// overall code, or the gRPC code of its failure.
+async fn answers(clients: &mut [RlsClient], key: &str) -> Vec<Result<i32, tonic::Code>> {
+    let mut out = Vec::new();
+    for (i, client) in clients.iter_mut().enumerate() {
+        // A key per server: they share one Redis.
+        let key = format!("{key}-{i}");
+        let req = request(
+            "app",
+            vec![descriptor(&[("a", &key)]), descriptor(&[("c", &key)])],
+        );
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            client.should_rate_limit(req),
+        )
+        .await
+        .expect("an answer within 5 s: quotad does not hang on a dead Redis");
+        out.push(
+            answer
+                .map(|r| r.into_inner().overall_code)
+                .map_err(|s| s.code()),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_answers_as_store_on_error_says() {
+    let mut redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", APP)]);
+    let target = format!("url = {:?}", redis.url());
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    for on_error in ["fail_open", "fail_closed", "error"] {
+        let toml = format!(
+            "{}\n[store]\nbackend = \"redis\"\non_error = \"{on_error}\"\n\n[store.redis]\n{target}\n",
+            rls_toml(&dir, "")
+        );
+        let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
+        clients.push(rls_client(&server).await);
+        servers.push(server);
+    }
+    let ok = Ok(Code::Ok as i32);
+    let key = format!("up-{}", std::process::id());
+    assert_eq!(answers(&mut clients, &key).await, [ok, ok, ok]);
+
+    redis.stop();
+    for run in 0..2 {
+        let key = format!("down-{run}-{}", std::process::id());
+        assert_eq!(
+            answers(&mut clients, &key).await,
+            [
+                ok,
+                Ok(Code::OverLimit as i32),
+                Err(tonic::Code::Unavailable)
+            ]
+        );
+    }
+}
