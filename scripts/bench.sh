@@ -19,15 +19,17 @@
 #      against noop-server for the floor;
 #   5. runs Envoy's ShouldRateLimit (loadgen --mode rls) with one and with
 #      three descriptors against both servers (quotad with RLS rules no run
-#      can exhaust), reading each server's CPU time (utime + stime from
-#      /proc/PID/stat) around each run: server CPU per call, quotad's above
-#      the floor's, is the RLS cost figure;
+#      can exhaust), RLS_REPEAT times, alternating noop and quotad so that
+#      both see the same background load, reading each server's CPU time
+#      (utime + stime from /proc/PID/stat) around each run: server CPU per
+#      call, quotad's above the floor's (median of the pairs), is the RLS
+#      cost figure;
 #   6. prints markdown tables with quotad / noop ratios and the targets.
 #      Only one server is under load at a time (the other idles), and
 #      loadgen shares the 2 cores with it.
 #
 # Bounded: every loadgen run has a --duration (WARMUP + DURATION seconds, 12 s
-# by default; 10 timed runs and one short correctness run) and runs under
+# by default; 6 + 4 x RLS_REPEAT timed runs and one short correctness run) and runs under
 # `timeout`; each server stops by itself (noop-server --max-seconds; quotad
 # under `timeout`) even if this script is killed with SIGKILL. An EXIT trap
 # stops the processes this script started, by PID and nothing else. A cold
@@ -44,6 +46,7 @@
 #                                 (two workers on the shared cores were
 #                                 measured slower and with a worse p99)
 #   CORRECTNESS_REQUESTS=5000
+#   RLS_REPEAT=3                  alternating noop/quotad ShouldRateLimit pairs
 #   SKIP_BUILD=1                  use the binaries already in target/release
 #   OUT=DIR                       keep every JSON report and server log in DIR
 #
@@ -62,6 +65,7 @@ KEYS=${KEYS:-uniform:100000}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 SERVER_THREADS=${SERVER_THREADS:-1}
 CORRECTNESS_REQUESTS=${CORRECTNESS_REQUESTS:-5000}
+RLS_REPEAT=${RLS_REPEAT:-3}
 BUDGET=1000
 
 command -v jq >/dev/null || { echo "bench.sh: jq is required" >&2; exit 1; }
@@ -125,14 +129,14 @@ wait_for_addr() {
 }
 
 for setting in DURATION WARMUP CONCURRENCY CONNECTIONS BATCH_SIZE BATCH_CONCURRENCY \
-  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS; do
+  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS RLS_REPEAT; do
   [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "bench.sh: $setting must be a whole number" >&2; exit 2; }
 done
 RUN_SECS=$((WARMUP + DURATION))
 # Hard bound per loadgen run: its own duration, one request timeout, slack.
 LOADGEN_LIMIT=$((RUN_SECS + 30))
 # Each server outlives every run this script could make, then stops by itself.
-SERVER_LIMIT=$((11 * LOADGEN_LIMIT + 60))
+SERVER_LIMIT=$(((7 + 4 * RLS_REPEAT) * LOADGEN_LIMIT + 60))
 CLK_TCK=$(getconf CLK_TCK)
 
 # loadgen NAME ADDR ARGS... : one run, JSON report in $WORK/NAME.json; its
@@ -238,8 +242,6 @@ NOOP_ADDR=$(wait_for_addr "$WORK/noop.out" "$NOOP_PID" 's/^listening ([0-9.:]+)$
 
 measured noop_unary "$NOOP_ADDR" "$NOOP_PID" --policy bench "${LOAD_UNARY[@]}"
 loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
-measured noop_rls1 "$NOOP_ADDR" "$NOOP_PID" "${LOAD_RLS[@]}" --descriptors 1
-measured noop_rls3 "$NOOP_ADDR" "$NOOP_PID" "${LOAD_RLS[@]}" --descriptors 3
 
 # --- quotad -----------------------------------------------------------------
 # `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
@@ -254,8 +256,12 @@ QUOTAD_SERVER_PID=$(awk '{print $1}' "/proc/$QUOTAD_PID/task/$QUOTAD_PID/childre
 
 measured quotad_unary "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" --policy bench "${LOAD_UNARY[@]}"
 loadgen quotad_batch "$QUOTAD_ADDR" --policy bench "${LOAD_BATCH[@]}"
-measured quotad_rls1 "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" "${LOAD_RLS[@]}" --descriptors 1
-measured quotad_rls3 "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" "${LOAD_RLS[@]}" --descriptors 3
+for i in $(seq "$RLS_REPEAT"); do
+  for d in 1 3; do
+    measured "noop_rls${d}_$i" "$NOOP_ADDR" "$NOOP_PID" "${LOAD_RLS[@]}" --descriptors "$d"
+    measured "quotad_rls${d}_$i" "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" "${LOAD_RLS[@]}" --descriptors "$d"
+  done
+done
 CORRECT=yes
 loadgen quotad_budget "$QUOTAD_ADDR" --policy budget --keys hot \
   --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" \
@@ -380,9 +386,25 @@ rls_row() {
 }
 above() { jq -n "($(cpu_per_call "$1") - $(cpu_per_call "$2")) * 100 | round / 100"; }
 ratio() { jq -n "$(field "$1" .requests_per_sec) / $(field "$2" .requests_per_sec) * 100 | round / 100"; }
-RLS1_ABOVE=$(above quotad_rls1 noop_rls1)
-RLS3_ABOVE=$(above quotad_rls3 noop_rls3)
+median() { printf '%s\n' "$@" | jq -s 'sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end | . * 100 | round / 100'; }
+# rls_pairs D : "median-above median-ratio" over the pairs of D descriptors
+rls_pairs() {
+  local d=$1 i aboves=() ratios=()
+  for i in $(seq "$RLS_REPEAT"); do
+    aboves+=("$(above "quotad_rls${d}_$i" "noop_rls${d}_$i")")
+    ratios+=("$(ratio "quotad_rls${d}_$i" "noop_rls${d}_$i")")
+  done
+  echo "$(median "${aboves[@]}") $(median "${ratios[@]}")"
+}
+read -r RLS1_ABOVE RLS1_RATIO < <(rls_pairs 1)
+read -r RLS3_ABOVE RLS3_RATIO < <(rls_pairs 3)
 UNARY_ABOVE=$(above quotad_unary noop_unary)
+RLS_ROWS=$(for i in $(seq "$RLS_REPEAT"); do
+  for d in 1 3; do
+    rls_row "ShouldRateLimit, $d descriptor(s), c=$CONCURRENCY, pair $i" noop "noop_rls${d}_$i"
+    rls_row "ShouldRateLimit, $d descriptor(s), c=$CONCURRENCY, pair $i" quotad "quotad_rls${d}_$i"
+  done
+done)
 cat <<EOF
 
 ## Envoy RLS: ShouldRateLimit next to the no-op floor
@@ -391,20 +413,18 @@ Same servers and settings as above; quotad serves one rule per descriptor key
 (fixed window, memory store), the no-op server answers every descriptor OK at
 once with a status of the same size. Server CPU is the server process's user
 + system time over the whole run (warmup included) divided by its requests.
+Runs alternate noop and quotad, $RLS_REPEAT pairs per descriptor count.
 
 | run | server | requests/s | p50 µs | p99 µs | server CPU µs/call | errors |
 |---|---|---:|---:|---:|---:|---:|
 $(rls_row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" noop noop_unary)
 $(rls_row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" quotad quotad_unary)
-$(rls_row "ShouldRateLimit, 1 descriptor, c=$CONCURRENCY" noop noop_rls1)
-$(rls_row "ShouldRateLimit, 1 descriptor, c=$CONCURRENCY" quotad quotad_rls1)
-$(rls_row "ShouldRateLimit, 3 descriptors, c=$CONCURRENCY" noop noop_rls3)
-$(rls_row "ShouldRateLimit, 3 descriptors, c=$CONCURRENCY" quotad quotad_rls3)
+$RLS_ROWS
 
 | target | measured | met? |
 |---|---:|---|
-| RLS, 1 descriptor: server CPU per call within 1 µs of the floor | +$RLS1_ABOVE µs (throughput quotad / noop = $(ratio quotad_rls1 noop_rls1) x) | $(met "$RLS1_ABOVE <= 1") |
-| RLS, 3 descriptors: server CPU per call within 1 µs of the floor | +$RLS3_ABOVE µs (throughput quotad / noop = $(ratio quotad_rls3 noop_rls3) x) | $(met "$RLS3_ABOVE <= 1") |
+| RLS, 1 descriptor: server CPU per call within 1 µs of the floor (median of $RLS_REPEAT pairs) | +$RLS1_ABOVE µs (throughput quotad / noop = $RLS1_RATIO x) | $(met "$RLS1_ABOVE <= 1") |
+| RLS, 3 descriptors: server CPU per call within 1 µs of the floor (median of $RLS_REPEAT pairs) | +$RLS3_ABOVE µs (throughput quotad / noop = $RLS3_RATIO x) | $(met "$RLS3_ABOVE <= 1") |
 | (for comparison) unary Check, server CPU above the floor | +$UNARY_ABOVE µs (throughput $UNARY_RATIO x) | — |
 EOF
 echo "$REDIS_ROWS"
