@@ -273,18 +273,8 @@ impl Shared {
                 {
                     Ok(response) => {
                         let statuses = response.into_inner().statuses;
-                        if statuses.len() == descriptors {
-                            let ok = statuses
-                                .iter()
-                                .filter(|s| s.code == Code::Ok as i32)
-                                .count();
-                            Outcome::Decided {
-                                allowed: u64::try_from(ok).unwrap_or(u64::MAX),
-                                denied: u64::try_from(descriptors - ok).unwrap_or(u64::MAX),
-                            }
-                        } else {
-                            Outcome::Malformed
-                        }
+                        let ok = statuses.iter().map(|s| s.code == Code::Ok as i32);
+                        tally(ok, descriptors)
                     }
                     Err(status) => Outcome::Failed(status.code()),
                 }
@@ -307,20 +297,25 @@ impl Shared {
                 match client.quota.check_batch(request).await {
                     Ok(response) => {
                         let decisions = response.into_inner().decisions;
-                        if decisions.len() == size {
-                            let allowed = decisions.iter().filter(|d| d.allowed).count();
-                            Outcome::Decided {
-                                allowed: u64::try_from(allowed).unwrap_or(u64::MAX),
-                                denied: u64::try_from(size - allowed).unwrap_or(u64::MAX),
-                            }
-                        } else {
-                            Outcome::Malformed
-                        }
+                        tally(decisions.iter().map(|d| d.allowed), size)
                     }
                     Err(status) => Outcome::Failed(status.code()),
                 }
             }
         }
+    }
+}
+
+/// The outcome of a response with one answer per item (`true`: allowed):
+/// malformed unless it holds exactly `expected` answers.
+fn tally(answers: impl ExactSizeIterator<Item = bool>, expected: usize) -> Outcome {
+    if answers.len() != expected {
+        return Outcome::Malformed;
+    }
+    let allowed = answers.filter(|a| *a).count();
+    Outcome::Decided {
+        allowed: u64::try_from(allowed).unwrap_or(u64::MAX),
+        denied: u64::try_from(expected - allowed).unwrap_or(u64::MAX),
     }
 }
 
