@@ -11,10 +11,12 @@
 //!   unlimited rule, or a limit ([`Applied`]) with its quotad [`Policy`],
 //!   the state namespace and key it counts under and the [`Charge`].
 //!
-//! The module is pure: no I/O but reading the files, no store, no clock.
-//! The gRPC edge converts Envoy's messages into a [`Request`] (borrowing
-//! their strings), sends the [`Applied`] items to the store and writes the
-//! statuses.
+//! Loading and matching are pure: no I/O but reading the files, no store,
+//! no clock. The gRPC edge converts Envoy's messages into a [`Request`]
+//! (borrowing their strings), sends the [`Applied`] items to the store and
+//! writes the statuses. Beside them, the server keeps the rules in force in
+//! a registry swapped whole on reload (the files polled and SIGHUP, as
+//! named policies), each rule with its metric counters.
 //!
 //! ```
 //! use std::path::Path;
