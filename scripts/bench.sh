@@ -17,12 +17,19 @@
 #      latency measured from each request's scheduled send time, so queueing
 #      is not hidden) against quotad, stops quotad, then runs the same rate
 #      against noop-server for the floor;
-#   5. prints a markdown table with quotad / noop ratios and the targets of
-#      issue 6. Only one server is under load at a time (the other idles),
-#      and loadgen shares the 2 cores with it.
+#   5. runs Envoy's ShouldRateLimit (loadgen --mode rls) with one and with
+#      three descriptors against both servers (quotad with RLS rules no run
+#      can exhaust), RLS_REPEAT times, alternating noop and quotad so that
+#      both see the same background load, reading each server's CPU time
+#      (utime + stime from /proc/PID/stat) around each run: server CPU per
+#      call, quotad's above the floor's (median of the pairs), is the RLS
+#      cost figure;
+#   6. prints markdown tables with quotad / noop ratios and the targets.
+#      Only one server is under load at a time (the other idles), and
+#      loadgen shares the 2 cores with it.
 #
 # Bounded: every loadgen run has a --duration (WARMUP + DURATION seconds, 12 s
-# by default; 6 timed runs and one short correctness run) and runs under
+# by default; 6 + 4 x RLS_REPEAT timed runs and one short correctness run) and runs under
 # `timeout`; each server stops by itself (noop-server --max-seconds; quotad
 # under `timeout`) even if this script is killed with SIGKILL. An EXIT trap
 # stops the processes this script started, by PID and nothing else. A cold
@@ -39,6 +46,7 @@
 #                                 (two workers on the shared cores were
 #                                 measured slower and with a worse p99)
 #   CORRECTNESS_REQUESTS=5000
+#   RLS_REPEAT=3                  alternating noop/quotad ShouldRateLimit pairs
 #   SKIP_BUILD=1                  use the binaries already in target/release
 #   OUT=DIR                       keep every JSON report and server log in DIR
 #   REDIS_CPU_ONLY=1              only the Redis CPU table (redis-benchmark, ~1 min)
@@ -60,6 +68,7 @@ KEYS=${KEYS:-uniform:100000}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 SERVER_THREADS=${SERVER_THREADS:-1}
 CORRECTNESS_REQUESTS=${CORRECTNESS_REQUESTS:-5000}
+RLS_REPEAT=${RLS_REPEAT:-3}
 BUDGET=1000
 
 command -v jq >/dev/null || { echo "bench.sh: jq is required" >&2; exit 1; }
@@ -123,14 +132,15 @@ wait_for_addr() {
 }
 
 for setting in DURATION WARMUP CONCURRENCY CONNECTIONS BATCH_SIZE BATCH_CONCURRENCY \
-  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS; do
+  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS RLS_REPEAT; do
   [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "bench.sh: $setting must be a whole number" >&2; exit 2; }
 done
 RUN_SECS=$((WARMUP + DURATION))
 # Hard bound per loadgen run: its own duration, one request timeout, slack.
 LOADGEN_LIMIT=$((RUN_SECS + 30))
 # Each server outlives every run this script could make, then stops by itself.
-SERVER_LIMIT=$((7 * LOADGEN_LIMIT + 60))
+SERVER_LIMIT=$(((7 + 4 * RLS_REPEAT) * LOADGEN_LIMIT + 60))
+CLK_TCK=$(getconf CLK_TCK)
 
 # loadgen NAME ADDR ARGS... : one run, JSON report in $WORK/NAME.json; its
 # exit status. Run in the background and waited for, so that SIGINT/SIGTERM
@@ -146,6 +156,30 @@ loadgen() {
   wait "$pid" || status=$?
   forget "$pid"
   return "$status"
+}
+
+# cpu_ticks PID : the process's user + system CPU time so far, in clock
+# ticks (fields 14 and 15 of /proc/PID/stat, counted after the command name,
+# which may hold spaces).
+cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
+
+# measured NAME ADDR PID ARGS... : a loadgen run (as `loadgen`) with the CPU
+# time server PID spent during it written to $WORK/NAME.cpu, in ticks.
+measured() {
+  local name=$1 addr=$2 pid=$3 before status=0
+  shift 3
+  before=$(cpu_ticks "$pid")
+  loadgen "$name" "$addr" "$@" || status=$?
+  echo $(( $(cpu_ticks "$pid") - before )) >"$WORK/$name.cpu"
+  return "$status"
+}
+
+# cpu_per_call NAME : server CPU µs per request of run NAME (its warmup
+# requests included, as its CPU time is).
+cpu_per_call() {
+  jq -rn --argjson ticks "$(cat "$WORK/$1.cpu")" --argjson hz "$CLK_TCK" \
+    --slurpfile r "$WORK/$1.json" \
+    '($ticks * 1000000 / $hz) / ($r[0].requests + $r[0].warmup_requests) * 100 | round / 100'
 }
 
 # field NAME JQ_EXPR : a value from a report.
@@ -263,10 +297,27 @@ if [[ -z ${SKIP_BUILD:-} ]]; then
   cargo build --release --quiet -p quotad-bench --bins
 fi
 
+mkdir -p "$WORK/rls"
+cat >"$WORK/rls/bench.yaml" <<EOF
+# Written by scripts/bench.sh: limits no run can exhaust, one per
+# descriptor key loadgen --mode rls sends (d0, d1, d2).
+domain: bench
+descriptors:
+  - key: d0
+    rate_limit: {unit: second, requests_per_unit: 4294967295}
+  - key: d1
+    rate_limit: {unit: second, requests_per_unit: 4294967295}
+  - key: d2
+    rate_limit: {unit: second, requests_per_unit: 4294967295}
+EOF
+
 cat >"$WORK/quotad.toml" <<EOF
 # Written by scripts/bench.sh.
 [server]
 config_poll_interval = "0s"
+
+[rls]
+config_dir = "rls"
 
 # Throughput: a fixed window whose limit no run reaches (10^12 per second).
 [policies.bench]
@@ -284,6 +335,8 @@ EOF
 
 LOAD_UNARY=(--mode unary --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
   --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
+LOAD_RLS=(--mode rls --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
+  --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
 LOAD_BATCH=(--mode batch --batch-size "$BATCH_SIZE" --concurrency "$BATCH_CONCURRENCY"
   --connections "$CONNECTIONS" --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
 
@@ -296,7 +349,7 @@ NOOP_PID=$!
 STARTED+=("$NOOP_PID")
 NOOP_ADDR=$(wait_for_addr "$WORK/noop.out" "$NOOP_PID" 's/^listening ([0-9.:]+)$/\1/p')
 
-loadgen noop_unary "$NOOP_ADDR" --policy bench "${LOAD_UNARY[@]}"
+measured noop_unary "$NOOP_ADDR" "$NOOP_PID" --policy bench "${LOAD_UNARY[@]}"
 loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
 
 # --- quotad -----------------------------------------------------------------
@@ -307,9 +360,17 @@ NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" target/rele
 QUOTAD_PID=$!
 STARTED+=("$QUOTAD_PID")
 QUOTAD_ADDR=$(wait_for_addr "$WORK/quotad.err" "$QUOTAD_PID" 's/.*grpc_addr=([0-9.:]+).*/\1/p')
+# The server itself, not the `timeout` in front of it.
+QUOTAD_SERVER_PID=$(awk '{print $1}' "/proc/$QUOTAD_PID/task/$QUOTAD_PID/children")
 
-loadgen quotad_unary "$QUOTAD_ADDR" --policy bench "${LOAD_UNARY[@]}"
+measured quotad_unary "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" --policy bench "${LOAD_UNARY[@]}"
 loadgen quotad_batch "$QUOTAD_ADDR" --policy bench "${LOAD_BATCH[@]}"
+for i in $(seq "$RLS_REPEAT"); do
+  for d in 1 3; do
+    measured "noop_rls${d}_$i" "$NOOP_ADDR" "$NOOP_PID" "${LOAD_RLS[@]}" --descriptors "$d"
+    measured "quotad_rls${d}_$i" "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" "${LOAD_RLS[@]}" --descriptors "$d"
+  done
+done
 CORRECT=yes
 loadgen quotad_budget "$QUOTAD_ADDR" --policy budget --keys hot \
   --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" \
@@ -418,6 +479,55 @@ loadgen's own CPU) was at p99 $(fmt0 noop_half .send_lag.p99_us) µs against noo
 | CheckBatch($BATCH_SIZE) >= 1,000,000 decisions/s | $BATCH_DPS (quotad / noop = $BATCH_RATIO x) | $(met "$BATCH_DPS >= 1000000") |
 | p99 at half of peak <= 1 ms | $HALF_P99 µs | $(met "$HALF_P99 <= 1000") |
 | hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks at c=$CONCURRENCY: allowed = $BUDGET | $(field quotad_budget .allowed) allowed, $(field quotad_budget .denied) denied, $(field quotad_budget .errors) errors | $CORRECT |
+EOF
+# rls_row LABEL SERVER REPORT
+rls_row() {
+  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" \
+    "$(fmt0 "$3" .requests_per_sec)" "$(fmt0 "$3" .latency.p50_us)" \
+    "$(fmt0 "$3" .latency.p99_us)" "$(cpu_per_call "$3")" "$(field "$3" '.errors')"
+}
+above() { jq -n "($(cpu_per_call "$1") - $(cpu_per_call "$2")) * 100 | round / 100"; }
+ratio() { jq -n "$(field "$1" .requests_per_sec) / $(field "$2" .requests_per_sec) * 100 | round / 100"; }
+median() { printf '%s\n' "$@" | jq -s 'sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end | . * 100 | round / 100'; }
+# rls_pairs D : "median-above median-ratio" over the pairs of D descriptors
+rls_pairs() {
+  local d=$1 i aboves=() ratios=()
+  for i in $(seq "$RLS_REPEAT"); do
+    aboves+=("$(above "quotad_rls${d}_$i" "noop_rls${d}_$i")")
+    ratios+=("$(ratio "quotad_rls${d}_$i" "noop_rls${d}_$i")")
+  done
+  echo "$(median "${aboves[@]}") $(median "${ratios[@]}")"
+}
+read -r RLS1_ABOVE RLS1_RATIO < <(rls_pairs 1)
+read -r RLS3_ABOVE RLS3_RATIO < <(rls_pairs 3)
+UNARY_ABOVE=$(above quotad_unary noop_unary)
+RLS_ROWS=$(for i in $(seq "$RLS_REPEAT"); do
+  for d in 1 3; do
+    rls_row "ShouldRateLimit, $d descriptor(s), c=$CONCURRENCY, pair $i" noop "noop_rls${d}_$i"
+    rls_row "ShouldRateLimit, $d descriptor(s), c=$CONCURRENCY, pair $i" quotad "quotad_rls${d}_$i"
+  done
+done)
+cat <<EOF
+
+## Envoy RLS: ShouldRateLimit next to the no-op floor
+
+Same servers and settings as above; quotad serves one rule per descriptor key
+(fixed window, memory store), the no-op server answers every descriptor OK at
+once with a status of the same size. Server CPU is the server process's user
++ system time over the whole run (warmup included) divided by its requests.
+Runs alternate noop and quotad, $RLS_REPEAT pairs per descriptor count.
+
+| run | server | requests/s | p50 µs | p99 µs | server CPU µs/call | errors |
+|---|---|---:|---:|---:|---:|---:|
+$(rls_row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" noop noop_unary)
+$(rls_row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" quotad quotad_unary)
+$RLS_ROWS
+
+| target | measured | met? |
+|---|---:|---|
+| RLS, 1 descriptor: server CPU per call within 1 µs of the floor (median of $RLS_REPEAT pairs) | +$RLS1_ABOVE µs (throughput quotad / noop = $RLS1_RATIO x) | $(met "$RLS1_ABOVE <= 1") |
+| RLS, 3 descriptors: server CPU per call within 1 µs of the floor (median of $RLS_REPEAT pairs) | +$RLS3_ABOVE µs (throughput quotad / noop = $RLS3_RATIO x) | $(met "$RLS3_ABOVE <= 1") |
+| (for comparison) unary Check, server CPU above the floor | +$UNARY_ABOVE µs (throughput $UNARY_RATIO x) | — |
 EOF
 echo "$REDIS_ROWS"
 if command -v redis-benchmark >/dev/null; then echo; redis_cpu_rows; fi

@@ -79,6 +79,9 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::BuildError;
 use quotad_core::MemoryStore;
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitServiceServer, SERVICE_NAME as RLS_SERVICE,
+};
 use quotad_proto::v1::quota_server::{QuotaServer, SERVICE_NAME as QUOTA_SERVICE};
 use tokio::net::TcpListener;
 use tokio::task::JoinError;
@@ -91,7 +94,7 @@ pub use config::{
 pub use listen::GrpcListener;
 
 use crate::admin::AdminState;
-use crate::api::{QuotaService, RequestLimits};
+use crate::api::{QuotaService, RequestLimits, RlsOptions, RlsService};
 use crate::backend::Backend;
 use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
@@ -185,6 +188,9 @@ pub enum Error {
     /// then does not serve), or the last one on shutdown.
     #[error("{0}")]
     SnapshotWrite(#[from] snapshot::WriteError),
+    /// The RLS rules could not be loaded at start.
+    #[error("RLS rules: {0}")]
+    Rls(#[from] policy::rls::RlsConfigError),
 }
 
 /// Installs ring as the process-wide rustls crypto provider, unless one is
@@ -298,7 +304,7 @@ async fn serve<B: Backend>(
     let upkeep = Arc::clone(&metrics);
     tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 
-    let (health, health_service) = Health::new(&[QUOTA_SERVICE]);
+    let (health, health_service) = Health::new(&[QUOTA_SERVICE, RLS_SERVICE]);
     let probed = Arc::clone(&backend);
     let quota = QuotaService::new(
         Arc::clone(&backend),
@@ -309,9 +315,19 @@ async fn serve<B: Backend>(
             on_error: config.store().on_error,
         },
     );
+    let rls = RlsService::new(
+        Arc::clone(&backend),
+        policy::rls::start(config, &metrics, tasks)?,
+        Arc::clone(&metrics),
+        RlsOptions::new(config),
+    );
     let transport = config.transport();
     let routes =
-        Routes::new(QuotaServer::new(quota).max_decoding_message_size(transport.max_message_bytes));
+        Routes::new(QuotaServer::new(quota).max_decoding_message_size(transport.max_message_bytes))
+            .add_service(
+                RateLimitServiceServer::new(rls)
+                    .max_decoding_message_size(transport.max_message_bytes),
+            );
     let grpc_addr = listeners.grpc.describe();
     let admin_addr = display_addr(listeners.admin.local_addr());
     let limit = |port| {

@@ -41,10 +41,14 @@ struct Cli {
 enum Command {
     /// Serve the gRPC API and the admin HTTP port (the default).
     Serve(Box<ServeArgs>),
-    /// Check a config file (and the TLS files it names) without serving.
+    /// Check a config file (and the TLS and RLS rules files it names)
+    /// without serving.
     ValidateConfig {
         /// The TOML file to check.
         file: PathBuf,
+        /// RLS rules to check too, in place of the file's rls.config_dir.
+        #[arg(long, value_name = "DIR")]
+        rls_config: Option<PathBuf>,
     },
     /// Ask a running quotad for decisions (each one consumes budget).
     Check(cli::CheckArgs),
@@ -79,7 +83,9 @@ fn main() -> ExitCode {
         init_client_tracing();
     }
     match cli.command {
-        Some(Command::ValidateConfig { file }) => validate_config(&file),
+        Some(Command::ValidateConfig { file, rls_config }) => {
+            validate_config(&file, rls_config.as_deref())
+        }
         Some(Command::Serve(args)) => serve(*args),
         Some(Command::Check(args)) => cli::execute(|out| cli::check(args, out)),
         Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
@@ -91,14 +97,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn validate_config(file: &Path) -> ExitCode {
-    match Config::load(Some(file), &Overrides::default()) {
+fn validate_config(file: &Path, rls_config: Option<&Path>) -> ExitCode {
+    let overrides = match rls_config {
+        Some(dir) => Overrides::new().with("rls.config_dir", &dir.to_string_lossy()),
+        None => Overrides::new(),
+    };
+    match Config::load(Some(file), &overrides) {
         Ok(config) => {
             let mut out = std::io::stdout().lock();
+            let rls = match (config.rls().config_dir.as_deref(), config.rls().rules()) {
+                (Some(dir), Ok(rules)) => format!(
+                    ", {} RLS rules in {} domains from {}",
+                    rules.rule_count(),
+                    rules.domains().count(),
+                    dir.display()
+                ),
+                _ => String::new(),
+            };
             // A closed stdout is no reason to fail a valid config.
             let _ = writeln!(
                 out,
-                "{}: ok ({} named policies)",
+                "{}: ok ({} named policies{rls})",
                 file.display(),
                 config.policies().len()
             );

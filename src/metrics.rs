@@ -30,8 +30,17 @@
 //! | `quotad_redis_corrupt_state_total` | counter | |
 //! | `quotad_connections_rejected_total` | counter | `port` (`grpc`/`admin`) |
 //! | `quotad_auth_denied_total` | counter | `method` (the `[auth]` group: `check`, `peek`, `reset`, `should_rate_limit`) |
+//! | `quotad_rls_reloads_total` | counter | `outcome` (`ok`/`error`) |
+//! | `quotad_rls_rules` | gauge | |
+//! | `quotad_rls_shadow_denials_total` | counter | `policy` (the rule's namespace) |
+//! | `quotad_rls_no_limit_total` | counter | `reason` |
 //!
 //! The `quotad_redis_*` series stay at 0 with the memory backend.
+//!
+//! RLS decisions go to `quotad_decisions_total` too, labelled with the
+//! rule's state namespace (`rls:<domain>/<key>[=<value>]...`, from the
+//! rules files) or `rls:<domain>#<unit>` for limits sent by Envoy: never
+//! a request's values.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -66,6 +75,10 @@ const REDIS_LATE: &str = "quotad_redis_late_scripts_total";
 const REDIS_CORRUPT: &str = "quotad_redis_corrupt_state_total";
 const CONNECTIONS_REJECTED: &str = "quotad_connections_rejected_total";
 const AUTH_DENIED: &str = "quotad_auth_denied_total";
+const RLS_RELOADS: &str = "quotad_rls_reloads_total";
+const RLS_RULES: &str = "quotad_rls_rules";
+const RLS_SHADOW: &str = "quotad_rls_shadow_denials_total";
+const RLS_NO_LIMIT: &str = "quotad_rls_no_limit_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -80,14 +93,16 @@ pub(crate) enum Method {
     CheckBatch,
     Peek,
     Reset,
+    ShouldRateLimit,
 }
 
 impl Method {
-    const ALL: [Method; 4] = [
+    const ALL: [Method; 5] = [
         Method::Check,
         Method::CheckBatch,
         Method::Peek,
         Method::Reset,
+        Method::ShouldRateLimit,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -96,6 +111,7 @@ impl Method {
             Method::CheckBatch => "check_batch",
             Method::Peek => "peek",
             Method::Reset => "reset",
+            Method::ShouldRateLimit => "should_rate_limit",
         }
     }
 
@@ -108,7 +124,7 @@ impl Method {
 #[derive(Debug)]
 pub(crate) struct Metrics {
     recorder: Arc<PrometheusRecorder>,
-    durations: [Histogram; 4],
+    durations: [Histogram; 5],
     live_keys: Gauge,
     max_keys: Gauge,
     evictions: Counter,
@@ -117,6 +133,10 @@ pub(crate) struct Metrics {
     reloads_error: Counter,
     inline: [Arc<DecisionCounters>; 5],
     redis: RedisCounters,
+    rls_reloads_ok: Counter,
+    rls_reloads_error: Counter,
+    rls_rules: Gauge,
+    rls_no_limit: [Counter; 4],
 }
 
 /// The Redis backend's counters.
@@ -127,6 +147,37 @@ struct RedisCounters {
     late_refused: Counter,
     late_counted: Counter,
     corrupt: Counter,
+}
+
+/// Why an RLS descriptor had no limit to check, as a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoLimitReason {
+    /// No rules file names the request's domain.
+    UnknownDomain,
+    /// The domain has no rule for the descriptor.
+    NoMatch,
+    /// The rule matched is replaced by another rule of the request.
+    Replaced,
+    /// The rule is `unlimited: true`.
+    Unlimited,
+}
+
+impl NoLimitReason {
+    const ALL: [NoLimitReason; 4] = [
+        NoLimitReason::UnknownDomain,
+        NoLimitReason::NoMatch,
+        NoLimitReason::Replaced,
+        NoLimitReason::Unlimited,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            NoLimitReason::UnknownDomain => "unknown_domain",
+            NoLimitReason::NoMatch => "no_match",
+            NoLimitReason::Replaced => "replaced",
+            NoLimitReason::Unlimited => "unlimited",
+        }
+    }
 }
 
 impl Metrics {
@@ -189,6 +240,11 @@ impl Metrics {
                 late_counted: counter(REDIS_LATE, vec![Label::new("outcome", "counted")]),
                 corrupt: counter(REDIS_CORRUPT, vec![]),
             },
+            rls_reloads_ok: counter(RLS_RELOADS, vec![Label::new("outcome", "ok")]),
+            rls_reloads_error: counter(RLS_RELOADS, vec![Label::new("outcome", "error")]),
+            rls_rules: recorder.register_gauge(&Key::from_static_name(RLS_RULES), &metadata()),
+            rls_no_limit: NoLimitReason::ALL
+                .map(|r| counter(RLS_NO_LIMIT, vec![Label::new("reason", r.as_str())])),
             recorder,
         })
     }
@@ -303,6 +359,35 @@ impl Metrics {
         register_counter(&self.recorder, SNAPSHOT_LOAD_FAILURES, vec![]).increment(1);
     }
 
+    /// The counters of one RLS rule (or of the limits Envoy sends for one
+    /// domain and unit), labelled with its state namespace.
+    pub(crate) fn rls_rule(&self, namespace: &str, algorithm: Algorithm) -> RlsRuleCounters {
+        RlsRuleCounters {
+            decisions: DecisionCounters::new(&self.recorder, namespace, algorithm),
+            shadow: OnceLock::new(),
+        }
+    }
+
+    /// Counts an RLS rules reload, and the rules in force after it.
+    pub(crate) fn rls_reload(&self, ok: bool, rules: usize) {
+        if ok {
+            self.rls_reloads_ok.increment(1);
+        } else {
+            self.rls_reloads_error.increment(1);
+        }
+        self.rls_rules.set(rules as f64);
+    }
+
+    /// Sets the number of RLS rules in force.
+    pub(crate) fn rls_rules(&self, rules: usize) {
+        self.rls_rules.set(rules as f64);
+    }
+
+    /// Counts an RLS descriptor that had no limit to check.
+    pub(crate) fn rls_no_limit(&self, reason: NoLimitReason) {
+        self.rls_no_limit[reason as usize].increment(1);
+    }
+
     /// Publishes the store's counts (read when `/metrics` is scraped).
     pub(crate) fn store_stats(&self, stats: BackendStats) {
         if let Some(live) = stats.live_keys {
@@ -365,6 +450,26 @@ impl DecisionCounters {
             register_counter(&self.recorder, DECISIONS, labels)
         })
         .increment(1);
+    }
+}
+
+/// One RLS rule's counters: its decisions, and the denials its shadow mode
+/// (or the server's) let through.
+#[derive(Debug)]
+pub(crate) struct RlsRuleCounters {
+    pub(crate) decisions: DecisionCounters,
+    shadow: OnceLock<Counter>,
+}
+
+impl RlsRuleCounters {
+    /// Counts one over-limit answer that shadow mode turned into OK.
+    pub(crate) fn shadow_denial(&self) {
+        self.shadow
+            .get_or_init(|| {
+                let labels = vec![Label::new("policy", self.decisions.policy.clone())];
+                register_counter(&self.decisions.recorder, RLS_SHADOW, labels)
+            })
+            .increment(1);
     }
 }
 
@@ -438,6 +543,18 @@ fn describe(recorder: &PrometheusRecorder) {
             CONNECTIONS_REJECTED,
             "Connections closed as soon as accepted because the port held transport.max_connections, by port.",
         ),
+        (
+            RLS_RELOADS,
+            "RLS rules reloads, by outcome (an error keeps the previous rules).",
+        ),
+        (
+            RLS_SHADOW,
+            "RLS descriptors over their limit that shadow mode answered OK, by rule.",
+        ),
+        (
+            RLS_NO_LIMIT,
+            "RLS descriptors with no limit to check, by reason (unknown_domain, no_match, replaced, unlimited).",
+        ),
     ];
     for (name, help) in counters {
         recorder.describe_counter(name.into(), None, help.into());
@@ -472,6 +589,11 @@ fn describe(recorder: &PrometheusRecorder) {
         BUILD_INFO.into(),
         None,
         "Always 1; the version label says which quotad is running.".into(),
+    );
+    recorder.describe_gauge(
+        RLS_RULES.into(),
+        None,
+        "RLS rules in force (unlimited ones included).".into(),
     );
     recorder.describe_histogram(
         DURATION.into(),

@@ -51,11 +51,23 @@ pub(crate) struct QuotaService<S> {
 
 /// `quotad_store_operations_total`, one handle per operation.
 #[derive(Debug)]
-struct StoreOps {
-    check: Counter,
-    check_batch: Counter,
-    peek: Counter,
-    reset: Counter,
+pub(super) struct StoreOps {
+    pub(super) check: Counter,
+    pub(super) check_batch: Counter,
+    pub(super) peek: Counter,
+    pub(super) reset: Counter,
+}
+
+impl StoreOps {
+    /// The counters of the backend `name`.
+    pub(super) fn new(metrics: &Metrics, name: &'static str) -> Self {
+        StoreOps {
+            check: metrics.store_operation(name, "check"),
+            check_batch: metrics.store_operation(name, "check_batch"),
+            peek: metrics.store_operation(name, "peek"),
+            reset: metrics.store_operation(name, "reset"),
+        }
+    }
 }
 
 /// A request's policy, resolved: the state namespace, the policy and the
@@ -72,42 +84,53 @@ impl<'a> Target<'a> {
         Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
     }
 
-    /// What a check answers when the backend failed: as the policy's
-    /// `on_error` says, a decision whose reason tells what happened, or the
-    /// error itself. Only an unavailable backend is subject to `on_error`;
-    /// in an independent batch an error (`on_error = error`, or a fault of
-    /// the backend) answers the item [`Reason::Unavailable`], since the call
-    /// as a whole cannot fail once other items are consumed.
+    /// What a check answers when the backend failed ([`on_backend_error`]
+    /// with the policy's `on_error`).
     fn on_backend_error(
         &self,
         error: &BackendError,
         answer: Answer,
     ) -> Result<Decision, ServiceError> {
-        let reason = match (error, self.on_error, answer) {
-            (BackendError::Unavailable(_), OnError::FailOpen, _) => Reason::FailOpen,
-            (BackendError::Unavailable(_), OnError::FailClosed, _) => Reason::FailClosed,
-            // Never failed open or closed: a fault is not an outage. Alone,
-            // it is the call's error; in an independent batch, whose other
-            // items may be consumed, it is the item's.
-            (_, _, Answer::PerItem) => Reason::Unavailable,
-            (_, _, Answer::Whole) => return Err(error.clone().into()),
-        };
-        Ok(Decision {
-            allowed: reason == Reason::FailOpen,
-            limit: self.policy.capacity(),
-            remaining: 0,
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-            reason,
-        })
+        on_backend_error(error, self.on_error, &self.policy, answer)
     }
+}
+
+/// What a check under `policy` answers when the backend failed: as
+/// `on_error` says, a decision whose reason tells what happened, or the
+/// error itself. Only an unavailable backend is subject to `on_error`;
+/// answered item by item, an error (`on_error = error`, or a fault of the
+/// backend) gives the item [`Reason::Unavailable`], since the call as a
+/// whole cannot fail once other items are consumed.
+pub(super) fn on_backend_error(
+    error: &BackendError,
+    on_error: OnError,
+    policy: &Policy,
+    answer: Answer,
+) -> Result<Decision, ServiceError> {
+    let reason = match (error, on_error, answer) {
+        (BackendError::Unavailable(_), OnError::FailOpen, _) => Reason::FailOpen,
+        (BackendError::Unavailable(_), OnError::FailClosed, _) => Reason::FailClosed,
+        // Never failed open or closed: a fault is not an outage. Alone, it
+        // is the call's error; in an independent batch, whose other items
+        // may be consumed, it is the item's.
+        (_, _, Answer::PerItem) => Reason::Unavailable,
+        (_, _, Answer::Whole) => return Err(error.clone().into()),
+    };
+    Ok(Decision {
+        allowed: reason == Reason::FailOpen,
+        limit: policy.capacity(),
+        remaining: 0,
+        retry_after_ms: 0,
+        reset_after_ms: 0,
+        reason,
+    })
 }
 
 /// How a call answers a failed item: as the whole call's error (a lone
 /// check, or an all-or-nothing batch), or item by item (an independent
 /// batch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     Whole,
     PerItem,
 }
@@ -161,12 +184,7 @@ impl<S: Backend> QuotaService<S> {
         limits: RequestLimits,
     ) -> Self {
         let name = backend.name();
-        let store_ops = StoreOps {
-            check: metrics.store_operation(name, "check"),
-            check_batch: metrics.store_operation(name, "check_batch"),
-            peek: metrics.store_operation(name, "peek"),
-            reset: metrics.store_operation(name, "reset"),
-        };
+        let store_ops = StoreOps::new(&metrics, name);
         QuotaService {
             backend,
             policies,

@@ -120,4 +120,15 @@ pub trait Backend: Send + Sync + 'static {
     fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
         std::future::ready(Ok(()))
     }
+
+    /// Whether a denied item marked [`Spend::Always`](quotad_core::Spend)
+    /// spends what is left of its budget in the same atomic transition (in
+    /// `check_one` and independent `check`). A backend that answers `false`
+    /// treats every item as [`Spend::WhenAdmitted`](quotad_core::Spend);
+    /// callers that need the spending then spend by a second check of what
+    /// the denial reported left, which is safe (it never admits more than
+    /// the limit) but not atomic with the denial.
+    fn spends_when_denied(&self) -> bool {
+        false
+    }
 }

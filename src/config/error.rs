@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::policy::rls::RlsConfigError;
+
 /// A configuration that cannot be used. The message names the field.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -34,6 +36,10 @@ pub enum ConfigError {
         /// Where the value came from.
         origin: Origin,
     },
+    /// A file of `rls.config_dir` breaks the RLS rules format; the message
+    /// names the file, the field and the line.
+    #[error("{0}")]
+    Rls(#[from] RlsConfigError),
 }
 
 impl ConfigError {
@@ -41,6 +47,7 @@ impl ConfigError {
     pub fn field(&self) -> Option<&str> {
         match self {
             ConfigError::Invalid { field, .. } => Some(field),
+            ConfigError::Rls(error) if !error.field().is_empty() => Some(error.field()),
             _ => None,
         }
     }

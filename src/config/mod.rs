@@ -45,6 +45,7 @@ mod error;
 mod limits;
 mod overrides;
 mod policies;
+mod rls;
 mod settings;
 mod store;
 mod tls;
@@ -63,6 +64,7 @@ pub use auth::{AuthSettings, IdentityPattern};
 pub use error::{ConfigError, Origin};
 pub use overrides::Overrides;
 pub use policies::{OnError, PolicySettings};
+pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::{LimitSettings, LogFormat, OnBadSnapshot};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
 pub use tls::TlsSettings;
@@ -71,7 +73,7 @@ pub use transport::TransportSettings;
 use document::Layers;
 use policies::{Invalid, RawPolicy};
 use settings::{
-    AuthSection, Kind, LogSection, Reload, ServerSection, StoreSection, TlsSection,
+    AuthSection, Kind, LogSection, Reload, RlsSection, ServerSection, StoreSection, TlsSection,
     TransportSection,
 };
 
@@ -86,6 +88,7 @@ pub struct Config {
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
+    rls: RlsSettings,
     /// The merged table validated, to tell which settings a reload changed.
     effective: toml::Table,
     source: Option<Source>,
@@ -186,6 +189,7 @@ struct RawConfig {
     log: LogSection,
     store: StoreSection,
     limits: LimitSettings,
+    rls: RlsSection,
     #[serde(default)]
     policies: BTreeMap<String, RawPolicy>,
 }
@@ -274,6 +278,16 @@ impl Config {
         let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
         let log = LogSettings::validate(raw.log).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
+        // A relative rules folder from the file is the file's neighbour; one
+        // from a flag or the environment is the working directory's.
+        let rls_base = match layers.origin_of(&["rls", "config_dir"]) {
+            Origin::File(_) => base_dir,
+            Origin::Override | Origin::Default => None,
+        };
+        let mut rls = RlsSettings::validate(raw.rls, rls_base).map_err(located)?;
+        if files == Files::Check {
+            rls.load_rules()?;
+        }
         Ok(Config {
             server,
             transport,
@@ -282,6 +296,7 @@ impl Config {
             store,
             limits: raw.limits,
             policies,
+            rls,
             effective: layers.merged().clone(),
             source: path.map(|path| Source {
                 path: path.to_owned(),
@@ -328,6 +343,11 @@ impl Config {
     /// `[limits]`.
     pub fn limits(&self) -> &LimitSettings {
         &self.limits
+    }
+
+    /// `[rls]`: Envoy's rate limit service.
+    pub fn rls(&self) -> &RlsSettings {
+        &self.rls
     }
 
     /// `[policies.NAME]`, by name.

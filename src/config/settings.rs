@@ -92,7 +92,8 @@ impl Setting {
 
 /// Declares a section struct and its settings. Each field:
 /// `/// doc` `name: Type = Kind(default) | Kind, Live | Restart;`
-/// with optional `#[serde(...)]` attributes passed through.
+/// with optional `#[serde(...)]` attributes passed through, and an optional
+/// `, flag "name"` before the `;` for a flag other than prefix + name.
 macro_rules! section {
     (
         $(#[doc = $sdoc:literal])*
@@ -101,7 +102,8 @@ macro_rules! section {
                 #[doc = $doc:literal]
                 $(#[doc = $more:literal])*
                 $(#[serde($($serde:tt)*)])*
-                $field:ident: $ty:ty = $kind:ident $(($default:literal))?, $reload:ident;
+                $field:ident: $ty:ty = $kind:ident $(($default:literal))?, $reload:ident
+                $(, flag $flag:literal)?;
             )*
         }
     ) => {
@@ -123,7 +125,7 @@ macro_rules! section {
             pub(crate) const SETTINGS: &'static [Setting] = &[$(
                 Setting {
                     path: concat!($path, ".", stringify!($field)),
-                    flag: concat!($prefix, stringify!($field)),
+                    flag: section!(@flag $prefix, $field $(, $flag)?),
                     doc: &[$doc $(, $more)*],
                     kind: Kind::$kind,
                     default: section!(@default $($default)?),
@@ -132,6 +134,8 @@ macro_rules! section {
             )*];
         }
     };
+    (@flag $prefix:literal, $field:ident) => { concat!($prefix, stringify!($field)) };
+    (@flag $prefix:literal, $field:ident, $flag:literal) => { $flag };
     (@default) => { None };
     (@default $default:literal) => { Some($default) };
 }
@@ -407,6 +411,65 @@ section! {
     }
 }
 
+section! {
+    /// `[rls]` as written: Envoy's rate limit service (RLS v3) on the gRPC
+    /// port, and the envoyproxy/ratelimit YAML rules it answers by.
+    pub(crate) struct RlsSection at "rls", flags "rls_" {
+        /// Folder of envoyproxy/ratelimit YAML rule files (*.yaml, *.yml), or
+        /// one file; without it every RLS descriptor answers OK
+        ///
+        /// The files reload when they change (polled every
+        /// server.config_poll_interval) and on SIGHUP.
+        config_dir: Option<PathBuf> = Str, Restart, flag "rls_config";
+        /// Whether files naming the same domain are merged (the reference's
+        /// MERGE_DOMAIN_CONFIG); otherwise a domain in two files is an error
+        merge_domains: bool = Bool("false"), Restart;
+        /// How the descriptors of one request count: all_or_nothing (when one
+        /// is over its limit, none is counted) or reference (each counted on
+        /// its own, denied hits included)
+        count_mode: CountMode = Str("all_or_nothing"), Restart;
+        /// Rate-limit headers added to responses, comma-separated: reference
+        /// (limit_header, remaining_header, reset_header), draft (IETF
+        /// RateLimit and RateLimit-Policy); none when absent
+        response_headers: Option<Vec<HeaderStyle>> = List, Restart;
+        /// The reference's limit header (LIMIT_LIMIT_HEADER)
+        limit_header: String = Str("RateLimit-Limit"), Restart;
+        /// The reference's remaining header (LIMIT_REMAINING_HEADER)
+        remaining_header: String = Str("RateLimit-Remaining"), Restart;
+        /// The reference's reset header, in seconds (LIMIT_RESET_HEADER)
+        reset_header: String = Str("RateLimit-Reset"), Restart;
+        /// Answer OK whatever the limits say, still counting (the reference's
+        /// SHADOW_MODE); denials it lets through are counted in metrics
+        shadow_mode: bool = Bool("false"), Restart;
+        /// Treat every rule as quota_mode: over the limit only when every
+        /// descriptor of the request is (the reference's QUOTA_MODE)
+        quota_mode: bool = Bool("false"), Restart;
+    }
+}
+
+/// `rls.count_mode`: how the descriptors of one `ShouldRateLimit` count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountMode {
+    /// When any enforced descriptor is over its limit, no descriptor of
+    /// the request is counted; denied hits are never counted.
+    #[default]
+    AllOrNothing,
+    /// envoyproxy/ratelimit's counting: each descriptor on its own, and a
+    /// denied hit spends what is left of the budget.
+    Reference,
+}
+
+/// A kind of rate-limit response headers (`rls.response_headers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum HeaderStyle {
+    /// The reference's `RateLimit-Limit`, `-Remaining` and `-Reset`.
+    Reference,
+    /// The IETF draft's `RateLimit` and `RateLimit-Policy` fields.
+    Draft,
+}
+
 /// `store.backend`: where state lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -430,6 +493,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         RedisSection::SETTINGS,
         SnapshotSection::SETTINGS,
         LimitSettings::SETTINGS,
+        RlsSection::SETTINGS,
     ]
     .into_iter()
     .flatten()

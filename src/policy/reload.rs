@@ -64,41 +64,14 @@ impl Reloader {
     pub(crate) async fn run(self, poll: Duration, stop: CancellationToken) {
         // The version the server started with, not a fresh read: a change
         // made between loading and now must still count as a change.
-        let mut last_seen: Contents = Ok(self.initial.clone());
-        let mut pending: Option<Contents> = None;
-        let mut hangup = hangup_signal();
-        let mut ticks = (!poll.is_zero()).then(|| {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks
-        });
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = next_hangup(&mut hangup) => {
-                    tracing::info!(path = %self.path.display(), "SIGHUP: reloading policies");
-                    last_seen = self.read().await;
-                    pending = None;
-                    self.reload(&last_seen);
-                }
-                () = next_tick(&mut ticks) => {
-                    let now = self.read().await;
-                    if now == last_seen {
-                        pending = None;
-                    } else if pending.as_ref() == Some(&now) {
-                        self.reload(&now);
-                        last_seen = now;
-                        pending = None;
-                    } else {
-                        pending = Some(now);
-                    }
-                }
-            }
-        }
-    }
-
-    async fn read(&self) -> Contents {
-        tokio::fs::read(&self.path).await.map_err(|e| e.to_string())
+        let initial: Contents = Ok(self.initial.clone());
+        let path = self.path.clone();
+        let read = move || {
+            let path = path.clone();
+            async move { tokio::fs::read(&path).await.map_err(|e| e.to_string()) }
+        };
+        let label = format!("policies from {}", self.path.display());
+        watch(&label, initial, read, |now| self.reload(now), poll, stop).await;
     }
 
     /// Validates `contents` as a whole config and, if valid, swaps in its
@@ -145,6 +118,56 @@ fn names_where(
         .filter(|(name, policy)| pick(name, policy))
         .map(|(name, _)| name.as_str())
         .collect()
+}
+
+/// Calls `reload` with what `read` returns: on SIGHUP at once, and when a
+/// poll every `poll` finds it different from the last version seen *and*
+/// the same on the next poll (so a file caught half-written is not
+/// loaded). Runs until `stop` is cancelled; `what` names what is reloaded
+/// in the log.
+pub(super) async fn watch<T, R, Fut>(
+    what: &str,
+    initial: T,
+    read: R,
+    reload: impl Fn(&T),
+    poll: Duration,
+    stop: CancellationToken,
+) where
+    T: PartialEq,
+    R: Fn() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let mut last_seen = initial;
+    let mut pending: Option<T> = None;
+    let mut hangup = hangup_signal();
+    let mut ticks = (!poll.is_zero()).then(|| {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    });
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = next_hangup(&mut hangup) => {
+                tracing::info!(what, "SIGHUP: reloading");
+                last_seen = read().await;
+                pending = None;
+                reload(&last_seen);
+            }
+            () = next_tick(&mut ticks) => {
+                let now = read().await;
+                if now == last_seen {
+                    pending = None;
+                } else if pending.as_ref() == Some(&now) {
+                    reload(&now);
+                    last_seen = now;
+                    pending = None;
+                } else {
+                    pending = Some(now);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(unix)]

@@ -344,18 +344,9 @@ async fn a_full_key_table_evicts_and_counts_it_when_on_full_is_evict() {
 
 #[tokio::test]
 async fn health_reports_serving_and_reflection_lists_the_api_in_v1_and_v1alpha() {
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let (_clock, server) = server_at(NOON_30).await;
-    let mut health = HealthClient::new(server.channel().await);
     for service in ["quotad.v1.Quota", ""] {
-        let status = health
-            .check(HealthCheckRequest {
-                service: service.to_owned(),
-            })
-            .await
-            .expect("health check")
-            .into_inner()
-            .status;
+        let status = crate::common::health_status(&server, service).await;
         assert_eq!(
             status,
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
@@ -382,7 +373,7 @@ async fn health_reports_serving_and_reflection_lists_the_api_in_v1_and_v1alpha()
 /// v1alpha are the same messages in two generated modules.
 macro_rules! list_services {
     ($name:ident, $version:ident) => {
-        async fn $name(server: &TestServer) -> Vec<String> {
+        pub(crate) async fn $name(server: &TestServer) -> Vec<String> {
             use tonic_reflection::pb::$version::{
                 ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
                 server_reflection_request::MessageRequest,

@@ -21,7 +21,7 @@ fn config_text(api: &str, extra: &str) -> String {
 
 /// Replaces the file in one step, as a careful operator (or a ConfigMap
 /// update) would.
-fn write_atomically(path: &Path, text: &str) {
+pub(crate) fn write_atomically(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).expect("write temp config");
     std::fs::rename(&tmp, path).expect("rename config into place");

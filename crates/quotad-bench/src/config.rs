@@ -33,6 +33,13 @@ pub enum Mode {
         /// Items per batch, 1 to 1,000.
         size: usize,
     },
+    /// One Envoy `ShouldRateLimit` per request, with `descriptors`
+    /// descriptors: descriptor `i` holds the one entry `d<i>` = a key drawn
+    /// from the distribution.
+    Rls {
+        /// Descriptors per request, 1 to 1,000.
+        descriptors: usize,
+    },
 }
 
 impl Mode {
@@ -41,6 +48,7 @@ impl Mode {
         match self {
             Self::Unary => 1,
             Self::Batch { size } => size,
+            Self::Rls { descriptors } => descriptors,
         }
     }
 }
@@ -50,6 +58,7 @@ impl fmt::Display for Mode {
         match self {
             Self::Unary => f.write_str("unary"),
             Self::Batch { size } => write!(f, "batch:{size}"),
+            Self::Rls { descriptors } => write!(f, "rls:{descriptors}"),
         }
     }
 }
@@ -167,8 +176,10 @@ pub struct LoadConfig {
     pub keys: KeyDistribution,
     /// Prepended to every key, so runs do not share state unless asked to.
     pub key_prefix: String,
-    /// The policy every check names or carries.
+    /// The policy every check names or carries (unused by `Mode::Rls`).
     pub policy: PolicySpec,
+    /// The domain of every `ShouldRateLimit` (`Mode::Rls`).
+    pub domain: String,
     /// The cost of every check; `None` sends no cost (the server takes 1).
     pub cost: Option<u64>,
     /// How long to measure, after the warmup; at most [`MAX_DURATION`].
@@ -203,6 +214,7 @@ impl LoadConfig {
             keys: KeyDistribution::Hot,
             key_prefix: format!("lg{run_id:08x}:"),
             policy,
+            domain: "bench".to_owned(),
             cost: None,
             duration: Some(Duration::from_secs(10)),
             requests: None,
@@ -243,6 +255,13 @@ impl LoadConfig {
         {
             return invalid(format!(
                 "batch size must be from 1 to {MAX_BATCH_ITEMS}, got {size}"
+            ));
+        }
+        if let Mode::Rls { descriptors } = self.mode
+            && !(1..=MAX_BATCH_ITEMS).contains(&descriptors)
+        {
+            return invalid(format!(
+                "descriptors must be from 1 to {MAX_BATCH_ITEMS}, got {descriptors}"
             ));
         }
         if self.cost == Some(0) {
@@ -343,10 +362,11 @@ mod tests {
 
     #[test]
     fn rejects_settings_out_of_range() {
-        let cases: [fn(&mut LoadConfig); 7] = [
+        let cases: [fn(&mut LoadConfig); 8] = [
             |c| c.concurrency = 0,
             |c| c.connections = 17,
             |c| c.mode = Mode::Batch { size: 1001 },
+            |c| c.mode = Mode::Rls { descriptors: 0 },
             |c| c.cost = Some(0),
             |c| c.rate = Some(0.0),
             |c| c.rate = Some(f64::NAN),

@@ -59,5 +59,5 @@ mod report;
 pub use config::{ConfigError, LoadConfig, MAX_DURATION, Mode, PolicySpec};
 pub use keys::{KeyDistribution, ParseKeysError};
 pub use load::{LoadError, run};
-pub use noop::{NoopQuota, serve_noop};
+pub use noop::{NoopQuota, NoopRls, serve_noop};
 pub use report::{Latency, LatencyOrigin, Report};

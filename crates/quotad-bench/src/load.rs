@@ -19,6 +19,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use quotad_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use quotad_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use quotad_proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use quotad_proto::v1::quota_client::QuotaClient;
 use quotad_proto::v1::{BatchMode, CheckBatchRequest, CheckRequest, check_request};
 use rand::SeedableRng as _;
@@ -101,6 +106,7 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         channels,
         keys,
         policy: config.policy.to_proto(),
+        domain: config.domain.clone(),
         cost: config.cost,
         mode: config.mode,
         measure_start,
@@ -187,6 +193,7 @@ struct Shared {
     channels: Vec<Channel>,
     keys: KeyPool,
     policy: check_request::Policy,
+    domain: String,
     cost: Option<u64>,
     mode: Mode,
     measure_start: Instant,
@@ -201,12 +208,15 @@ struct Shared {
 impl Shared {
     /// One client per connection, for worker `worker`, with the round-robin
     /// position it starts from.
-    fn clients(&self, worker: usize) -> (Vec<QuotaClient<Channel>>, usize) {
+    fn clients(&self, worker: usize) -> (Vec<Client>, usize) {
         let clients: Vec<_> = self
             .channels
             .iter()
             .cloned()
-            .map(QuotaClient::new)
+            .map(|channel| Client {
+                quota: QuotaClient::new(channel.clone()),
+                rls: RateLimitServiceClient::new(channel),
+            })
             .collect();
         let first = worker % clients.len();
         (clients, first)
@@ -235,10 +245,41 @@ impl Shared {
         }
     }
 
+    /// A `ShouldRateLimit` of `descriptors` descriptors, `d<i>` = a key.
+    fn rls_request(&self, descriptors: usize, rng: &mut SmallRng) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors: (0..descriptors)
+                .map(|i| RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: format!("d{i}"),
+                        value: self.keys.sample(rng).to_owned(),
+                    }],
+                    ..RateLimitDescriptor::default()
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
     /// Sends one request on `client` and sorts out its answer.
-    async fn send(&self, client: &mut QuotaClient<Channel>, rng: &mut SmallRng) -> Outcome {
+    async fn send(&self, client: &mut Client, rng: &mut SmallRng) -> Outcome {
         match self.mode {
-            Mode::Unary => match client.check(self.check_request(rng)).await {
+            Mode::Rls { descriptors } => {
+                match client
+                    .rls
+                    .should_rate_limit(self.rls_request(descriptors, rng))
+                    .await
+                {
+                    Ok(response) => {
+                        let statuses = response.into_inner().statuses;
+                        let ok = statuses.iter().map(|s| s.code == Code::Ok as i32);
+                        tally(ok, descriptors)
+                    }
+                    Err(status) => Outcome::Failed(status.code()),
+                }
+            }
+            Mode::Unary => match client.quota.check(self.check_request(rng)).await {
                 Ok(response) => match response.into_inner().decision {
                     Some(decision) => Outcome::Decided {
                         allowed: u64::from(decision.allowed),
@@ -253,24 +294,36 @@ impl Shared {
                     items: (0..size).map(|_| self.check_request(rng)).collect(),
                     mode: BatchMode::Independent.into(),
                 };
-                match client.check_batch(request).await {
+                match client.quota.check_batch(request).await {
                     Ok(response) => {
                         let decisions = response.into_inner().decisions;
-                        if decisions.len() == size {
-                            let allowed = decisions.iter().filter(|d| d.allowed).count();
-                            Outcome::Decided {
-                                allowed: u64::try_from(allowed).unwrap_or(u64::MAX),
-                                denied: u64::try_from(size - allowed).unwrap_or(u64::MAX),
-                            }
-                        } else {
-                            Outcome::Malformed
-                        }
+                        tally(decisions.iter().map(|d| d.allowed), size)
                     }
                     Err(status) => Outcome::Failed(status.code()),
                 }
             }
         }
     }
+}
+
+/// The outcome of a response with one answer per item (`true`: allowed):
+/// malformed unless it holds exactly `expected` answers.
+fn tally(answers: impl ExactSizeIterator<Item = bool>, expected: usize) -> Outcome {
+    if answers.len() != expected {
+        return Outcome::Malformed;
+    }
+    let allowed = answers.filter(|a| *a).count();
+    Outcome::Decided {
+        allowed: u64::try_from(allowed).unwrap_or(u64::MAX),
+        denied: u64::try_from(expected - allowed).unwrap_or(u64::MAX),
+    }
+}
+
+/// The clients of one connection.
+#[derive(Debug)]
+struct Client {
+    quota: QuotaClient<Channel>,
+    rls: RateLimitServiceClient<Channel>,
 }
 
 /// A closed-loop worker: sends, waits for the answer, sends again, until

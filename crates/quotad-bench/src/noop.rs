@@ -1,5 +1,12 @@
-//! The no-op server: quotad's API with nothing behind it.
+//! The no-op server: quotad's APIs with nothing behind them.
 
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use quotad_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use quotad_proto::v1::quota_server::{Quota, QuotaServer};
 use quotad_proto::v1::{
     CheckBatchRequest, CheckBatchResponse, CheckRequest, CheckResponse, Decision, Reason,
@@ -62,9 +69,47 @@ impl Quota for NoopQuota {
     }
 }
 
-/// Serves [`NoopQuota`] on `listener` until `shutdown` resolves, then
-/// finishes the calls in flight and returns once every connection has
-/// closed.
+/// An Envoy `RateLimitService` that answers every `ShouldRateLimit` at once
+/// with `OK` and, per descriptor, a fixed status the size of quotad's (a
+/// named limit, what remains, the time to reset); it validates nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopRls;
+
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        current_limit: Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: 1_000_000,
+            unit: 1,
+        }),
+        limit_remaining: 999_999,
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for NoopRls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let descriptors = request.get_ref().descriptors.len();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: (0..descriptors).map(|_| ok_status()).collect(),
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// Serves [`NoopQuota`] and [`NoopRls`] on `listener` until `shutdown`
+/// resolves, then finishes the calls in flight and returns once every
+/// connection has closed.
 ///
 /// The transport is quotad's own ([`quotad::grpc::server`] and
 /// [`quotad::grpc::incoming`]), plaintext, so the floor moves with quotad's
@@ -81,6 +126,10 @@ pub async fn serve_noop(
     quotad::grpc::server(&transport, None)?
         .add_service(
             QuotaServer::new(NoopQuota).max_decoding_message_size(transport.max_message_bytes),
+        )
+        .add_service(
+            RateLimitServiceServer::new(NoopRls)
+                .max_decoding_message_size(transport.max_message_bytes),
         )
         .serve_with_incoming_shutdown(quotad::grpc::incoming(listener, &transport), shutdown)
         .await?;

@@ -124,3 +124,19 @@ async fn an_unreachable_target_is_an_error_not_a_report() {
         Err(quotad_bench::LoadError::Connect { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_every_descriptor_of_a_should_rate_limit_as_one_decision() {
+    let report = run_against_noop(|c| {
+        c.requests = Some(300);
+        c.concurrency = 4;
+        c.mode = Mode::Rls { descriptors: 3 };
+        c.keys = KeyDistribution::Uniform { keys: 100 };
+    })
+    .await;
+    assert_eq!(report.requests, 300);
+    assert_eq!(report.errors, 0, "{:?}", report.errors_by_code);
+    assert_eq!(report.decisions, 900);
+    assert_eq!(report.allowed, 900);
+    assert_eq!(report.mode, "rls:3");
+}

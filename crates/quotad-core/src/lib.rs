@@ -46,7 +46,7 @@ pub mod policy;
 pub mod store;
 pub mod throttle;
 
-pub use algorithm::{Log, State, decide, peek};
+pub use algorithm::{Log, Spend, State, decide, decide_spending, peek};
 pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Reason};
 pub use policy::{

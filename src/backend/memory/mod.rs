@@ -41,6 +41,10 @@ impl Backend for MemoryStore {
         Ok(())
     }
 
+    fn spends_when_denied(&self) -> bool {
+        true
+    }
+
     fn stats(&self) -> BackendStats {
         BackendStats {
             live_keys: Some(self.live_keys() as u64),

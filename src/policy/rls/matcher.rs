@@ -3,12 +3,24 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
+use compact_str::CompactString;
 use quotad_core::{Algorithm, CheckItem, MAX_EXACT};
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use super::Unit;
 use super::rules::{Limit, RlsRules, Rule, policy_message};
-use super::state::{descriptor_key, override_namespace};
+use super::state::{descriptor_key, digest_key, override_namespace};
+
+/// A request's descriptors: one is held without a heap allocation.
+pub type Descriptors<'a> = SmallVec<[Descriptor<'a>; 1]>;
+
+/// A descriptor's entries: two are held without a heap allocation.
+pub type Entries<'a> = SmallVec<[Entry<'a>; 2]>;
+
+/// What applies to each descriptor of a request, in order: one is held
+/// without a heap allocation.
+pub type Resolutions<'r> = SmallVec<[Resolution<'r>; 1]>;
 
 /// A `ShouldRateLimit` request, borrowing the strings of the message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,7 +28,7 @@ pub struct Request<'a> {
     /// `domain`: which configuration applies.
     pub domain: &'a str,
     /// `descriptors`, each matched on its own.
-    pub descriptors: Vec<Descriptor<'a>>,
+    pub descriptors: Descriptors<'a>,
     /// `hits_addend`: hits per descriptor; 0 (unset) means 1.
     pub hits_addend: u32,
 }
@@ -25,7 +37,7 @@ pub struct Request<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Descriptor<'a> {
     /// `entries`, from the outermost level in.
-    pub entries: Vec<Entry<'a>>,
+    pub entries: Entries<'a>,
     /// `limit`: counted with these numbers instead of a configured rule.
     pub limit: Option<LimitOverride>,
     /// `hits_addend`: when set (0 included), replaces the request's.
@@ -91,7 +103,8 @@ pub struct Applied<'r> {
     rule: Option<&'r Rule>,
     limit: Limit,
     namespace: Cow<'r, str>,
-    key: String,
+    /// Inline up to 24 bytes, which most descriptor keys fit in.
+    key: CompactString,
     charge: Charge,
 }
 
@@ -166,6 +179,17 @@ impl<'r> Applied<'r> {
         &self.key
     }
 
+    /// Replaces a key longer than `max_bytes` by its SHA-256 digest
+    /// (`sha256:` and 64 hex digits), so that a long descriptor value (a
+    /// URL path) is counted, under a key of bounded size, instead of
+    /// refused. Distinct keys keep distinct digests (SHA-256 is collision
+    /// resistant), and a digest never equals a key kept as written.
+    pub fn bound_key(&mut self, max_bytes: usize) {
+        if self.key.len() > max_bytes {
+            self.key = digest_key(&self.key).into();
+        }
+    }
+
     /// What the descriptor asks.
     pub fn charge(&self) -> Charge {
         self.charge
@@ -203,32 +227,34 @@ impl RlsRules {
     /// list (the reference refuses both), a `limit` override with an
     /// unknown unit, more requests per unit than quotad counts exactly, or
     /// no entries.
-    pub fn resolve<'r>(
-        &'r self,
-        request: &Request<'_>,
-    ) -> Result<Vec<Resolution<'r>>, RequestError> {
+    pub fn resolve<'r>(&'r self, request: &Request<'_>) -> Result<Resolutions<'r>, RequestError> {
         if request.domain.is_empty() {
             return Err(error("domain", "must not be empty"));
         }
         if request.descriptors.is_empty() {
             return Err(error("descriptors", "must hold at least one descriptor"));
         }
-        let overrides = request
+        // Every limit sent is checked, known domain or not.
+        let mut overrides = Vec::new();
+        if request.descriptors.iter().any(|d| d.limit.is_some()) {
+            overrides = request
+                .descriptors
+                .iter()
+                .enumerate()
+                .map(|(i, d)| d.limit.map(|l| override_limit(i, d, l)).transpose())
+                .collect::<Result<Vec<_>, _>>()?;
+        }
+        let Some(domain) = self.domains.get(request.domain) else {
+            let unknown = Resolution::NoLimit(NoLimit::UnknownDomain);
+            return Ok(SmallVec::from_elem(unknown, request.descriptors.len()));
+        };
+
+        let mut resolved: Resolutions<'r> = request
             .descriptors
             .iter()
             .enumerate()
-            .map(|(i, d)| d.limit.map(|l| override_limit(i, d, l)).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
-        let Some(domain) = self.domains.get(request.domain) else {
-            let unknown = Resolution::NoLimit(NoLimit::UnknownDomain);
-            return Ok(vec![unknown; request.descriptors.len()]);
-        };
-
-        let mut resolved: Vec<Resolution<'r>> = request
-            .descriptors
-            .iter()
-            .zip(overrides)
-            .map(|(descriptor, limit)| {
+            .map(|(i, descriptor)| {
+                let limit = overrides.get(i).copied().flatten();
                 let charge = Charge::of(request.hits_addend, descriptor.hits_addend);
                 let entries = descriptor.entries.iter().map(|e| (e.key, e.value));
                 if let Some(limit) = limit {
@@ -263,6 +289,14 @@ impl RlsRules {
 
         // Replacing is decided over the rules matched, unlimited ones too;
         // a replaced rule is not counted (the reference's constructLimitsToCheck).
+        let replaces = |r: &Resolution<'_>| match r {
+            Resolution::Unlimited(rule) => !rule.replaces().is_empty(),
+            Resolution::Limited(applied) => applied.rule.is_some_and(|r| !r.replaces().is_empty()),
+            Resolution::NoLimit(_) => false,
+        };
+        if !resolved.iter().any(replaces) {
+            return Ok(resolved);
+        }
         let replaced: HashSet<&str> = resolved
             .iter()
             .filter_map(|r| match r {
@@ -293,9 +327,9 @@ impl RlsRules {
 fn find<'r>(
     root: &'r super::rules::Level,
     entries: &[Entry<'_>],
-) -> Option<(&'r Rule, Vec<Option<&'r str>>)> {
+) -> Option<(&'r Rule, SmallVec<[Option<&'r str>; 2]>)> {
     let mut level = root;
-    let mut shared = Vec::with_capacity(entries.len());
+    let mut shared = SmallVec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
         let (node, pattern) = level.lookup(entry.key, entry.value)?;
         shared.push(pattern);

@@ -11,10 +11,12 @@
 //!   unlimited rule, or a limit ([`Applied`]) with its quotad [`Policy`],
 //!   the state namespace and key it counts under and the [`Charge`].
 //!
-//! The module is pure: no I/O but reading the files, no store, no clock.
-//! The gRPC edge converts Envoy's messages into a [`Request`] (borrowing
-//! their strings), sends the [`Applied`] items to the store and writes the
-//! statuses.
+//! Loading and matching are pure: no I/O but reading the files, no store,
+//! no clock. The gRPC edge converts Envoy's messages into a [`Request`]
+//! (borrowing their strings), sends the [`Applied`] items to the store and
+//! writes the statuses. Beside them, the server keeps the rules in force in
+//! a registry swapped whole on reload (the files polled and SIGHUP, as
+//! named policies), each rule with its metric counters.
 //!
 //! ```
 //! use std::path::Path;
@@ -31,10 +33,10 @@
 //! let rules = RlsRules::from_sources([(Path::new("edge.yaml"), yaml)], LoadOptions::default())?;
 //! let request = Request {
 //!     domain: "edge",
-//!     descriptors: vec![Descriptor {
-//!         entries: vec![Entry { key: "remote_address", value: "10.0.0.1" }],
+//!     descriptors: [Descriptor {
+//!         entries: [Entry { key: "remote_address", value: "10.0.0.1" }].into_iter().collect(),
 //!         ..Descriptor::default()
-//!     }],
+//!     }].into(),
 //!     hits_addend: 0, // unset: one hit
 //! };
 //! let resolved = rules.resolve(&request)?;
@@ -89,6 +91,8 @@
 //! [`Policy`]: quotad_core::Policy
 
 mod matcher;
+mod registry;
+mod reload;
 mod rules;
 mod state;
 mod unit;
@@ -98,8 +102,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use matcher::{
-    Applied, Charge, Descriptor, Entry, LimitOverride, NoLimit, Request, RequestError, Resolution,
+    Applied, Charge, Descriptor, Descriptors, Entries, Entry, LimitOverride, NoLimit, Request,
+    RequestError, Resolution, Resolutions,
 };
+pub(crate) use registry::{RlsRegistry, RlsSet};
+pub(crate) use reload::start;
 pub use rules::{Limit, LoadOptions, RlsRules, Rule};
 pub use state::NAMESPACE_PREFIX;
 pub use unit::Unit;

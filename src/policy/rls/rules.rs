@@ -13,11 +13,11 @@
 //! there silently leaves the descriptor without a limit), a second YAML
 //! document in a file, and limits quotad cannot count exactly.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use quotad_core::{Algorithm, MAX_EXACT, Policy, PolicyError};
 
 use super::state::{domain_namespace, push_level};
@@ -35,9 +35,14 @@ pub struct LoadOptions {
 }
 
 /// The RLS rules of every loaded file, by domain.
+///
+/// Its maps hash with foldhash, seeded per map: their keys come from the
+/// files, and a request's strings only look them up.
 #[derive(Debug, Default)]
 pub struct RlsRules {
     pub(super) domains: HashMap<String, Domain>,
+    /// How many rules the domains hold; [`Rule::index`] is below it.
+    rule_count: usize,
 }
 
 /// One domain's descriptor tree and the file that named it first.
@@ -103,6 +108,7 @@ impl Wildcard {
 /// A descriptor with a `rate_limit`: what the reference calls a limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
+    index: usize,
     namespace: String,
     file: Arc<Path>,
     line: usize,
@@ -116,6 +122,12 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// The rule's number within its [`RlsRules`], from 0 to
+    /// [`RlsRules::rule_count`], for per-rule tables kept beside the rules.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     /// The state namespace the rule counts under (also its name in metrics
     /// and logs): `rls:<domain>/<key>[=<value>]/...`.
     pub fn namespace(&self) -> &str {
@@ -250,6 +262,22 @@ impl RlsRules {
     /// The first [`RlsConfigError`]: a file that cannot be read, or a rule
     /// that breaks the format.
     pub fn load(path: &Path, options: LoadOptions) -> Result<RlsRules, RlsConfigError> {
+        let texts = RlsRules::read_sources(path)?;
+        RlsRules::from_sources(
+            texts.iter().map(|(f, t)| (f.as_path(), t.as_str())),
+            options,
+        )
+    }
+
+    /// Reads the files [`RlsRules::load`] would load from `path`, as
+    /// `(file, text)` in load order, without loading them (to tell whether
+    /// they changed).
+    ///
+    /// # Errors
+    ///
+    /// An [`RlsConfigError`] naming the folder or file that cannot be read
+    /// (or is not UTF-8).
+    pub fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, RlsConfigError> {
         let io_error =
             |file: &Path, e: std::io::Error| RlsConfigError::new(file, "", e.to_string());
         let files = if path.is_dir() {
@@ -262,10 +290,7 @@ impl RlsRules {
             let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
             texts.push((file, text));
         }
-        RlsRules::from_sources(
-            texts.iter().map(|(f, t)| (f.as_path(), t.as_str())),
-            options,
-        )
+        Ok(texts)
     }
 
     /// Loads files already read, as `(name, text)`, in the order given.
@@ -281,7 +306,17 @@ impl RlsRules {
         for (file, text) in sources {
             rules.load_file(file, text, options)?;
         }
+        let mut count = 0;
+        for domain in rules.domains.values_mut() {
+            domain.root.number_rules(&mut count);
+        }
+        rules.rule_count = count;
         Ok(rules)
+    }
+
+    /// How many rules every domain holds together, unlimited ones included.
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
     }
 
     /// The domains, in no particular order.
@@ -721,6 +756,7 @@ impl Loader<'_> {
             Some(limit)
         };
         Ok(Rule {
+            index: 0,
             namespace,
             file: self.file.clone(),
             line,
@@ -826,6 +862,24 @@ impl Level {
 
     pub(super) fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Numbers the rules of this level and below from `next` on.
+    fn number_rules(&mut self, next: &mut usize) {
+        for branch in self.keys.values_mut() {
+            let nodes = branch
+                .values
+                .values_mut()
+                .chain(branch.wildcards.iter_mut().map(|(_, n)| n))
+                .chain(branch.any.as_deref_mut());
+            for node in nodes {
+                if let Some(rule) = &mut node.rule {
+                    rule.index = *next;
+                    *next += 1;
+                }
+                node.children.number_rules(next);
+            }
+        }
     }
 
     fn collect_rules<'a>(&'a self, out: &mut Vec<&'a Rule>) {

@@ -24,7 +24,9 @@
 //! meets quotad.v1 state. No raw brace reaches the store, so a Redis Cluster
 //! hash tag is always the whole key.
 
-use std::fmt::Write as _;
+use std::fmt::Write;
+
+use compact_str::CompactString;
 
 use super::Unit;
 
@@ -32,13 +34,15 @@ use super::Unit;
 pub const NAMESPACE_PREFIX: &str = "rls:";
 
 /// Appends `text` with the reserved characters percent-encoded.
-pub(super) fn push_escaped(out: &mut String, text: &str) {
+pub(super) fn push_escaped(out: &mut impl Write, text: &str) {
+    // Writing to a string cannot fail.
     for c in text.chars() {
-        if matches!(c, '%' | '/' | '=' | '|' | '#' | '{' | '}' | ' ') || c.is_ascii_control() {
-            let _ = write!(out, "%{:02X}", u32::from(c));
-        } else {
-            out.push(c);
-        }
+        let _ =
+            if matches!(c, '%' | '/' | '=' | '|' | '#' | '{' | '}' | ' ') || c.is_ascii_control() {
+                write!(out, "%{:02X}", u32::from(c))
+            } else {
+                out.write_char(c)
+            };
     }
 }
 
@@ -60,16 +64,39 @@ pub(super) fn push_level(namespace: &mut String, key: &str, value: &str) {
 }
 
 /// `rls:<domain>#<unit>`: where request overrides of this unit count.
-pub(super) fn override_namespace(domain: &str, unit: Unit) -> String {
+pub(crate) fn override_namespace(domain: &str, unit: Unit) -> String {
     let mut out = domain_namespace(domain);
     out.push('#');
     out.push_str(unit.as_str());
     out
 }
 
+/// What a long key is stored as: `sha256:` and the lowercase hex SHA-256 of
+/// the key, 71 bytes. A descriptor key always holds a `=`, which this has
+/// not, so a digest never meets a key kept as written.
+pub(super) fn digest_key(key: &str) -> String {
+    use ring::digest::{SHA256, digest};
+    let hash = digest(&SHA256, key.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for byte in hash.as_ref() {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
 /// The key of a descriptor: `<key>=<value>` per entry, joined by `|`.
-pub(super) fn descriptor_key<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut out = String::new();
+pub(super) fn descriptor_key<'a>(
+    entries: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
+) -> CompactString {
+    // Up to 24 bytes inline; longer, one allocation when nothing needs
+    // escaping.
+    let size = entries
+        .clone()
+        .into_iter()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum();
+    let mut out = CompactString::with_capacity(size);
     for (i, (key, value)) in entries.into_iter().enumerate() {
         if i > 0 {
             out.push('|');
@@ -160,6 +187,16 @@ mod tests {
                 prop_assert_ne!(namespace(&a), override_namespace(&domain, unit));
             }
         }
+    }
+
+    #[test]
+    fn digests_are_sha256_and_never_a_descriptor_key() {
+        assert_eq!(
+            digest_key("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(digest_key(&"x".repeat(10_000)).len(), 71);
+        assert!(!digest_key("path=/a").contains('='));
     }
 
     #[test]

@@ -314,6 +314,19 @@ pub(crate) async fn peek(
         .expect("a decision")
 }
 
+/// The gRPC health status of `service` (`""`: the server as a whole).
+pub(crate) async fn health_status(server: &TestServer, service: &str) -> i32 {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    HealthClient::new(server.channel().await)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .expect("health check")
+        .into_inner()
+        .status
+}
+
 /// Polls `condition` every 20 ms until it holds, for at most `limit`.
 pub(crate) async fn eventually<F, Fut>(limit: Duration, what: &str, mut condition: F)
 where

@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 /// Load generator for quotad's gRPC API.
 #[derive(Debug, Parser)]
 #[command(name = "loadgen", version)]
-#[command(group(ArgGroup::new("policy_source").required(true).args(["policy", "inline"])))]
+#[command(group(ArgGroup::new("policy_source").args(["policy", "inline"])))]
 #[command(group(ArgGroup::new("bound").required(true).multiple(true).args(["duration", "requests"])))]
 struct Cli {
     /// The server, as http://HOST:PORT (or HOST:PORT).
@@ -28,12 +28,20 @@ struct Cli {
     /// Distinct HTTP/2 connections; requests go to them round-robin.
     #[arg(long, short = 'k', default_value_t = 2, value_name = "K")]
     connections: usize,
-    /// Unary Check, or CheckBatch of --batch-size items.
+    /// Unary Check, CheckBatch of --batch-size items, or Envoy's
+    /// ShouldRateLimit with --descriptors descriptors.
     #[arg(long, value_enum, default_value_t = CliMode::Unary)]
     mode: CliMode,
     /// Items per CheckBatch (batch mode).
     #[arg(long, default_value_t = 100, value_name = "B")]
     batch_size: usize,
+    /// Descriptors per ShouldRateLimit (rls mode): descriptor i has the one
+    /// entry d<i> = a key from --keys.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    descriptors: usize,
+    /// The domain of every ShouldRateLimit (rls mode).
+    #[arg(long, default_value = "bench", value_name = "DOMAIN")]
+    domain: String,
     /// Key distribution: hot, uniform:N or zipf:N[:S] (S defaults to 1.0).
     #[arg(long, default_value = "hot", value_name = "DIST")]
     keys: KeyDistribution,
@@ -41,7 +49,8 @@ struct Cli {
     /// runs never share budgets]
     #[arg(long, value_name = "PREFIX")]
     key_prefix: Option<String>,
-    /// A named policy from the server's config.
+    /// A named policy from the server's config (Check and CheckBatch; one
+    /// of --policy and --inline is required for them).
     #[arg(long, value_name = "NAME")]
     policy: Option<String>,
     /// An inline policy: ALGORITHM:LIMIT:WINDOW_MS[:BURST], e.g.
@@ -89,6 +98,7 @@ struct Cli {
 enum CliMode {
     Unary,
     Batch,
+    Rls,
 }
 
 fn parse_secs(text: &str) -> Result<Duration, String> {
@@ -104,16 +114,19 @@ fn parse_secs(text: &str) -> Result<Duration, String> {
 }
 
 impl Cli {
-    fn load_config(&self) -> LoadConfig {
+    fn load_config(&self) -> Result<LoadConfig, String> {
         let target = if self.addr.contains("://") {
             self.addr.clone()
         } else {
             format!("http://{}", self.addr)
         };
-        let policy = match (&self.policy, &self.inline) {
-            (_, Some(inline)) => inline.clone(),
-            (Some(name), None) => PolicySpec::Named(name.clone()),
-            (None, None) => unreachable!("clap requires --policy or --inline"),
+        let policy = match (&self.policy, &self.inline, self.mode) {
+            (_, Some(inline), _) => inline.clone(),
+            (Some(name), None, _) => PolicySpec::Named(name.clone()),
+            (None, None, CliMode::Rls) => PolicySpec::Named(String::new()),
+            (None, None, _) => {
+                return Err("--policy or --inline is required for Check and CheckBatch".to_owned());
+            }
         };
         let mut config = LoadConfig::new(target, policy);
         config.concurrency = self.concurrency;
@@ -123,7 +136,11 @@ impl Cli {
             CliMode::Batch => Mode::Batch {
                 size: self.batch_size,
             },
+            CliMode::Rls => Mode::Rls {
+                descriptors: self.descriptors,
+            },
         };
+        config.domain.clone_from(&self.domain);
         config.keys = self.keys;
         if let Some(prefix) = &self.key_prefix {
             config.key_prefix.clone_from(prefix);
@@ -135,14 +152,20 @@ impl Cli {
         config.rate = self.rate;
         config.timeout = Duration::from_millis(self.timeout_ms);
         config.seed = self.seed;
-        config
+        Ok(config)
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let config = cli.load_config();
+    let config = match cli.load_config() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(error) = config.validate() {
         eprintln!("error: {error}");
         return ExitCode::from(2);

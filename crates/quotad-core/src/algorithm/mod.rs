@@ -154,7 +154,47 @@ pub fn decide(
     now_ms: u64,
     cost: NonZeroU64,
 ) -> (Option<State>, Decision) {
-    evaluate(policy, state, now_ms, cost, true, UNBOUNDED, &mut None)
+    decide_spending(policy, state, now_ms, cost, Spend::WhenAdmitted)
+}
+
+/// [`decide`], with what a denial spends said by `spend`.
+///
+/// With [`Spend::Always`] a denied request (over the limit, or a cost above
+/// the capacity) spends whatever is left of the budget, so that the next
+/// request is denied as if the denied hits had been counted:
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use std::time::Duration;
+/// use quotad_core::{decide_spending, Algorithm, Policy, Spend};
+///
+/// let policy = Policy::try_new(Algorithm::FixedWindow, 10, Duration::from_secs(60), None)?;
+/// let hits = |n| NonZeroU64::new(n).expect("not zero");
+/// let (state, first) = decide_spending(&policy, None, 0, hits(8), Spend::Always);
+/// assert!(first.allowed && first.remaining == 2);
+/// // 5 more do not fit: denied, and the 2 left are spent.
+/// let (state, second) = decide_spending(&policy, state, 1, hits(5), Spend::Always);
+/// assert!(!second.allowed && second.remaining == 0);
+/// let (_, third) = decide_spending(&policy, state, 2, hits(2), Spend::Always);
+/// assert!(!third.allowed);
+/// # Ok::<(), quotad_core::PolicyError>(())
+/// ```
+pub fn decide_spending(
+    policy: &Policy,
+    state: Option<State>,
+    now_ms: u64,
+    cost: NonZeroU64,
+    spend: Spend,
+) -> (Option<State>, Decision) {
+    evaluate(
+        policy,
+        state,
+        now_ms,
+        cost,
+        Some(spend),
+        UNBOUNDED,
+        &mut None,
+    )
 }
 
 /// The decision [`decide`] would make, with nothing consumed: `allowed` says
@@ -165,11 +205,26 @@ pub fn peek(policy: &Policy, state: Option<&State>, now_ms: u64, cost: NonZeroU6
         state.cloned(),
         now_ms,
         cost,
-        false,
+        None,
         UNBOUNDED,
         &mut None,
     )
     .1
+}
+
+/// What a denied request does to the budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Spend {
+    /// Only an admitted cost is consumed; a denial changes nothing.
+    #[default]
+    WhenAdmitted,
+    /// A denial spends what is left of the budget, up to the limit: a
+    /// window's count reaches the limit, a bucket empties, a log fills.
+    /// Hits that arrive anyway (reported after they were served) are then
+    /// counted against the next requests. Nothing is owed beyond the
+    /// limit: for a fixed window this decides every later request exactly
+    /// as a counter that went past the limit would.
+    Always,
 }
 
 /// No bound on the heap bytes a state may hold.
@@ -185,10 +240,11 @@ pub(crate) fn decide_within(
     state: Option<State>,
     now_ms: u64,
     cost: NonZeroU64,
+    spend: Spend,
     room: usize,
 ) -> (Option<State>, Decision, Option<usize>) {
     let mut short = None;
-    let (state, decision) = evaluate(policy, state, now_ms, cost, true, room, &mut short);
+    let (state, decision) = evaluate(policy, state, now_ms, cost, Some(spend), room, &mut short);
     (state, decision, short)
 }
 
@@ -200,10 +256,10 @@ pub(crate) fn peek_within(
     cost: NonZeroU64,
     room: usize,
 ) -> Decision {
-    evaluate(policy, state.cloned(), now_ms, cost, false, room, &mut None).1
+    evaluate(policy, state.cloned(), now_ms, cost, None, room, &mut None).1
 }
 
-/// Decides (or peeks, without `consume`), with the state's heap bytes
+/// Decides (or peeks, without `consume`: `None`), with the state's heap bytes
 /// bounded by `room`; sets `short` to the bytes consuming would have needed
 /// when that bound denied it.
 #[allow(
@@ -215,7 +271,7 @@ fn evaluate(
     state: Option<State>,
     now_ms: u64,
     cost: NonZeroU64,
-    consume: bool,
+    consume: Option<Spend>,
     room: usize,
     short: &mut Option<usize>,
 ) -> (Option<State>, Decision) {
@@ -248,7 +304,8 @@ struct Step<'a> {
     /// How far `at` is ahead of the clock; added to every wait reported.
     skew: u64,
     cost: u64,
-    consume: bool,
+    /// `None` for a peek.
+    consume: Option<Spend>,
     /// The most heap bytes the state may hold after consuming.
     room: usize,
 }
@@ -277,24 +334,34 @@ impl Step<'_> {
             let bytes = meter.heap_bytes_after_consume();
             (bytes > self.room).then_some(bytes)
         };
-        let (allowed, reason, retry_after_ms) = if self.cost > capacity {
-            (false, Reason::CostExceedsCapacity, 0)
+        let (allowed, reason) = if self.cost > capacity {
+            (false, Reason::CostExceedsCapacity)
         } else if meter.fits(self.cost) {
             *short = wanted(&meter);
             if short.is_some() {
-                (false, Reason::Capacity, 0)
+                (false, Reason::Capacity)
             } else {
-                if self.consume {
+                if self.consume.is_some() {
                     meter.consume(self.cost);
                 }
-                (true, Reason::WithinLimit, 0)
+                (true, Reason::WithinLimit)
             }
         } else {
-            (
-                false,
-                Reason::LimitExceeded,
-                wait(meter.retry_after(self.cost)),
-            )
+            (false, Reason::LimitExceeded)
+        };
+        if !allowed && reason != Reason::Capacity && self.consume == Some(Spend::Always) {
+            // What is left fits by definition of `remaining`; a state that
+            // may not grow (a full byte budget) keeps what it has.
+            let left = meter.remaining();
+            if left > 0 && wanted(&meter).is_none() {
+                meter.consume(left);
+            }
+        }
+        // After any spending: the wait is for the budget as it is left.
+        let retry_after_ms = if reason == Reason::LimitExceeded {
+            wait(meter.retry_after(self.cost))
+        } else {
+            0
         };
         let decision = Decision {
             allowed,

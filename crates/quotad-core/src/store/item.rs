@@ -4,6 +4,7 @@ use std::num::NonZeroU64;
 
 use thiserror::Error;
 
+use crate::algorithm::Spend;
 use crate::policy::{MAX_EXACT, Policy};
 
 /// How the items of a batch relate.
@@ -23,6 +24,7 @@ pub struct CheckItem<'a> {
     policy: Policy,
     key: &'a str,
     cost: NonZeroU64,
+    spend: Spend,
 }
 
 /// A check item that breaks a rule; nothing is read or written for it.
@@ -72,7 +74,23 @@ impl<'a> CheckItem<'a> {
             policy,
             key,
             cost,
+            spend: Spend::WhenAdmitted,
         })
+    }
+
+    /// The same item, spending as `spend` says when it is denied. In an
+    /// all-or-nothing batch a denial commits nothing, whatever the items
+    /// say.
+    #[must_use]
+    pub fn with_spend(mut self, spend: Spend) -> Self {
+        self.spend = spend;
+        self
+    }
+
+    /// What a denial of this item spends ([`Spend::WhenAdmitted`] unless
+    /// set).
+    pub fn spend(&self) -> Spend {
+        self.spend
     }
 
     /// The policy's name: its state namespace.

@@ -390,7 +390,7 @@ impl MemoryStore {
             // The state is not counted while taken: what is free is its room.
             let room = shard.free_bytes();
             let (state, decision, wanted) =
-                algorithm::decide_within(policy, state, now, cost, room);
+                algorithm::decide_within(policy, state, now, cost, item.spend(), room);
             let held = state.as_ref().map_or(0, State::heap_bytes);
             shard.write(i, state, fresh_at(now, &decision));
             let Some(wanted) = wanted else {
@@ -404,7 +404,7 @@ impl MemoryStore {
                 return decision;
             }
         }
-        let (state, decision) = algorithm::decide(policy, None, now, cost);
+        let (state, decision) = algorithm::decide_spending(policy, None, now, cost, item.spend());
         if let Some(state) = state {
             let need = Room {
                 keys: 1,
@@ -459,8 +459,13 @@ impl MemoryStore {
                 pending.len() - 1
             });
             let entry = &mut pending[p];
-            let (state, decision) =
-                algorithm::decide(item.policy(), entry.state.take(), now, item.cost());
+            let (state, decision) = algorithm::decide_spending(
+                item.policy(),
+                entry.state.take(),
+                now,
+                item.cost(),
+                item.spend(),
+            );
             entry.state = state;
             entry.fresh_at = fresh_at(now, &decision);
             decisions.push(decision);

@@ -9,7 +9,7 @@ use quotad_core::{Algorithm, MAX_EXACT};
 use super::rules;
 use crate::policy::rls::{
     Applied, Charge, Descriptor, Entry, LimitOverride, NoLimit, Request, RequestError, Resolution,
-    RlsRules, Unit,
+    Resolutions, RlsRules, Unit,
 };
 
 /// A descriptor from `key=value` pairs.
@@ -26,7 +26,7 @@ fn descriptor<'a>(entries: &[(&'a str, &'a str)]) -> Descriptor<'a> {
 fn request<'a>(domain: &'a str, descriptors: Vec<Descriptor<'a>>) -> Request<'a> {
     Request {
         domain,
-        descriptors,
+        descriptors: descriptors.into(),
         hits_addend: 0,
     }
 }
@@ -368,6 +368,8 @@ fn unknown_domains_and_unmatched_descriptors_have_no_limit() {
     assert_eq!(
         resolved,
         vec![Resolution::NoLimit(NoLimit::UnknownDomain); 2]
+            .into_iter()
+            .collect::<Resolutions<'_>>()
     );
     assert_eq!(
         resolve_one(&rules, "edge", &[("user", "x")]),
@@ -577,7 +579,7 @@ fn each_descriptor_carries_its_charge_into_the_store_item() {
     let resolved = rules
         .resolve(&Request {
             domain: "edge",
-            descriptors: vec![probe, huge, plain],
+            descriptors: [probe, huge, plain].into_iter().collect(),
             hits_addend: 4,
         })
         .expect("valid");

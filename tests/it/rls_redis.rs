@@ -1,0 +1,153 @@
+//! Envoy's rate limit service on Redis: several quotad replicas share one
+//! budget, the reference count mode spends denied hits, and a Redis
+//! Cluster decides the descriptors of a request one by one.
+
+use quotad::Config;
+use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tempfile::TempDir;
+
+use crate::common::TestServer;
+use crate::common::redis::{RedisCluster, RedisServer};
+use crate::rls::{
+    FIFTY_A_DAY, RlsClient, ask, concurrent_oks, descriptor, is_ok, request, rls_client, rls_toml,
+    rules_dir,
+};
+
+fn config(dir: &TempDir, rls: &str, target: &str) -> Config {
+    let toml = format!(
+        "{}\n[store]\nbackend = \"redis\"\n\n[store.redis]\n{target}\ntimeout = \"2s\"\n",
+        rls_toml(dir, rls)
+    );
+    Config::from_toml(&toml).expect("valid config")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_one_redis_give_exactly_fifty_oks_of_two_hundred() {
+    let redis = RedisServer::start();
+    let dir = rules_dir(&[("api.yaml", FIFTY_A_DAY)]);
+    let target = format!("url = {:?}", redis.url());
+    let servers = [
+        TestServer::start(config(&dir, "", &target)).await,
+        TestServer::start(config(&dir, "", &target)).await,
+        TestServer::start(config(&dir, "", &target)).await,
+    ];
+    let mut clients: Vec<RlsClient> = Vec::new();
+    for server in &servers {
+        clients.push(rls_client(server).await);
+    }
+    for run in 0..3 {
+        let key = format!("user-{run}-{}", std::process::id());
+        assert_eq!(
+            concurrent_oks(&clients, "api", &key, 200).await,
+            50,
+            "run {run}"
+        );
+    }
+}
+
+const APP: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: c\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+
+#[tokio::test]
+async fn the_reference_count_mode_spends_denied_hits_on_redis_too() {
+    let redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", APP)]);
+    let target = format!("url = {:?}", redis.url());
+    let server = TestServer::start(config(&dir, "count_mode = \"reference\"", &target)).await;
+    let mut client = rls_client(&server).await;
+    let key = format!("k-{}", std::process::id());
+    let mut hits = request("app", vec![descriptor(&[("a", &key)])]);
+    hits.hits_addend = 2;
+    assert!(is_ok(&ask(&mut client, hits.clone()).await));
+    // 4 do not fit in the 3 left: denied, and the 3 are spent.
+    hits.hits_addend = 4;
+    assert_eq!(
+        ask(&mut client, hits.clone()).await.overall_code,
+        Code::OverLimit as i32
+    );
+    hits.hits_addend = 1;
+    assert_eq!(
+        ask(&mut client, hits).await.overall_code,
+        Code::OverLimit as i32
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_decides_the_descriptors_of_a_request_one_by_one() {
+    let cluster = RedisCluster::start();
+    let dir = rules_dir(&[("app.yaml", APP)]);
+    let target = format!("cluster_nodes = {:?}", cluster.urls());
+    let server = TestServer::start(config(&dir, "", &target)).await;
+    let mut client = rls_client(&server).await;
+    let key = format!("k-{}", std::process::id());
+    // Keys in different slots: no CROSSSLOT refusal, each decided alone.
+    let both = request(
+        "app",
+        vec![descriptor(&[("a", &key)]), descriptor(&[("c", &key)])],
+    );
+    assert!(is_ok(&ask(&mut client, both.clone()).await));
+    let over = ask(&mut client, both).await;
+    assert_eq!(over.overall_code, Code::OverLimit as i32);
+    // a was counted although c was over (the documented consequence).
+    assert_eq!(over.statuses[0].limit_remaining, 3);
+}
+
+/// What each of three servers on one Redis, with `store.on_error` set to
+/// `fail_open`, `fail_closed` and `error`, answers one request: its
+/// overall code, or the gRPC code of its failure.
+async fn answers(clients: &mut [RlsClient], key: &str) -> Vec<Result<i32, tonic::Code>> {
+    let mut out = Vec::new();
+    for (i, client) in clients.iter_mut().enumerate() {
+        // A key per server: they share one Redis.
+        let key = format!("{key}-{i}");
+        let req = request(
+            "app",
+            vec![descriptor(&[("a", &key)]), descriptor(&[("c", &key)])],
+        );
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            client.should_rate_limit(req),
+        )
+        .await
+        .expect("an answer within 5 s: quotad does not hang on a dead Redis");
+        out.push(
+            answer
+                .map(|r| r.into_inner().overall_code)
+                .map_err(|s| s.code()),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_answers_as_store_on_error_says() {
+    let mut redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", APP)]);
+    let target = format!("url = {:?}", redis.url());
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    for on_error in ["fail_open", "fail_closed", "error"] {
+        let toml = format!(
+            "{}\n[store]\nbackend = \"redis\"\non_error = \"{on_error}\"\n\n[store.redis]\n{target}\n",
+            rls_toml(&dir, "")
+        );
+        let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
+        clients.push(rls_client(&server).await);
+        servers.push(server);
+    }
+    let ok = Ok(Code::Ok as i32);
+    let key = format!("up-{}", std::process::id());
+    assert_eq!(answers(&mut clients, &key).await, [ok, ok, ok]);
+
+    redis.stop();
+    for run in 0..2 {
+        let key = format!("down-{run}-{}", std::process::id());
+        assert_eq!(
+            answers(&mut clients, &key).await,
+            [
+                ok,
+                Ok(Code::OverLimit as i32),
+                Err(tonic::Code::Unavailable)
+            ]
+        );
+    }
+}
