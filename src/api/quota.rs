@@ -14,14 +14,13 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
 
 use metrics::Counter;
 use quotad_core::{BatchMode, CheckItem, Decision, Policy, Reason};
 use quotad_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::error::{ServiceError, to_status};
+use super::error::ServiceError;
 use super::request::{
     BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
 };
@@ -334,24 +333,6 @@ impl<S: Backend> QuotaService<S> {
             .inspect_err(crate::log::store_failed)?;
         Ok(pb::ResetResponse {})
     }
-
-    /// Runs one handler: times it, and turns its error into a status,
-    /// counted by method and code.
-    async fn observe<T>(
-        &self,
-        method: Method,
-        call: impl Future<Output = Result<T, ServiceError>>,
-    ) -> Result<Response<T>, Status> {
-        let started = Instant::now();
-        let result = call.await;
-        self.metrics.request_duration(method, started.elapsed());
-        result.map(Response::new).map_err(|error| {
-            // A store failure has been logged where it happened.
-            let status = to_status(&error);
-            self.metrics.request_error(method, status.code());
-            status
-        })
-    }
 }
 
 fn first(decisions: Vec<Decision>) -> Decision {
@@ -367,32 +348,48 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        self.observe(Method::Check, self.decide_one(request.into_inner()))
-            .await
+        super::observe(
+            &self.metrics,
+            Method::Check,
+            self.decide_one(request.into_inner()),
+        )
+        .await
     }
 
     async fn check_batch(
         &self,
         request: Request<pb::CheckBatchRequest>,
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
-        self.observe(Method::CheckBatch, self.decide_batch(request.into_inner()))
-            .await
+        super::observe(
+            &self.metrics,
+            Method::CheckBatch,
+            self.decide_batch(request.into_inner()),
+        )
+        .await
     }
 
     async fn peek(
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        self.observe(Method::Peek, self.peek_one(request.into_inner()))
-            .await
+        super::observe(
+            &self.metrics,
+            Method::Peek,
+            self.peek_one(request.into_inner()),
+        )
+        .await
     }
 
     async fn reset(
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
-        self.observe(Method::Reset, self.reset_one(request.into_inner()))
-            .await
+        super::observe(
+            &self.metrics,
+            Method::Reset,
+            self.reset_one(request.into_inner()),
+        )
+        .await
     }
 }
 

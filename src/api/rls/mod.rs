@@ -30,17 +30,16 @@
 mod status;
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use quotad_core::{BatchMode, CheckItem, Clock, Decision, Reason, Spend};
 use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::envoy::service::ratelimit::v3 as pb;
 use tonic::{Request, Response, Status};
 
-use super::error::{ServiceError, to_status};
+use super::error::ServiceError;
 use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
-use crate::backend::{Backend, BackendError, ItemResult};
+use crate::backend::{Backend, ItemResult};
 use crate::config::{BackendSettings, Config, CountMode, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
@@ -253,7 +252,7 @@ impl<S: Backend> RlsService<S> {
             }
         };
         result.or_else(|error| {
-            tracing::warn!(%error, "backend call failed; applying on_error");
+            crate::log::store_failed(&error);
             on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
         })
     }
@@ -317,7 +316,7 @@ impl<S: Backend> RlsService<S> {
                 batch.descriptors.iter().zip(&batch.items).zip(results)
             {
                 let decision = result.or_else(|error| {
-                    tracing::warn!(%error, "backend call failed; applying on_error");
+                    crate::log::store_failed(&error);
                     on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
                 })?;
                 outcomes[descriptor] = Outcome::Decided(decision);
@@ -372,9 +371,8 @@ impl<S: Backend> RlsService<S> {
         self.store_ops.check.increment(1);
         match self.backend.check_one(&rest).await {
             Ok(_) => decision.remaining = 0,
-            Err(error) => {
-                tracing::warn!(%error, "spending a denied hit failed; it stays uncounted");
-            }
+            // A failure is logged (throttled); the hit stays uncounted.
+            Err(error) => crate::log::store_failed(&error),
         }
     }
 
@@ -442,21 +440,11 @@ impl<S: Backend> pb::rate_limit_service_server::RateLimitService for RlsService<
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let started = Instant::now();
-        let result = self.decide(request.get_ref()).await;
-        let method = Method::ShouldRateLimit;
-        self.metrics.request_duration(method, started.elapsed());
-        result.map(Response::new).map_err(|error| {
-            let status = to_status(&error);
-            if let ServiceError::Backend(backend) = &error {
-                warn_backend(backend);
-            }
-            self.metrics.request_error(method, status.code());
-            status
-        })
+        super::observe(
+            &self.metrics,
+            Method::ShouldRateLimit,
+            self.decide(request.get_ref()),
+        )
+        .await
     }
-}
-
-fn warn_backend(error: &BackendError) {
-    tracing::warn!(method = Method::ShouldRateLimit.as_str(), %error, "backend call failed");
 }
