@@ -6,6 +6,7 @@
 mod credentials;
 mod differential;
 mod faults;
+mod readiness;
 mod rollouts;
 
 use std::sync::Arc;

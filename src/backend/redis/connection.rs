@@ -81,6 +81,17 @@ pub(super) enum CallError {
     NoScript(BackendError),
 }
 
+impl CallError {
+    /// The backend error a caller answers with; `timeout` is the bound the
+    /// call had.
+    pub(super) fn into_backend(self, timeout: Duration) -> BackendError {
+        match self {
+            CallError::TimedOut => timed_out(timeout),
+            CallError::Failed(e) | CallError::NoScript(e) => e,
+        }
+    }
+}
+
 /// What the background wait learns from a reply that came too late.
 pub(super) type LateReply = Box<dyn FnOnce(&RedisResult<Value>) + Send>;
 
@@ -414,6 +425,33 @@ impl Connections {
         }
     }
 
+    /// Whether Redis serves now: a `PING` answered within the timeout. A
+    /// standalone server is pinged over the connection calls use (made
+    /// first if none is up); a Cluster is healthy when every primary
+    /// answers, since a primary that does not leaves its share of the keys
+    /// undecidable.
+    pub(super) async fn ping(&self) -> Result<(), BackendError> {
+        let started = Instant::now();
+        match &self.kind {
+            Kind::Standalone(_) => self
+                .call(redis::cmd("PING"), started, None)
+                .await
+                .map(drop)
+                .map_err(|e| e.into_backend(self.timeout)),
+            Kind::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                tokio::time::timeout(
+                    self.timeout,
+                    c.clone().route_command(redis::cmd("PING"), routing),
+                )
+                .await
+                .map_err(|_| timed_out(self.timeout))?
+                .map(drop)
+                .map_err(|e| to_backend_error(classify(&e), &e))
+            }
+        }
+    }
+
     /// Drops the standalone connection so the next call makes a new one.
     fn replace(&self, why: &str) {
         if let Kind::Standalone(s) = &self.kind {
@@ -449,10 +487,6 @@ fn send<C: ConnectionLike + Send + 'static>(
 
 fn timed_out(after: Duration) -> BackendError {
     BackendError::Unavailable(format!("redis did not answer within {after:?}"))
-}
-
-pub(super) fn timed_out_error(after: Duration) -> BackendError {
-    timed_out(after)
 }
 
 /// `TIME`'s seconds and microseconds, as milliseconds.

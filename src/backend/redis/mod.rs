@@ -35,7 +35,7 @@ use quotad_proto::convert;
 use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
 
-use self::connection::{CallError, Connections, Counts, LateReply, local_ms, timed_out_error};
+use self::connection::{CallError, Connections, Counts, LateReply, local_ms};
 use super::{Backend, BackendError, BackendStats, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
@@ -260,10 +260,7 @@ impl RedisBackend {
             (true, Some(key)) => deadline::slot(key.as_bytes()),
             _ => 0,
         };
-        let failed = |e: CallError| match e {
-            CallError::TimedOut => timed_out_error(timeout),
-            CallError::Failed(e) | CallError::NoScript(e) => e,
-        };
+        let failed = |e: CallError| e.into_backend(timeout);
         let deadline = self
             .connections
             .deadline(slot, give_up, started)
@@ -440,10 +437,13 @@ impl Backend for RedisBackend {
             .call(del, Instant::now(), None)
             .await
             .map(drop)
-            .map_err(|e| match e {
-                CallError::TimedOut => timed_out_error(timeout),
-                CallError::Failed(e) | CallError::NoScript(e) => e,
-            })
+            .map_err(|e| e.into_backend(timeout))
+    }
+
+    /// A `PING` within `store.redis.timeout`; on a Cluster, every primary
+    /// must answer.
+    async fn probe(&self) -> Result<(), BackendError> {
+        self.connections.ping().await
     }
 
     fn stats(&self) -> BackendStats {
