@@ -14,18 +14,19 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use metrics::Counter;
 use quotad_core::{BatchMode, CheckItem, Decision, Policy, Reason};
 use quotad_proto::v1 as pb;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::error::{ServiceError, to_status};
 use super::request::{
     BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
 };
-use crate::backend::{Backend, BackendError, ItemResult};
+use crate::backend::{Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
@@ -37,6 +38,42 @@ pub(crate) struct RequestLimits {
     pub(crate) max_key_bytes: usize,
     /// `store.on_error`, for inline policies.
     pub(crate) on_error: OnError,
+    /// `transport.request_timeout`: tonic ends every call after it.
+    pub(crate) request_timeout: Duration,
+}
+
+/// When the caller of `metadata`'s request stops waiting, counted from now:
+/// its `grpc-timeout`, if it sent one, or `request_timeout`, whichever ends
+/// first (tonic cancels the call then). The store is given it, so that a
+/// call answered as failed is never counted later.
+///
+/// The request's transit is not in it: the client's own deadline ended
+/// that much earlier (`docs/redis.md`, the residual window).
+pub(crate) fn call_deadline(metadata: &MetadataMap, request_timeout: Duration) -> Deadline {
+    let asked = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(grpc_timeout);
+    Deadline::after(asked.map_or(request_timeout, |t| t.min(request_timeout)))
+}
+
+/// A `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`, `m`,
+/// `u`, `n`), as the gRPC HTTP/2 protocol defines it.
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    let digits = value.get(..value.len().checked_sub(1)?)?;
+    if !(1..=8).contains(&digits.len()) || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match &value[digits.len()..] {
+        "H" => Duration::from_secs(n * 3_600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The Quota service over a backend `S`.
@@ -231,13 +268,14 @@ impl<S: Backend> QuotaService<S> {
     async fn decide_one(
         &self,
         request: pb::CheckRequest,
+        deadline: Deadline,
     ) -> Result<pb::CheckResponse, ServiceError> {
         let spec = CheckSpec::try_from(request)?;
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.check.increment(1);
-        let result = self.backend.check_one(&item).await;
+        let result = self.backend.check_one(&item, deadline).await;
         let decision = first(resolve_results(
             std::slice::from_ref(&target),
             vec![result],
@@ -252,6 +290,7 @@ impl<S: Backend> QuotaService<S> {
     async fn decide_batch(
         &self,
         request: pb::CheckBatchRequest,
+        deadline: Deadline,
     ) -> Result<pb::CheckBatchResponse, ServiceError> {
         let batch = BatchSpec::try_from(request)?;
         let set = self.policies.snapshot();
@@ -272,7 +311,7 @@ impl<S: Backend> QuotaService<S> {
             .map(|(i, (spec, target))| target.item(&spec.key, spec.cost).map_err(|e| e.at_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         self.store_ops.check_batch.increment(1);
-        let results = self.backend.check(&items, batch.mode).await;
+        let results = self.backend.check(&items, batch.mode, deadline).await;
         let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
         for (target, decision) in targets.iter().zip(&decisions) {
             target.decisions.record(decision);
@@ -282,13 +321,17 @@ impl<S: Backend> QuotaService<S> {
         })
     }
 
-    async fn peek_one(&self, request: pb::CheckRequest) -> Result<pb::CheckResponse, ServiceError> {
+    async fn peek_one(
+        &self,
+        request: pb::CheckRequest,
+        deadline: Deadline,
+    ) -> Result<pb::CheckResponse, ServiceError> {
         let spec = CheckSpec::try_from(request)?;
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.peek.increment(1);
-        let result = self.backend.peek(&item).await;
+        let result = self.backend.peek(&item, deadline).await;
         let decision = first(resolve_results(
             std::slice::from_ref(&target),
             vec![result],
@@ -349,23 +392,32 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        self.observe(Method::Check, self.decide_one(request.into_inner()))
-            .await
+        let deadline = call_deadline(request.metadata(), self.limits.request_timeout);
+        self.observe(
+            Method::Check,
+            self.decide_one(request.into_inner(), deadline),
+        )
+        .await
     }
 
     async fn check_batch(
         &self,
         request: Request<pb::CheckBatchRequest>,
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
-        self.observe(Method::CheckBatch, self.decide_batch(request.into_inner()))
-            .await
+        let deadline = call_deadline(request.metadata(), self.limits.request_timeout);
+        self.observe(
+            Method::CheckBatch,
+            self.decide_batch(request.into_inner(), deadline),
+        )
+        .await
     }
 
     async fn peek(
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        self.observe(Method::Peek, self.peek_one(request.into_inner()))
+        let deadline = call_deadline(request.metadata(), self.limits.request_timeout);
+        self.observe(Method::Peek, self.peek_one(request.into_inner(), deadline))
             .await
     }
 
@@ -399,6 +451,42 @@ mod tests {
                 Reason::LimitExceeded
             },
         }
+    }
+
+    #[test]
+    fn the_call_deadline_is_the_earlier_of_grpc_timeout_and_the_request_timeout() {
+        assert_eq!(grpc_timeout("50m"), Some(Duration::from_millis(50)));
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3_600)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(
+            grpc_timeout("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "5", "5x", "-5m", "+5m", "5 m", "5é"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+        let within = |metadata: &MetadataMap, timeout: Duration| {
+            let before = Instant::now();
+            let at = call_deadline(metadata, timeout)
+                .instant()
+                .expect("a deadline");
+            at.duration_since(before)
+        };
+        let mut metadata = MetadataMap::new();
+        let five = Duration::from_secs(5);
+        assert!(
+            within(&metadata, five) >= five,
+            "no grpc-timeout: the request timeout"
+        );
+        metadata.insert("grpc-timeout", "50m".parse().expect("ascii"));
+        let asked = within(&metadata, five);
+        assert!(
+            asked >= Duration::from_millis(50) && asked < five,
+            "{asked:?}"
+        );
+        assert!(within(&metadata, Duration::from_millis(20)) < Duration::from_millis(50));
     }
 
     #[test]

@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::{TestServer, check, eventually, named, peek};
 use quotad::Config;
-use quotad::backend::Backend;
 use quotad::backend::redis::{RedisBackend, RedisSettings, RedisTarget};
+use quotad::backend::{Backend, Deadline};
 use quotad_client::{Check, Client};
 use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
 use quotad_proto::v1 as pb;
@@ -352,8 +352,10 @@ fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
         let item = CheckItem::new("big", policy, "k", cost).expect("valid");
         let (a, b) = runtime.block_on(async {
             (
-                Backend::check_one(&memory, &item).await.expect("memory"),
-                store.check_one(&item).await.expect("redis"),
+                Backend::check_one(&memory, &item, Deadline::NONE)
+                    .await
+                    .expect("memory"),
+                store.check_one(&item, Deadline::NONE).await.expect("redis"),
             )
         });
         assert_eq!(a, b, "cost {cost}");

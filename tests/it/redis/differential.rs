@@ -17,14 +17,16 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
-use quotad::backend::Backend;
 use quotad::backend::redis::{RedisBackend, RedisTarget};
+use quotad::backend::{Backend, Deadline};
 use quotad_core::{
     Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, MemoryStore, OnFull, Policy,
     StoreConfig,
 };
 
 use super::{START, settings};
+
+const NONE: Deadline = Deadline::NONE;
 use crate::common::redis::RedisServer;
 
 /// A change a reload makes to the policy under test.
@@ -195,15 +197,15 @@ fn memory_and_redis_decide_identically_across_reloads_and_clock_steps_back() {
                         Op::Check { key, cost } => {
                             let i = item(*key, *cost);
                             (
-                                vec![Backend::check_one(&memory, &i).await.expect("memory")],
-                                vec![redis_store.check_one(&i).await.expect("redis")],
+                                vec![Backend::check_one(&memory, &i, NONE).await.expect("memory")],
+                                vec![redis_store.check_one(&i, NONE).await.expect("redis")],
                             )
                         }
                         Op::Peek { key, cost } => {
                             let i = item(*key, *cost);
                             (
-                                vec![Backend::peek(&memory, &i).await.expect("memory")],
-                                vec![redis_store.peek(&i).await.expect("redis")],
+                                vec![Backend::peek(&memory, &i, NONE).await.expect("memory")],
+                                vec![redis_store.peek(&i, NONE).await.expect("redis")],
                             )
                         }
                         Op::AllOrNothing(items) | Op::Independent(items) => {
@@ -213,8 +215,8 @@ fn memory_and_redis_decide_identically_across_reloads_and_clock_steps_back() {
                             };
                             let items: Vec<_> = items.iter().map(|&(k, c)| item(k, c)).collect();
                             (
-                                decided(Backend::check(&memory, &items, mode).await),
-                                decided(redis_store.check(&items, mode).await),
+                                decided(Backend::check(&memory, &items, mode, NONE).await),
+                                decided(redis_store.check(&items, mode, NONE).await),
                             )
                         }
                         Op::Reload(_) | Op::StepBack(_) => (Vec::new(), Vec::new()),
