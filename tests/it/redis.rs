@@ -8,6 +8,7 @@ mod differential;
 mod faults;
 mod readiness;
 mod rollouts;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;

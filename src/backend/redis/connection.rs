@@ -231,7 +231,12 @@ impl Connections {
                     .into_connection_info()
                     .map_err(|e| unavailable(&e))?
                     .set_tcp_settings(tcp_settings());
-                let client = redis::Client::open(info).map_err(|e| unavailable(&e))?;
+                let client = if settings.tls.is_set() {
+                    redis::Client::build_with_tls(info, settings.tls.load()?)
+                } else {
+                    redis::Client::open(info)
+                }
+                .map_err(|e| unavailable(&e))?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(None)
@@ -247,13 +252,15 @@ impl Connections {
                 }))
             }
             RedisTarget::Cluster(nodes) => {
-                let client = ClusterClient::builder(nodes.clone())
+                let mut builder = ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
                     .retries(0)
-                    .tcp_settings(tcp_settings())
-                    .build()
-                    .map_err(|e| unavailable(&e))?;
+                    .tcp_settings(tcp_settings());
+                if settings.tls.is_set() {
+                    builder = builder.certs(settings.tls.load()?);
+                }
+                let client = builder.build().map_err(|e| unavailable(&e))?;
                 let connect = client.get_async_connection();
                 let connection = tokio::time::timeout(timeout, connect)
                     .await

@@ -25,6 +25,9 @@ mod connection;
 mod deadline;
 mod errors;
 mod keys;
+mod tls;
+
+pub use self::tls::{RedisTls, TlsFileError};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -59,6 +62,8 @@ pub struct RedisSettings {
     pub reconnect_after_timeouts: u32,
     /// The first part of every key quotad writes.
     pub key_prefix: String,
+    /// Certificate files for `rediss://` URLs.
+    pub tls: RedisTls,
 }
 
 impl RedisSettings {
@@ -70,6 +75,7 @@ impl RedisSettings {
             timeout,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
             key_prefix: "quotad".to_owned(),
+            tls: RedisTls::default(),
         }
     }
 }
@@ -81,6 +87,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("timeout", &self.timeout)
             .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
             .field("key_prefix", &self.key_prefix)
+            .field("tls", &self.tls)
             .finish()
     }
 }
