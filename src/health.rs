@@ -117,7 +117,7 @@ mod tests {
     use tonic_health::pb::HealthCheckRequest;
 
     use super::*;
-    use crate::backend::{BackendError, BackendStats, ItemResult};
+    use crate::backend::{BackendError, BackendStats, Deadline, ItemResult};
 
     /// A backend whose probe fails while `down` is set.
     #[derive(Default)]
@@ -129,13 +129,18 @@ mod tests {
         fn name(&self) -> &'static str {
             "fake"
         }
-        async fn check_one(&self, _item: &CheckItem<'_>) -> ItemResult {
+        async fn check_one(&self, _item: &CheckItem<'_>, _: Deadline) -> ItemResult {
             Err(BackendError::Internal("not used".to_owned()))
         }
-        async fn check(&self, items: &[CheckItem<'_>], _mode: BatchMode) -> Vec<ItemResult> {
+        async fn check(
+            &self,
+            items: &[CheckItem<'_>],
+            _mode: BatchMode,
+            _: Deadline,
+        ) -> Vec<ItemResult> {
             vec![Err(BackendError::Internal("not used".to_owned())); items.len()]
         }
-        async fn peek(&self, _item: &CheckItem<'_>) -> ItemResult {
+        async fn peek(&self, _item: &CheckItem<'_>, _: Deadline) -> ItemResult {
             Err(BackendError::Internal("not used".to_owned()))
         }
         async fn reset(

@@ -313,6 +313,7 @@ async fn serve<B: Backend>(
         RequestLimits {
             max_key_bytes: config.store().max_key_bytes,
             on_error: config.store().on_error,
+            request_timeout: config.transport().request_timeout,
         },
     );
     let rls = RlsService::new(

@@ -14,11 +14,13 @@ pub(crate) mod rls;
 pub(crate) use quota::{QuotaService, RequestLimits};
 pub(crate) use rls::{RlsOptions, RlsService};
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tonic::metadata::MetadataMap;
 use tonic::{Response, Status};
 
 use self::error::{ServiceError, to_status};
+use crate::backend::Deadline;
 use crate::metrics::{Method, Metrics};
 
 /// Runs one handler: times it, and turns its error into a status, counted
@@ -36,4 +38,79 @@ pub(crate) async fn observe<T>(
         metrics.request_error(method, status.code());
         status
     })
+}
+
+/// When the caller of `metadata`'s request stops waiting, counted from now:
+/// its `grpc-timeout`, if it sent one, or `request_timeout`, whichever ends
+/// first (tonic cancels the call then). The store is given it, so that a
+/// call answered as failed is never counted later.
+///
+/// The request's transit is not in it: the client's own deadline ended
+/// that much earlier (`docs/redis.md`, the residual window).
+pub(crate) fn call_deadline(metadata: &MetadataMap, request_timeout: Duration) -> Deadline {
+    let asked = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(grpc_timeout);
+    Deadline::after(asked.map_or(request_timeout, |t| t.min(request_timeout)))
+}
+
+/// A `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`, `m`,
+/// `u`, `n`), as the gRPC HTTP/2 protocol defines it.
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    let digits = value.get(..value.len().checked_sub(1)?)?;
+    if !(1..=8).contains(&digits.len()) || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match &value[digits.len()..] {
+        "H" => Duration::from_secs(n * 3_600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_call_deadline_is_the_earlier_of_grpc_timeout_and_the_request_timeout() {
+        assert_eq!(grpc_timeout("50m"), Some(Duration::from_millis(50)));
+        assert_eq!(grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3_600)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(
+            grpc_timeout("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "5", "5x", "-5m", "+5m", "5 m", "5é"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+        let within = |metadata: &MetadataMap, timeout: Duration| {
+            let before = Instant::now();
+            let at = call_deadline(metadata, timeout)
+                .instant()
+                .expect("a deadline");
+            at.duration_since(before)
+        };
+        let mut metadata = MetadataMap::new();
+        let five = Duration::from_secs(5);
+        assert!(
+            within(&metadata, five) >= five,
+            "no grpc-timeout: the request timeout"
+        );
+        metadata.insert("grpc-timeout", "50m".parse().expect("ascii"));
+        let asked = within(&metadata, five);
+        assert!(
+            asked >= Duration::from_millis(50) && asked < five,
+            "{asked:?}"
+        );
+        assert!(within(&metadata, Duration::from_millis(20)) < Duration::from_millis(50));
+    }
 }

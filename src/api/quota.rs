@@ -14,6 +14,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use metrics::Counter;
 use quotad_core::{BatchMode, CheckItem, Decision, Policy, Reason};
@@ -24,7 +25,7 @@ use super::error::ServiceError;
 use super::request::{
     BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
 };
-use crate::backend::{Backend, BackendError, ItemResult};
+use crate::backend::{Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
@@ -36,6 +37,8 @@ pub(crate) struct RequestLimits {
     pub(crate) max_key_bytes: usize,
     /// `store.on_error`, for inline policies.
     pub(crate) on_error: OnError,
+    /// `transport.request_timeout`: tonic ends every call after it.
+    pub(crate) request_timeout: Duration,
 }
 
 /// The Quota service over a backend `S`.
@@ -248,13 +251,14 @@ impl<S: Backend> QuotaService<S> {
     async fn decide_one(
         &self,
         request: pb::CheckRequest,
+        deadline: Deadline,
     ) -> Result<pb::CheckResponse, ServiceError> {
         let spec = CheckSpec::try_from(request)?;
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.check.increment(1);
-        let result = self.backend.check_one(&item).await;
+        let result = self.backend.check_one(&item, deadline).await;
         let decision = first(resolve_results(
             std::slice::from_ref(&target),
             vec![result],
@@ -269,6 +273,7 @@ impl<S: Backend> QuotaService<S> {
     async fn decide_batch(
         &self,
         request: pb::CheckBatchRequest,
+        deadline: Deadline,
     ) -> Result<pb::CheckBatchResponse, ServiceError> {
         let batch = BatchSpec::try_from(request)?;
         let set = self.policies.snapshot();
@@ -289,7 +294,7 @@ impl<S: Backend> QuotaService<S> {
             .map(|(i, (spec, target))| target.item(&spec.key, spec.cost).map_err(|e| e.at_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         self.store_ops.check_batch.increment(1);
-        let results = self.backend.check(&items, batch.mode).await;
+        let results = self.backend.check(&items, batch.mode, deadline).await;
         let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
         for (target, decision) in targets.iter().zip(&decisions) {
             target.decisions.record(decision);
@@ -299,13 +304,17 @@ impl<S: Backend> QuotaService<S> {
         })
     }
 
-    async fn peek_one(&self, request: pb::CheckRequest) -> Result<pb::CheckResponse, ServiceError> {
+    async fn peek_one(
+        &self,
+        request: pb::CheckRequest,
+        deadline: Deadline,
+    ) -> Result<pb::CheckResponse, ServiceError> {
         let spec = CheckSpec::try_from(request)?;
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.peek.increment(1);
-        let result = self.backend.peek(&item).await;
+        let result = self.backend.peek(&item, deadline).await;
         let decision = first(resolve_results(
             std::slice::from_ref(&target),
             vec![result],
@@ -348,10 +357,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::Check,
-            self.decide_one(request.into_inner()),
+            self.decide_one(request.into_inner(), deadline),
         )
         .await
     }
@@ -360,10 +370,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckBatchRequest>,
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
+        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::CheckBatch,
-            self.decide_batch(request.into_inner()),
+            self.decide_batch(request.into_inner(), deadline),
         )
         .await
     }
@@ -372,10 +383,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
+        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::Peek,
-            self.peek_one(request.into_inner()),
+            self.peek_one(request.into_inner(), deadline),
         )
         .await
     }

@@ -16,9 +16,50 @@ pub mod memory;
 pub mod redis;
 
 use std::future::Future;
+use std::time::{Duration, Instant};
 
 use quotad_core::{BatchMode, CheckItem, Decision, Policy};
 use thiserror::Error;
+
+/// When the caller of a store call stops waiting for its answer.
+///
+/// Past it the call is answered as failed, so the store must not count it
+/// later: the Redis backend makes it the script's deadline when it is
+/// earlier than `store.redis.timeout` (the earlier of the two always
+/// applies). The API gives each call the earliest of the request's own
+/// deadline (gRPC `grpc-timeout`) and `transport.request_timeout`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deadline(Option<Instant>);
+
+impl Deadline {
+    /// No deadline of the caller's: only the store's own timeout applies.
+    pub const NONE: Deadline = Deadline(None);
+
+    /// A deadline at `instant`.
+    pub fn at(instant: Instant) -> Self {
+        Deadline(Some(instant))
+    }
+
+    /// A deadline `after` from now; none if that is past what an `Instant`
+    /// can hold.
+    pub fn after(after: Duration) -> Self {
+        Deadline(Instant::now().checked_add(after))
+    }
+
+    /// The instant, if there is one.
+    pub fn instant(self) -> Option<Instant> {
+        self.0
+    }
+
+    /// The earlier of two deadlines.
+    #[must_use]
+    pub fn min(self, other: Deadline) -> Deadline {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => Deadline(Some(a.min(b))),
+            (a, b) => Deadline(a.or(b)),
+        }
+    }
+}
 
 /// A backend that could not make a decision. A denial is never an error.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -65,12 +106,18 @@ pub trait Backend: Send + Sync + 'static {
     /// The backend's name, for the `backend` metric label.
     fn name(&self) -> &'static str;
 
-    /// Decides one item and, when allowed, consumes its cost.
+    /// Decides one item and, when allowed, consumes its cost, answering by
+    /// `deadline` at the latest.
     ///
     /// # Errors
     ///
-    /// [`BackendError`] when the backend fails; nothing is consumed then.
-    fn check_one(&self, item: &CheckItem<'_>) -> impl Future<Output = ItemResult> + Send;
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`; nothing is consumed then, nor later.
+    fn check_one(
+        &self,
+        item: &CheckItem<'_>,
+        deadline: Deadline,
+    ) -> impl Future<Output = ItemResult> + Send;
 
     /// Decides a batch, independently or all-or-nothing: one result per
     /// item, in order.
@@ -79,18 +126,25 @@ pub trait Backend: Send + Sync + 'static {
     /// keeps its decision whatever happened to the others (a Redis Cluster
     /// node that is down fails only its own items). An all-or-nothing batch
     /// is one atomic transition: its items are all decided or all failed.
+    /// An item not decided by `deadline` fails, and is never counted later.
     fn check(
         &self,
         items: &[CheckItem<'_>],
         mode: BatchMode,
+        deadline: Deadline,
     ) -> impl Future<Output = Vec<ItemResult>> + Send;
 
     /// What `check_one` would decide, consuming and creating nothing.
     ///
     /// # Errors
     ///
-    /// [`BackendError`] when the backend fails.
-    fn peek(&self, item: &CheckItem<'_>) -> impl Future<Output = ItemResult> + Send;
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`.
+    fn peek(
+        &self,
+        item: &CheckItem<'_>,
+        deadline: Deadline,
+    ) -> impl Future<Output = ItemResult> + Send;
 
     /// Forgets the state of `key` under the policy namespace `name`, as
     /// counted under `policy` (a backend that binds state to the counting

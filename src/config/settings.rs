@@ -379,6 +379,12 @@ section! {
         reconnect_after_timeouts: u32 = Int("3"), Restart;
         /// The first part of every key quotad writes in Redis
         key_prefix: String = Str("quotad"), Restart;
+        /// PEM CA certificates a rediss:// server must chain to [default: the system's roots]
+        tls_ca: Option<PathBuf> = Str, Restart;
+        /// PEM client certificate chain for rediss://, for a Redis that requires one
+        tls_cert: Option<PathBuf> = Str, Restart;
+        /// PEM private key of tls_cert
+        tls_key: Option<PathBuf> = Str, Restart;
     }
 }
 

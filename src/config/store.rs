@@ -1,13 +1,14 @@
 //! `[store]`, validated: where state lives, and the rules every backend
 //! shares.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
 use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
-use crate::backend::redis::{RedisSettings, RedisTarget, redact};
+use crate::backend::redis::{RedisSettings, RedisTarget, RedisTls, redact};
 
 /// The largest `store.max_key_bytes`: the request size bound grows 1,000
 /// times with it (a full batch of the longest keys).
@@ -76,7 +77,7 @@ fn invalid(path: &[&str], message: impl Into<String>) -> Invalid {
 impl StoreSettings {
     pub(super) fn validate(
         section: StoreSection,
-        base_dir: Option<&std::path::Path>,
+        base_dir: Option<&Path>,
     ) -> Result<Self, Invalid> {
         if !(1..=MAX_KEY_BYTES).contains(&section.max_key_bytes) {
             return Err(invalid(
@@ -119,7 +120,7 @@ impl StoreSettings {
                 ));
             }
             BackendKind::Redis => match section.redis {
-                Some(redis) => BackendSettings::Redis(redis_settings(redis)?),
+                Some(redis) => BackendSettings::Redis(redis_settings(redis, base_dir)?),
                 None => {
                     return Err(invalid(
                         &["store", "backend"],
@@ -138,7 +139,7 @@ impl StoreSettings {
 
 fn snapshot_settings(
     section: SnapshotSection,
-    base_dir: Option<&std::path::Path>,
+    base_dir: Option<&Path>,
 ) -> Result<SnapshotSettings, Invalid> {
     let path = section.path.ok_or_else(|| {
         invalid(
@@ -157,7 +158,10 @@ fn snapshot_settings(
     })
 }
 
-fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
+fn redis_settings(
+    section: RedisSection,
+    base_dir: Option<&Path>,
+) -> Result<RedisSettings, Invalid> {
     let check_url = |url: &str, field: &'static str| {
         redis::IntoConnectionInfo::into_connection_info(url)
             .map(|_| ())
@@ -223,5 +227,56 @@ fn redis_settings(section: RedisSection) -> Result<RedisSettings, Invalid> {
     let mut settings = RedisSettings::new(target, section.timeout);
     settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
     settings.key_prefix = section.key_prefix;
+    settings.tls = redis_tls(section.tls_ca, section.tls_cert, section.tls_key, base_dir)?;
+    let plain = match &settings.target {
+        RedisTarget::Standalone(url) => (!url.starts_with("rediss://")).then_some("url"),
+        RedisTarget::Cluster(nodes) => nodes
+            .iter()
+            .any(|n| !n.starts_with("rediss://"))
+            .then_some("cluster_nodes"),
+    };
+    if let (true, Some(field)) = (settings.tls.is_set(), plain) {
+        return Err(invalid(
+            &["store", "redis", field],
+            "tls_ca, tls_cert and tls_key are for TLS: write the URL as rediss://",
+        ));
+    }
     Ok(settings)
+}
+
+/// `store.redis.tls_*`: the paths resolved against the config file's
+/// folder, and each file checked.
+fn redis_tls(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    base_dir: Option<&Path>,
+) -> Result<RedisTls, Invalid> {
+    let resolve = |path: PathBuf| match base_dir {
+        Some(dir) if path.is_relative() => dir.join(path),
+        _ => path,
+    };
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((resolve(cert), resolve(key))),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(invalid(
+                &["store", "redis", "tls_key"],
+                "tls_cert needs its private key in tls_key",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                &["store", "redis", "tls_cert"],
+                "tls_key needs its certificate in tls_cert",
+            ));
+        }
+    };
+    let tls = RedisTls {
+        ca: ca.map(resolve),
+        client,
+    };
+    tls.check()
+        .map_err(|e| invalid(&["store", "redis", e.field], e.message))?;
+    Ok(tls)
 }

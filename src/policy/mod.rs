@@ -4,21 +4,21 @@
 //!
 //! # What a reload does to existing state
 //!
-//! State is kept per (policy name, key) and survives a reload; quotad-core
-//! reconciles it with the new parameters on the key's next request:
+//! State is kept per (policy name, key) and survives a reload. One rule,
+//! kept alike by the memory store and by Redis, reconciles it with the new
+//! parameters on the key's next request: **state is read only under the
+//! algorithm and the window that wrote it.**
 //!
-//! - a changed **limit** keeps the counts, and the new limit applies
-//!   immediately: a key that spent 8 of 10 in a window has 2 left, 12 if the
-//!   limit becomes 20, or none if it becomes 5; a lowered **burst** caps
-//!   a bucket at the new capacity;
-//! - a changed **window** carries bucket contents over in whole tokens
-//!   (rounded in the limiting direction, capped at the burst) and re-aligns
-//!   fixed and sliding window counts to the new epoch-aligned windows (a
-//!   count is kept only if its window started within the new current
-//!   window, otherwise the key starts fresh); a sliding log re-reads its
-//!   entries against the new window length;
-//! - a changed **algorithm** starts every key fresh (the old state belongs
-//!   to another algorithm and is ignored, then replaced);
+//! - a changed **algorithm** or **window** starts every key fresh (Redis
+//!   names its keys by both; quotad-core keeps the window in each state and
+//!   reads a state of another algorithm or window as fresh);
+//! - a changed **limit** or **burst** keeps the counts, and the new limit
+//!   applies immediately: a key that spent 8 of 10 in a window has 2 left,
+//!   12 if the limit becomes 20, or none if it becomes 5; a token bucket
+//!   keeps its tokens capped at the new burst, a leaky bucket its level;
+//! - a policy **changed back** finds what each store kept: the memory
+//!   store holds one state per key (the old one was replaced), Redis the
+//!   old key until its TTL;
 //! - a **removed** policy's state stays until it is fresh and swept; if
 //!   the name comes back before that, the keys carry on from it.
 //!

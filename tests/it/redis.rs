@@ -4,25 +4,22 @@
 //! happens when Redis fails.
 
 mod credentials;
+mod differential;
 mod faults;
+mod readiness;
 mod rollouts;
+mod tls;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::common::redis::{RedisCluster, RedisServer};
 use crate::common::{TestServer, check, eventually, named, peek};
-use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use quotad::Config;
-use quotad::backend::Backend;
 use quotad::backend::redis::{RedisBackend, RedisSettings, RedisTarget};
+use quotad::backend::{Backend, Deadline};
 use quotad_client::{Check, Client};
-use quotad_core::{
-    Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, MemoryStore, OnFull, Policy,
-    StoreConfig,
-};
+use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
 use quotad_proto::v1 as pb;
 use tonic::Code;
 
@@ -30,133 +27,6 @@ const START: u64 = 1_767_268_800_000;
 
 fn settings(target: RedisTarget) -> RedisSettings {
     RedisSettings::new(target, Duration::from_secs(2))
-}
-
-#[derive(Clone, Debug)]
-enum Op {
-    Check { key: usize, cost: u64 },
-    Peek { key: usize, cost: u64 },
-    AllOrNothing(Vec<(usize, u64)>),
-    Independent(Vec<(usize, u64)>),
-}
-
-/// A batch's decisions, every item decided.
-fn decided(results: Vec<quotad::backend::ItemResult>) -> Vec<Decision> {
-    results.into_iter().map(|r| r.expect("decided")).collect()
-}
-
-fn policy_strategy() -> impl Strategy<Value = Policy> {
-    (
-        prop::sample::select(Algorithm::ALL.to_vec()),
-        1u64..=20,
-        // Small even windows make exact halves (rounding) common.
-        prop_oneof![
-            prop::sample::select(vec![2u64, 4, 10, 1_000]),
-            1u64..=5_000,
-            Just(86_400_000u64)
-        ],
-        prop::option::of(1u64..=30),
-    )
-        .prop_map(|(algorithm, limit, window, burst)| {
-            let burst = burst.filter(|_| algorithm.is_bucket());
-            Policy::try_new(algorithm, limit, Duration::from_millis(window), burst)
-                .expect("generated within the rules")
-        })
-}
-
-fn ops(policy: Policy) -> impl Strategy<Value = Vec<(u64, Op)>> {
-    let window = policy.window_ms().min(10_000);
-    let cost = 1..=policy.capacity() + 2;
-    let item = (0usize..3, cost.clone());
-    let op = prop_oneof![
-        4 => item.clone().prop_map(|(key, cost)| Op::Check { key, cost }),
-        1 => item.clone().prop_map(|(key, cost)| Op::Peek { key, cost }),
-        1 => prop::collection::vec(item.clone(), 1..4).prop_map(Op::AllOrNothing),
-        1 => prop::collection::vec(item, 1..4).prop_map(Op::Independent),
-    ];
-    let step = prop_oneof![
-        3 => Just(0u64),
-        4 => 0..=window / 4 + 1,
-        1 => Just(window / 2),
-        1 => 0..=window * 2
-    ];
-    prop::collection::vec((step, op), 1..40)
-}
-
-#[test]
-fn memory_and_redis_decide_identically_for_every_algorithm() {
-    let redis = RedisServer::start();
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let clock = Arc::new(FakeClock::new(START));
-    let redis_store = runtime
-        .block_on(RedisBackend::connect(&settings(RedisTarget::Standalone(
-            redis.url(),
-        ))))
-        .expect("connect to the test Redis")
-        .with_test_clock(clock.clone());
-    let memory = MemoryStore::new(
-        StoreConfig::try_new(100_000, 16, OnFull::Deny).expect("valid"),
-        clock.clone(),
-    );
-    let cases = AtomicU64::new(0);
-    let mut runner = TestRunner::new(ProptestConfig {
-        cases: 200,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
-    let strategy = policy_strategy().prop_flat_map(|p| (Just(p), ops(p)));
-    runner
-        .run(&strategy, |(policy, ops)| {
-            // A policy name of its own per case: no state from other cases.
-            let name = format!("case{}", cases.fetch_add(1, Ordering::Relaxed));
-            let keys = ["alice", "bob", "{team}carol"];
-            let item = |key: usize, cost: u64| {
-                CheckItem::new(&name, policy, keys[key], cost).expect("valid item")
-            };
-            clock.set(START);
-            for (step, op) in ops {
-                clock.advance(Duration::from_millis(step));
-                let (from_memory, from_redis) = runtime.block_on(async {
-                    match &op {
-                        Op::Check { key, cost } => {
-                            let i = item(*key, *cost);
-                            (
-                                vec![Backend::check_one(&memory, &i).await.expect("memory")],
-                                vec![redis_store.check_one(&i).await.expect("redis")],
-                            )
-                        }
-                        Op::Peek { key, cost } => {
-                            let i = item(*key, *cost);
-                            (
-                                vec![Backend::peek(&memory, &i).await.expect("memory")],
-                                vec![redis_store.peek(&i).await.expect("redis")],
-                            )
-                        }
-                        Op::AllOrNothing(items) | Op::Independent(items) => {
-                            let mode = match op {
-                                Op::AllOrNothing(_) => BatchMode::AllOrNothing,
-                                _ => BatchMode::Independent,
-                            };
-                            let items: Vec<_> = items.iter().map(|&(k, c)| item(k, c)).collect();
-                            (
-                                decided(Backend::check(&memory, &items, mode).await),
-                                decided(redis_store.check(&items, mode).await),
-                            )
-                        }
-                    }
-                });
-                prop_assert_eq!(
-                    from_memory,
-                    from_redis,
-                    "{:?} at {} under {:?}",
-                    op,
-                    clock.now_ms(),
-                    policy
-                );
-            }
-            Ok(())
-        })
-        .expect("the backends agree");
 }
 
 const REPLICA_CONFIG: &str = r#"
@@ -483,8 +353,10 @@ fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
         let item = CheckItem::new("big", policy, "k", cost).expect("valid");
         let (a, b) = runtime.block_on(async {
             (
-                Backend::check_one(&memory, &item).await.expect("memory"),
-                store.check_one(&item).await.expect("redis"),
+                Backend::check_one(&memory, &item, Deadline::NONE)
+                    .await
+                    .expect("memory"),
+                store.check_one(&item, Deadline::NONE).await.expect("redis"),
             )
         });
         assert_eq!(a, b, "cost {cost}");

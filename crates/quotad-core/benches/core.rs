@@ -141,7 +141,7 @@ fn bench_full_log(c: &mut Criterion) {
         let policy = policy(Algorithm::SlidingLog, cap, window);
         let (mut state, mut now) = warm_state(&policy, cap);
         let entries = |s: &Option<State>| match s {
-            Some(State::SlidingLog(log)) => log.len() as u64,
+            Some(State::SlidingLog { log, .. }) => log.len() as u64,
             _ => 0,
         };
         assert_eq!(entries(&state), cap, "the log is full");

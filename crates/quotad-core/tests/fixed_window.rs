@@ -180,6 +180,7 @@ fn a_huge_stored_count_cannot_overflow_into_an_allow() {
         let state = State::FixedWindow {
             start_ms: start,
             count,
+            window_ms: 60_000,
         };
         for cost in [1, 10] {
             let cost = std::num::NonZeroU64::new(cost).expect("non-zero");

@@ -1,8 +1,8 @@
 //! What a changed policy (a hot reload) does to state saved under the old
-//! one: counts (a leaky bucket's level) are kept and the new limit applies
-//! at once; a token bucket keeps its tokens, capped at the new burst; a
-//! changed window carries bucket levels over in whole tokens; a changed
-//! algorithm starts the key fresh.
+//! one, the rule the Redis backend keeps too: a state written under another
+//! algorithm or another window is fresh; a changed limit or burst keeps it
+//! (counts and a leaky bucket's level are kept and the new limit applies at
+//! once; a token bucket keeps its tokens, capped at the new burst).
 
 use std::num::NonZeroU64;
 use std::time::Duration;
@@ -63,20 +63,54 @@ fn a_token_bucket_keeps_its_tokens_capped_at_the_new_burst() {
 }
 
 #[test]
-fn a_changed_bucket_window_carries_whole_tokens_over() {
-    for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
-        let state = spend(&policy(algorithm, 10, 1_000), 4);
+fn a_changed_window_starts_the_key_fresh_for_every_algorithm() {
+    for algorithm in Algorithm::ALL {
+        let state = spend(&policy(algorithm, 10, 60_000), 10);
         assert_eq!(
-            remaining(&policy(algorithm, 10, 2_000), &state),
-            6,
+            remaining(&policy(algorithm, 10, 60_000), &state),
+            0,
             "{algorithm}"
         );
-        assert_eq!(
-            remaining(&policy(algorithm, 10, 7), &state),
-            6,
-            "{algorithm}"
-        );
+        // Longer, shorter, and a multiple whose windows contain the old one.
+        for window in [120_000, 1_000, 59_999] {
+            assert_eq!(
+                remaining(&policy(algorithm, 10, window), &state),
+                10,
+                "{algorithm} over {window} ms"
+            );
+        }
     }
+}
+
+#[test]
+fn a_state_counted_under_a_new_window_replaces_the_old_one() {
+    // A key keeps one state: once counted over a second, the count over a
+    // minute is gone, and a return to the minute starts it fresh. (A Redis
+    // key per window keeps the minute's count until it is fresh instead.)
+    let minute = policy(Algorithm::FixedWindow, 10, 60_000);
+    let second = policy(Algorithm::FixedWindow, 10, 1_000);
+    let state = spend(&minute, 10);
+    let one = NonZeroU64::MIN;
+    let (state, d) = decide(&second, state, NOW, one);
+    assert!(d.allowed && d.remaining == 9, "{d:?}");
+    assert!(state.as_ref().is_some_and(|s| s.counts_under(&second)));
+    assert!(!state.as_ref().is_some_and(|s| s.counts_under(&minute)));
+}
+
+#[test]
+fn a_changed_burst_keeps_the_bucket_capped_at_the_new_burst() {
+    let bucket = |algorithm, burst| {
+        Policy::try_new(algorithm, 10, Duration::from_millis(60_000), Some(burst)).expect("valid")
+    };
+    // Token bucket: 12 of a burst of 20 spent, 8 tokens left.
+    let state = spend(&bucket(Algorithm::TokenBucket, 20), 12);
+    assert_eq!(remaining(&bucket(Algorithm::TokenBucket, 5), &state), 5);
+    assert_eq!(remaining(&bucket(Algorithm::TokenBucket, 30), &state), 8);
+    // Leaky bucket: a level of 12; a burst of 5 holds nothing more until
+    // it drains below 5, a burst of 30 has 18 of room.
+    let state = spend(&bucket(Algorithm::LeakyBucket, 20), 12);
+    assert_eq!(remaining(&bucket(Algorithm::LeakyBucket, 5), &state), 0);
+    assert_eq!(remaining(&bucket(Algorithm::LeakyBucket, 30), &state), 18);
 }
 
 #[test]

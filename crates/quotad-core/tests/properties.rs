@@ -354,7 +354,7 @@ proptest! {
             now += step;
             state = decide(&policy, state, now, self::cost(cost)).0;
         }
-        let Some(State::SlidingLog(log)) = &state else {
+        let Some(State::SlidingLog { log, .. }) = &state else {
             return Err(TestCaseError::fail("the log holds admissions"));
         };
         prop_assert!(log.len() >= 2_000 && log.total() <= limit);

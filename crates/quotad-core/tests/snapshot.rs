@@ -375,6 +375,13 @@ fn wrong_magic_wrong_version_and_trailing_bytes_each_have_their_error() {
         }
         other => panic!("expected an unsupported version, got {other:?}"),
     }
+    // Version 1 stored no window in fixed and sliding windows and logs.
+    let mut older = bytes.clone();
+    older[8..12].copy_from_slice(&1u32.to_le_bytes());
+    assert!(matches!(
+        load_bytes(&older),
+        Err(SnapshotError::UnsupportedVersion { found: 1, .. })
+    ));
 
     let mut longer = bytes.clone();
     longer.push(0);

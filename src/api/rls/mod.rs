@@ -39,7 +39,7 @@ use tonic::{Request, Response, Status};
 use super::error::ServiceError;
 use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
-use crate::backend::{Backend, ItemResult};
+use crate::backend::{Backend, Deadline, ItemResult};
 use crate::config::{BackendSettings, Config, CountMode, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
@@ -58,6 +58,8 @@ pub(crate) struct RlsOptions {
     pub(crate) max_key_bytes: usize,
     /// `store.on_error`.
     pub(crate) on_error: OnError,
+    /// `transport.request_timeout`: tonic ends every call after it.
+    pub(crate) request_timeout: std::time::Duration,
     /// The server's clock, for the window end of a limit nothing was
     /// stored for.
     pub(crate) clock: Arc<dyn Clock>,
@@ -134,6 +136,7 @@ impl RlsOptions {
             quota_mode: rls.quota_mode,
             max_key_bytes: config.store().max_key_bytes,
             on_error: config.store().on_error,
+            request_timeout: config.transport().request_timeout,
             clock: Arc::clone(config.clock()),
         }
     }
@@ -166,6 +169,7 @@ impl<S: Backend> RlsService<S> {
     async fn decide(
         &self,
         request: &pb::RateLimitRequest,
+        deadline: Deadline,
     ) -> Result<pb::RateLimitResponse, ServiceError> {
         let request = convert(request)?;
         let set = self.rules.snapshot();
@@ -187,7 +191,7 @@ impl<S: Backend> RlsService<S> {
         if let [Resolution::Limited(applied)] = resolved.as_slice()
             && let Some(item) = applied.check_item()
         {
-            let outcome = Outcome::Decided(self.check_alone(applied, item, spend).await?);
+            let outcome = Outcome::Decided(self.check_alone(applied, item, spend, deadline).await?);
             let outcomes = std::slice::from_ref(&outcome);
             return Ok(status::respond(
                 &resolved,
@@ -199,7 +203,7 @@ impl<S: Backend> RlsService<S> {
         }
         // Boxed: its state is larger than the whole of the common case's,
         // and would otherwise be part of every call's future.
-        let outcomes = Box::pin(self.check_many(&resolved, spend)).await?;
+        let outcomes = Box::pin(self.check_many(&resolved, spend, deadline)).await?;
         Ok(status::respond(
             &resolved,
             &outcomes,
@@ -233,20 +237,21 @@ impl<S: Backend> RlsService<S> {
         applied: &Applied<'_>,
         item: CheckItem<'_>,
         spend: Spend,
+        deadline: Deadline,
     ) -> Result<Decision, ServiceError> {
         let result = match self.role(applied) {
             Role::Probe => {
                 self.store_ops.peek.increment(1);
-                self.backend.peek(&item).await
+                self.backend.peek(&item, deadline).await
             }
             Role::Group | Role::Alone => {
                 self.store_ops.check.increment(1);
                 let item = item.with_spend(spend);
-                let mut result = self.backend.check_one(&item).await;
+                let mut result = self.backend.check_one(&item, deadline).await;
                 if let Ok(decision) = &mut result
                     && !self.backend.spends_when_denied()
                 {
-                    Box::pin(self.spend_rest(&item, decision)).await;
+                    Box::pin(self.spend_rest(&item, decision, deadline)).await;
                 }
                 result
             }
@@ -264,6 +269,7 @@ impl<S: Backend> RlsService<S> {
         &self,
         resolved: &[Resolution<'_>],
         spend: Spend,
+        deadline: Deadline,
     ) -> Result<Vec<Outcome>, ServiceError> {
         let mut outcomes = Vec::with_capacity(resolved.len());
         // Each list of store items, with the descriptor of each item.
@@ -299,13 +305,13 @@ impl<S: Backend> RlsService<S> {
         let (group_results, alone_results, probe_results) = tokio::join!(
             async {
                 if doomed {
-                    self.peek_rejected(&group.items).await
+                    self.peek_rejected(&group.items, deadline).await
                 } else {
-                    self.all_or_nothing(&group.items).await
+                    self.all_or_nothing(&group.items, deadline).await
                 }
             },
-            self.independent(&alone.items),
-            self.peek_each(&probes.items),
+            self.independent(&alone.items, deadline),
+            self.peek_each(&probes.items, deadline),
         );
         for (batch, results) in [
             (&group, group_results),
@@ -325,30 +331,34 @@ impl<S: Backend> RlsService<S> {
         Ok(outcomes)
     }
 
-    async fn all_or_nothing(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
+    async fn all_or_nothing(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
         if items.is_empty() {
             return Vec::new();
         }
         self.store_ops.check_batch.increment(1);
-        self.backend.check(items, BatchMode::AllOrNothing).await
+        self.backend
+            .check(items, BatchMode::AllOrNothing, deadline)
+            .await
     }
 
-    async fn independent(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
+    async fn independent(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
         let mut results = match items {
             [] => return Vec::new(),
             [item] => {
                 self.store_ops.check.increment(1);
-                vec![self.backend.check_one(item).await]
+                vec![self.backend.check_one(item, deadline).await]
             }
             _ => {
                 self.store_ops.check_batch.increment(1);
-                self.backend.check(items, BatchMode::Independent).await
+                self.backend
+                    .check(items, BatchMode::Independent, deadline)
+                    .await
             }
         };
         if !self.backend.spends_when_denied() {
             for (item, result) in items.iter().zip(&mut results) {
                 if let Ok(decision) = result {
-                    Box::pin(self.spend_rest(item, decision)).await;
+                    Box::pin(self.spend_rest(item, decision, deadline)).await;
                 }
             }
         }
@@ -360,7 +370,7 @@ impl<S: Backend> RlsService<S> {
     /// second check of exactly that much. Never admits more than the
     /// limit; another request may take the budget in between, and then the
     /// second check is simply denied.
-    async fn spend_rest(&self, item: &CheckItem<'_>, decision: &mut Decision) {
+    async fn spend_rest(&self, item: &CheckItem<'_>, decision: &mut Decision, deadline: Deadline) {
         if item.spend() != Spend::Always || decision.allowed || decision.remaining == 0 {
             return;
         }
@@ -369,7 +379,7 @@ impl<S: Backend> RlsService<S> {
             return;
         };
         self.store_ops.check.increment(1);
-        match self.backend.check_one(&rest).await {
+        match self.backend.check_one(&rest, deadline).await {
             Ok(_) => decision.remaining = 0,
             // A failure is logged (throttled); the hit stays uncounted.
             Err(error) => crate::log::store_failed(&error),
@@ -379,8 +389,8 @@ impl<S: Backend> RlsService<S> {
     /// The group of a request already over (a limit of 0 among its
     /// enforced descriptors): nothing is counted, and what would have
     /// fitted is answered as rejected with the batch.
-    async fn peek_rejected(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
-        let mut results = self.peek_each(items).await;
+    async fn peek_rejected(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
+        let mut results = self.peek_each(items, deadline).await;
         for decision in results.iter_mut().flatten() {
             if decision.allowed {
                 decision.allowed = false;
@@ -390,11 +400,11 @@ impl<S: Backend> RlsService<S> {
         results
     }
 
-    async fn peek_each(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
+    async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
         let mut results = Vec::with_capacity(items.len());
         for item in items {
             self.store_ops.peek.increment(1);
-            results.push(self.backend.peek(item).await);
+            results.push(self.backend.peek(item, deadline).await);
         }
         results
     }
@@ -440,10 +450,11 @@ impl<S: Backend> pb::rate_limit_service_server::RateLimitService for RlsService<
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
+        let deadline = super::call_deadline(request.metadata(), self.options.request_timeout);
         super::observe(
             &self.metrics,
             Method::ShouldRateLimit,
-            self.decide(request.get_ref()),
+            self.decide(request.get_ref(), deadline),
         )
         .await
     }

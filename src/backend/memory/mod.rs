@@ -12,7 +12,7 @@ use std::time::Duration;
 use quotad_core::{BatchMode, CheckItem, MemoryStore, Policy};
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, BackendError, BackendStats, ItemResult};
+use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
 
 pub mod snapshot;
 
@@ -21,18 +21,24 @@ impl Backend for MemoryStore {
         "memory"
     }
 
-    async fn check_one(&self, item: &CheckItem<'_>) -> ItemResult {
+    // Answers at once, from memory: no deadline can pass meanwhile.
+    async fn check_one(&self, item: &CheckItem<'_>, _: Deadline) -> ItemResult {
         Ok(MemoryStore::check_one(self, item))
     }
 
-    async fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<ItemResult> {
+    async fn check(
+        &self,
+        items: &[CheckItem<'_>],
+        mode: BatchMode,
+        _: Deadline,
+    ) -> Vec<ItemResult> {
         MemoryStore::check(self, items, mode)
             .into_iter()
             .map(Ok)
             .collect()
     }
 
-    async fn peek(&self, item: &CheckItem<'_>) -> ItemResult {
+    async fn peek(&self, item: &CheckItem<'_>, _: Deadline) -> ItemResult {
         Ok(MemoryStore::peek(self, item))
     }
 

@@ -47,6 +47,7 @@ use super::deadline::Offsets;
 use super::errors::{Class, classify, to_backend_error};
 use super::{RedisSettings, RedisTarget, redact};
 use crate::backend::BackendError;
+use crate::backend::Deadline;
 
 /// How long a failed connection attempt stands before a call tries again.
 pub(super) const RETRY_CONNECT_AFTER: Duration = Duration::from_millis(50);
@@ -79,6 +80,79 @@ pub(super) enum CallError {
     Failed(BackendError),
     /// `EVALSHA` of a script Redis has not loaded.
     NoScript(BackendError),
+}
+
+impl CallError {
+    /// The backend error a caller answers with, for a call bounded by
+    /// `bound`.
+    pub(super) fn into_backend(self, bound: &Bound) -> BackendError {
+        match self {
+            CallError::TimedOut => bound.timed_out(),
+            CallError::Failed(e) | CallError::NoScript(e) => e,
+        }
+    }
+}
+
+/// How long one call may wait for its reply: until the store's own timeout
+/// or the caller's deadline, whichever comes first.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Bound {
+    /// When the call began.
+    pub(super) started: Instant,
+    /// Local wall-clock ms since the epoch, read just before `started`.
+    pub(super) started_ms: u64,
+    /// When quotad stops waiting and answers the call as failed.
+    pub(super) until: Instant,
+    /// The store's own timeout, unless the caller's deadline is earlier.
+    timeout: Duration,
+    /// Whether `until` is the store's own timeout (not a caller's deadline):
+    /// only those timeouts count towards replacing the connection.
+    own: bool,
+}
+
+impl Bound {
+    fn new(timeout: Duration, deadline: Deadline) -> Self {
+        let started_ms = local_ms();
+        let started = Instant::now();
+        let own = started.checked_add(timeout);
+        let (until, is_own) = match (deadline.instant(), own) {
+            (Some(d), Some(o)) if d < o => (d, false),
+            (Some(d), None) => (d, false),
+            (_, Some(o)) => (o, true),
+            // Neither fits in an Instant: a century will do.
+            (None, None) => (started + Duration::from_secs(3_153_600_000), true),
+        };
+        Bound {
+            started,
+            started_ms,
+            until,
+            timeout,
+            own: is_own,
+        }
+    }
+
+    /// The wall-clock ms at which quotad gives up: never later than the
+    /// moment it does, as `started_ms` was read first and ms are floored.
+    pub(super) fn give_up_ms(&self) -> u64 {
+        let span =
+            u64::try_from(self.until.duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
+        self.started_ms.saturating_add(span)
+    }
+
+    fn left(&self) -> Duration {
+        self.until.saturating_duration_since(Instant::now())
+    }
+
+    fn timed_out(&self) -> BackendError {
+        if self.own {
+            timed_out(self.timeout)
+        } else {
+            BackendError::Unavailable(format!(
+                "redis did not answer within the caller's deadline ({:?})",
+                self.until.duration_since(self.started)
+            ))
+        }
+    }
 }
 
 /// What the background wait learns from a reply that came too late.
@@ -157,7 +231,12 @@ impl Connections {
                     .into_connection_info()
                     .map_err(|e| unavailable(&e))?
                     .set_tcp_settings(tcp_settings());
-                let client = redis::Client::open(info).map_err(|e| unavailable(&e))?;
+                let client = if settings.tls.is_set() {
+                    redis::Client::build_with_tls(info, settings.tls.load()?)
+                } else {
+                    redis::Client::open(info)
+                }
+                .map_err(|e| unavailable(&e))?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(None)
@@ -173,13 +252,15 @@ impl Connections {
                 }))
             }
             RedisTarget::Cluster(nodes) => {
-                let client = ClusterClient::builder(nodes.clone())
+                let mut builder = ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
                     .retries(0)
-                    .tcp_settings(tcp_settings())
-                    .build()
-                    .map_err(|e| unavailable(&e))?;
+                    .tcp_settings(tcp_settings());
+                if settings.tls.is_set() {
+                    builder = builder.certs(settings.tls.load()?);
+                }
+                let client = builder.build().map_err(|e| unavailable(&e))?;
                 let connect = client.get_async_connection();
                 let connection = tokio::time::timeout(timeout, connect)
                     .await
@@ -208,8 +289,10 @@ impl Connections {
         Ok(connections)
     }
 
-    pub(super) fn timeout(&self) -> Duration {
-        self.timeout
+    /// The bound of a call starting now, for a caller whose deadline is
+    /// `deadline`.
+    pub(super) fn bound(&self, deadline: Deadline) -> Bound {
+        Bound::new(self.timeout, deadline)
     }
 
     pub(super) fn is_cluster(&self) -> bool {
@@ -312,17 +395,16 @@ impl Connections {
     }
 
     /// Reads `TIME` from the node serving `slot`.
-    async fn probe_slot(&self, slot: u16, started: Instant) -> Result<(), CallError> {
+    async fn probe_slot(&self, slot: u16, bound: &Bound) -> Result<(), CallError> {
         let sent = local_ms();
         let reply = match &self.kind {
-            Kind::Standalone(_) => self.call(redis::cmd("TIME"), started, None).await?,
+            Kind::Standalone(_) => self.call(redis::cmd("TIME"), bound, None).await?,
             Kind::Cluster(c) => {
                 let mut c = c.clone();
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot, SlotAddr::Master),
                 ));
-                let left = self.timeout.saturating_sub(started.elapsed());
-                tokio::time::timeout(left, c.route_command(redis::cmd("TIME"), routing))
+                tokio::time::timeout(bound.left(), c.route_command(redis::cmd("TIME"), routing))
                     .await
                     .map_err(|_| CallError::TimedOut)?
                     .map_err(|e| CallError::Failed(to_backend_error(classify(&e), &e)))?
@@ -339,44 +421,42 @@ impl Connections {
         Ok(())
     }
 
-    /// The deadline, in Redis's clock, for a call to `slot` that quotad
-    /// gives up on at local `give_up_ms`; reads the node's clock first if
-    /// none is known.
-    pub(super) async fn deadline(
-        &self,
-        slot: u16,
-        give_up_ms: u64,
-        started: Instant,
-    ) -> Result<u64, CallError> {
+    /// The deadline, in Redis's clock, for a call to `slot` bounded by
+    /// `bound`; reads the node's clock first if none is known.
+    pub(super) async fn deadline(&self, slot: u16, bound: &Bound) -> Result<u64, CallError> {
+        let give_up_ms = bound.give_up_ms();
         if let Some(d) = self.offsets.deadline(slot, give_up_ms) {
             return Ok(d);
         }
-        self.probe_slot(slot, started).await?;
+        self.probe_slot(slot, bound).await?;
         self.offsets
             .deadline(slot, give_up_ms)
             .ok_or(CallError::TimedOut)
     }
 
-    /// Sends `cmd` and waits for its reply until `started + timeout`. On a
+    /// Sends `cmd` and waits for its reply until `bound.until`. On a
     /// timeout the reply is awaited in the background and handed to `late`.
+    ///
+    /// Connecting, when no connection is up, is bounded by the store's own
+    /// timeout alone: a caller's short deadline must not fail an attempt
+    /// that other calls then reuse.
     pub(super) async fn call(
         &self,
         cmd: Cmd,
-        started: Instant,
+        bound: &Bound,
         late: Option<LateReply>,
     ) -> Result<Value, CallError> {
-        let left = self.timeout.saturating_sub(started.elapsed());
         let mut request = match &self.kind {
             Kind::Standalone(s) => {
                 let conn = self
-                    .standalone(s, started)
+                    .standalone(s, bound.started)
                     .await
                     .map_err(CallError::Failed)?;
                 send(conn, cmd)
             }
             Kind::Cluster(c) => send(c.clone(), cmd),
         };
-        match tokio::time::timeout(left, &mut request).await {
+        match tokio::time::timeout(bound.left(), &mut request).await {
             Ok(Ok(value)) => {
                 self.consecutive_timeouts.store(0, Ordering::Relaxed);
                 Ok(value)
@@ -398,9 +478,12 @@ impl Connections {
                 Err(CallError::Failed(to_backend_error(class, &e)))
             }
             Err(_) => {
-                let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-                if timeouts >= self.replace_after {
-                    self.replace(&format!("{timeouts} calls in a row timed out"));
+                // A caller's deadline says nothing of the connection.
+                if bound.own {
+                    let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                    if timeouts >= self.replace_after {
+                        self.replace(&format!("{timeouts} calls in a row timed out"));
+                    }
                 }
                 if let Some(late) = late {
                     tokio::spawn(async move {
@@ -410,6 +493,33 @@ impl Connections {
                     });
                 }
                 Err(CallError::TimedOut)
+            }
+        }
+    }
+
+    /// Whether Redis serves now: a `PING` answered within the timeout. A
+    /// standalone server is pinged over the connection calls use (made
+    /// first if none is up); a Cluster is healthy when every primary
+    /// answers, since a primary that does not leaves its share of the keys
+    /// undecidable.
+    pub(super) async fn ping(&self) -> Result<(), BackendError> {
+        let bound = self.bound(Deadline::NONE);
+        match &self.kind {
+            Kind::Standalone(_) => self
+                .call(redis::cmd("PING"), &bound, None)
+                .await
+                .map(drop)
+                .map_err(|e| e.into_backend(&bound)),
+            Kind::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                tokio::time::timeout(
+                    self.timeout,
+                    c.clone().route_command(redis::cmd("PING"), routing),
+                )
+                .await
+                .map_err(|_| timed_out(self.timeout))?
+                .map(drop)
+                .map_err(|e| to_backend_error(classify(&e), &e))
             }
         }
     }
@@ -449,10 +559,6 @@ fn send<C: ConnectionLike + Send + 'static>(
 
 fn timed_out(after: Duration) -> BackendError {
     BackendError::Unavailable(format!("redis did not answer within {after:?}"))
-}
-
-pub(super) fn timed_out_error(after: Duration) -> BackendError {
-    timed_out(after)
 }
 
 /// `TIME`'s seconds and microseconds, as milliseconds.

@@ -1,13 +1,14 @@
 //! Deadlines in Redis's own clock, so that a script Redis runs after quotad
 //! has given up on it refuses to touch state.
 //!
-//! quotad gives up on a call at local time `s + timeout`, where `s` is when
-//! it sent the call. The script compares Redis `TIME` against a deadline, so
+//! quotad gives up on a call at local time `s + allowed`, where `s` is when
+//! the call began and `allowed` the store's timeout or, if it ends sooner,
+//! the caller's deadline (see `connection::Bound`). The script compares Redis `TIME` against a deadline, so
 //! that instant must be translated into Redis's clock without trusting the
 //! two clocks to agree. Each reply carries the `TIME` the script read,
 //! `t`; the reply arrived at local `r`, after Redis read `t`, so the true
 //! offset `redis - local` is at least `t - r`. The deadline sent is
-//! `s + timeout + L`, where `L` is the largest such lower bound over recent
+//! `s + allowed + L`, where `L` is the largest such lower bound over recent
 //! replies: never later, in Redis's clock, than the moment quotad gives up.
 //! Any error in the estimate makes a refusal earlier, never later.
 //!

@@ -25,18 +25,21 @@ mod connection;
 mod deadline;
 mod errors;
 mod keys;
+mod tls;
+
+pub use self::tls::{RedisTls, TlsFileError};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quotad_core::{BatchMode, CheckItem, Clock, Decision, Policy};
 use quotad_proto::convert;
 use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
 
-use self::connection::{CallError, Connections, Counts, LateReply, local_ms, timed_out_error};
-use super::{Backend, BackendError, BackendStats, ItemResult};
+use self::connection::{CallError, Connections, Counts, LateReply, local_ms};
+use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
@@ -59,6 +62,8 @@ pub struct RedisSettings {
     pub reconnect_after_timeouts: u32,
     /// The first part of every key quotad writes.
     pub key_prefix: String,
+    /// Certificate files for `rediss://` URLs.
+    pub tls: RedisTls,
 }
 
 impl RedisSettings {
@@ -70,6 +75,7 @@ impl RedisSettings {
             timeout,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
             key_prefix: "quotad".to_owned(),
+            tls: RedisTls::default(),
         }
     }
 }
@@ -81,6 +87,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("timeout", &self.timeout)
             .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
             .field("key_prefix", &self.key_prefix)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -243,15 +250,16 @@ impl RedisBackend {
     }
 
     /// Runs the script over `items` in one call, with a deadline in Redis's
-    /// clock past which it refuses to run.
+    /// clock past which it refuses to run: the moment quotad gives up on
+    /// the call, at `store.redis.timeout` or the caller's earlier
+    /// `deadline`.
     async fn eval(
         &self,
         mode: Mode,
         items: &[CheckItem<'_>],
+        deadline: Deadline,
     ) -> Result<Vec<Decision>, BackendError> {
-        let started = Instant::now();
-        let timeout = self.connections.timeout();
-        let give_up = local_ms() + u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let bound = self.connections.bound(deadline);
         let keys: Vec<String> = items
             .iter()
             .map(|item| keys::state_key(&self.prefix, item.name(), item.policy(), item.key()))
@@ -260,13 +268,10 @@ impl RedisBackend {
             (true, Some(key)) => deadline::slot(key.as_bytes()),
             _ => 0,
         };
-        let failed = |e: CallError| match e {
-            CallError::TimedOut => timed_out_error(timeout),
-            CallError::Failed(e) | CallError::NoScript(e) => e,
-        };
+        let failed = |e: CallError| e.into_backend(&bound);
         let deadline = self
             .connections
-            .deadline(slot, give_up, started)
+            .deadline(slot, &bound)
             .await
             .map_err(failed)?;
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + items.len() * 5);
@@ -306,7 +311,7 @@ impl RedisBackend {
             .connections
             .call(
                 command("EVALSHA", self.script.get_hash()),
-                started,
+                &bound,
                 Some(late()),
             )
             .await
@@ -314,7 +319,7 @@ impl RedisBackend {
             // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
             Err(CallError::NoScript(_)) => {
                 self.connections
-                    .call(command("EVAL", SCRIPT), started, Some(late()))
+                    .call(command("EVAL", SCRIPT), &bound, Some(late()))
                     .await
             }
             other => other,
@@ -349,8 +354,13 @@ impl RedisBackend {
 
     /// Runs the script over `items` in one call: every item decided, or
     /// every item failed.
-    async fn eval_each(&self, mode: Mode, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
-        match self.eval(mode, items).await {
+    async fn eval_each(
+        &self,
+        mode: Mode,
+        items: &[CheckItem<'_>],
+        deadline: Deadline,
+    ) -> Vec<ItemResult> {
+        match self.eval(mode, items, deadline).await {
             Ok(decisions) => decisions.into_iter().map(Ok).collect(),
             Err(error) => vec![Err(error); items.len()],
         }
@@ -360,15 +370,17 @@ impl RedisBackend {
     /// goes in its own call (all concurrently, over one multiplexed
     /// connection per node) and a node that is down fails only its own
     /// items; a standalone server takes the batch in one call.
-    async fn independent(&self, items: &[CheckItem<'_>]) -> Vec<ItemResult> {
+    async fn independent(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
         if self.connections.is_cluster() {
-            let calls = items.iter().map(|item| self.check_one(item));
+            let calls = items.iter().map(|item| self.check_one(item, deadline));
             futures_util::future::join_all(calls).await
         } else if items.len() <= CHUNK {
-            self.eval_each(Mode::Check, items).await
+            self.eval_each(Mode::Check, items, deadline).await
         } else {
             // Pipelined chunks: Redis serves other clients between them.
-            let calls = items.chunks(CHUNK).map(|c| self.eval_each(Mode::Check, c));
+            let calls = items
+                .chunks(CHUNK)
+                .map(|c| self.eval_each(Mode::Check, c, deadline));
             futures_util::future::join_all(calls)
                 .await
                 .into_iter()
@@ -415,35 +427,47 @@ impl Backend for RedisBackend {
         "redis"
     }
 
-    async fn check_one(&self, item: &CheckItem<'_>) -> ItemResult {
-        let mut d = self.eval(Mode::Check, std::slice::from_ref(item)).await?;
+    async fn check_one(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
+        let mut d = self
+            .eval(Mode::Check, std::slice::from_ref(item), deadline)
+            .await?;
         Ok(d.remove(0))
     }
 
-    async fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<ItemResult> {
+    async fn check(
+        &self,
+        items: &[CheckItem<'_>],
+        mode: BatchMode,
+        deadline: Deadline,
+    ) -> Vec<ItemResult> {
         match mode {
-            BatchMode::Independent => self.independent(items).await,
-            BatchMode::AllOrNothing => self.eval_each(Mode::AllOrNothing, items).await,
+            BatchMode::Independent => self.independent(items, deadline).await,
+            BatchMode::AllOrNothing => self.eval_each(Mode::AllOrNothing, items, deadline).await,
         }
     }
 
-    async fn peek(&self, item: &CheckItem<'_>) -> ItemResult {
-        let mut d = self.eval(Mode::Peek, std::slice::from_ref(item)).await?;
+    async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
+        let mut d = self
+            .eval(Mode::Peek, std::slice::from_ref(item), deadline)
+            .await?;
         Ok(d.remove(0))
     }
 
     async fn reset(&self, name: &str, policy: &Policy, key: &str) -> Result<(), BackendError> {
         let mut del = redis::cmd("DEL");
         del.arg(keys::state_key(&self.prefix, name, policy, key));
-        let timeout = self.connections.timeout();
+        let bound = self.connections.bound(Deadline::NONE);
         self.connections
-            .call(del, Instant::now(), None)
+            .call(del, &bound, None)
             .await
             .map(drop)
-            .map_err(|e| match e {
-                CallError::TimedOut => timed_out_error(timeout),
-                CallError::Failed(e) | CallError::NoScript(e) => e,
-            })
+            .map_err(|e| e.into_backend(&bound))
+    }
+
+    /// A `PING` within `store.redis.timeout`; on a Cluster, every primary
+    /// must answer.
+    async fn probe(&self) -> Result<(), BackendError> {
+        self.connections.ping().await
     }
 
     fn stats(&self) -> BackendStats {

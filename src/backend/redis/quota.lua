@@ -101,6 +101,8 @@ if #KEYS == 1 and mode == 'check' and ARGV[4] == '1' then
   end
   local wait = (start + window - at) + (at - now)
   if cost > limit then
+    -- A count of a window gone by is dropped, as any call that finds it.
+    if raw and count == 0 then redis.call('DEL', key) end
     return { 1, time, 0, limit, max(limit - count, 0), 0, count > 0 and wait or 0, TOO_BIG }
   end
   if count <= limit - cost then
@@ -329,8 +331,11 @@ local function log_entry(key, member, score)
   return { ms = tonumber(ms), cost = tonumber(cost), score = tonumber(score), member = member }
 end
 
--- The live part of the log under `key` at `now` (expired entries are
--- dropped), nil when empty, or an error reply.
+-- The live part of the log under `key` at `now`: nil when there is no
+-- key, `{ stale = true }` when every entry has left, or an error reply.
+-- Entries that have left are only counted (`gone`, the leading ones); they
+-- are dropped when the state is written, so a peek or a refused batch
+-- changes nothing.
 function LOG.load(key, window, now)
   local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
   if last.err then return nil, corrupt(key, last.err) end
@@ -338,20 +343,37 @@ function LOG.load(key, window, now)
   last = log_entry(key, last[1], last[2])
   if not last then return nil, corrupt(key, 'not a sliding log') end
   local at = max(now, last.ms)
-  if last.ms + window <= at then
-    redis.call('DEL', key)
-    return nil
+  if last.ms + window <= at then return { stale = true } end
+  local seen = {}
+  -- The entry at `rank`; past the end counts as live (the last one is).
+  local function live(rank)
+    local e = seen[rank]
+    if e == nil then
+      local raw = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+      if #raw == 0 then return true end
+      e = log_entry(key, raw[1], raw[2]) or false
+      seen[rank] = e
+    end
+    if not e then return nil end
+    return e.ms + window > at
   end
-  -- Amortized O(1): every entry is dropped once.
-  local first
-  while true do
-    local head = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    first = log_entry(key, head[1], head[2])
-    if not first then return nil, corrupt(key, 'not a sliding log') end
-    if first.ms + window > at then break end
-    redis.call('ZREMRANGEBYRANK', key, 0, 0)
+  -- The first live entry: galloping from the front, then halving, so the
+  -- common answers (none or one gone) cost one or two reads.
+  local lo, hi, step = 0, nil, 1
+  while hi == nil do
+    local probe = lo + step - 1
+    local ok = live(probe)
+    if ok == nil then return nil, corrupt(key, 'not a sliding log') end
+    if ok then hi = probe else lo, step = probe + 1, step * 2 end
   end
-  return { key = key, first = first, last = last }
+  while lo < hi do
+    local mid = fdiv(lo + hi, 2)
+    local ok = live(mid)
+    if ok == nil then return nil, corrupt(key, 'not a sliding log') end
+    if ok then hi = mid else lo = mid + 1 end
+  end
+  if not seen[lo] then live(lo) end
+  return { key = key, first = seen[lo], last = last, gone = lo }
 end
 
 -- A log's state in this call: `first` and `last` stored entries (nil when
@@ -416,6 +438,10 @@ end
 
 function LOG.store(key, st, ttl)
   local last = st.last
+  if st.gone and st.gone > 0 then
+    redis.call('ZREMRANGEBYRANK', key, 0, st.gone - 1)
+    st.gone = 0
+  end
   if not last then
     redis.call('ZADD', key, 0, string.format('%d:%d', st.at, st.pending))
   else
@@ -475,7 +501,7 @@ end
 
 -- Each key's state as loaded (for an all-or-nothing batch that is
 -- refused), as it stands after the items so far, and its new TTL.
-local loaded, states, resets, order, algs = {}, {}, {}, {}, {}
+local loaded, states, resets, order, algs, stale = {}, {}, {}, {}, {}, {}
 local items, decisions = {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
@@ -496,6 +522,9 @@ for i = 1, #KEYS do
       st, err = load_string(key, p.alg)
     end
     if err then return err end
+    -- A log whose every entry has left reads as fresh; its key goes when
+    -- the state is written.
+    if st and st.stale then st, stale[key] = nil, true end
     loaded[key] = st or false
     states[key] = st
     order[#order + 1] = key
@@ -527,6 +556,7 @@ elseif mode ~= 'peek' then
     local st = states[key]
     local ttl = max(resets[key], 1) + ttl_slack
     if algs[key] == LOG_ID then
+      if stale[key] then redis.call('DEL', key) end
       if st then METERS[LOG_ID].store(key, st, ttl) end
     elseif st then
       redis.call('SET', key, string.format(FORMATS[algs[key]], unpack(st)), 'PX', ttl)

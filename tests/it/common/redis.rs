@@ -60,6 +60,36 @@ impl RedisServer {
         server
     }
 
+    /// Starts a standalone server that also serves TLS on a port of its
+    /// own (returned), with the certificate `cert` + `key`; with
+    /// `client_ca`, clients must present a certificate that chains to it.
+    /// The plain port stays, for `cli`.
+    pub(crate) fn start_tls(
+        cert: &Path,
+        key: &Path,
+        client_ca: Option<&Path>,
+    ) -> (RedisServer, u16) {
+        let tls_port = free_port(false);
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let ca = client_ca.map(|p| p.display().to_string());
+        let tls_port_text = tls_port.to_string();
+        let mut extra = vec![
+            "--tls-port",
+            &tls_port_text,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+        ];
+        match &ca {
+            Some(ca) => extra.extend(["--tls-ca-cert-file", ca, "--tls-auth-clients", "yes"]),
+            // Redis wants a CA file even when it asks for no client
+            // certificate: its own certificate serves.
+            None => extra.extend(["--tls-ca-cert-file", &cert, "--tls-auth-clients", "no"]),
+        }
+        (Self::spawn(free_port(false), false, &extra), tls_port)
+    }
+
     fn spawn(port: u16, cluster: bool, extra: &[&str]) -> RedisServer {
         let server = Self::spawn_unchecked(port, cluster, extra);
         server.wait_until_up();

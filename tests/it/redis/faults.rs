@@ -302,6 +302,16 @@ async fn a_refused_connection_fails_each_check_at_once_instead_of_waiting_the_ti
 async fn a_failover_behind_one_address_is_followed_at_the_first_readonly() {
     let primary = RedisServer::start();
     let replica = RedisServer::start();
+    // Sync the replica at once, not after Redis's default 5 s wait for
+    // more replicas.
+    for server in [&primary, &replica] {
+        assert_eq!(
+            server
+                .cli(&["config", "set", "repl-diskless-sync-delay", "0"])
+                .trim(),
+            "OK"
+        );
+    }
     assert_eq!(
         replica
             .cli(&["replicaof", "127.0.0.1", &primary.port.to_string()])
@@ -313,7 +323,7 @@ async fn a_failover_behind_one_address_is_followed_at_the_first_readonly() {
     let mut client = server.client().await;
     assert!(matches!(ask(&mut client, "fo", "err").await, Answer::Decided(d) if d.allowed));
     eventually(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         "the replica has the count",
         || async { replica.cli(&["dbsize"]).trim() == "1" },
     )
@@ -425,4 +435,143 @@ async fn corrupt_state_is_internal_counted_and_never_failed_open() {
     assert_eq!(metrics.value("quotad_redis_corrupt_state_total", &[]), 2.0);
     // Other keys are unaffected.
     assert!(matches!(ask(&mut client, "fine", "open").await, Answer::Decided(d) if d.allowed));
+}
+
+/// Policies `err`, `open` and `closed` on Redis with a 2 s timeout, and
+/// `[transport]` as given.
+fn long_timeout_config(url: &str, transport: &str) -> Config {
+    let mut toml = String::from(transport);
+    toml.push_str(&format!(
+        r#"
+[store]
+backend = "redis"
+
+[store.redis]
+url = {url:?}
+timeout = "2s"
+"#
+    ));
+    for (name, on_error) in [
+        ("err", "error"),
+        ("open", "fail_open"),
+        ("closed", "fail_closed"),
+    ] {
+        toml.push_str(&format!(
+            "\n[policies.{name}]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\non_error = \"{on_error}\"\n"
+        ));
+    }
+    Config::from_toml(&toml).expect("valid config")
+}
+
+/// Whether a call was answered as failed: an error (the deadline, or
+/// `on_error = error`), or a decision made by `on_error`.
+fn not_decided(answer: &Result<Option<pb::Decision>, tonic::Status>) -> bool {
+    match answer {
+        Err(_) => true,
+        Ok(d) => d.as_ref().is_some_and(|d| {
+            !matches!(
+                d.reason(),
+                pb::Reason::WithinLimit | pb::Reason::LimitExceeded
+            )
+        }),
+    }
+}
+
+/// Checks `key` under every policy while Redis is stopped, each call ended
+/// by a deadline far shorter than the store's timeout (`deadline`: the
+/// client's, sent as `grpc-timeout`; `None`: the server's
+/// `transport.request_timeout`), as single checks and as an independent
+/// batch; then lets Redis run the scripts queued meanwhile, and requires
+/// that none of them counted.
+async fn nothing_failed_by_a_deadline_counts_after_a_stall(
+    redis: &mut RedisServer,
+    server: &TestServer,
+    deadline: Option<Duration>,
+) {
+    let mut client = server.client().await;
+    let key = "deadline";
+    for policy in POLICIES {
+        assert!(matches!(ask(&mut client, key, policy).await, Answer::Decided(d) if d.allowed));
+    }
+    redis.pause();
+    let stalled = Instant::now();
+    fn with_deadline<T>(message: T, deadline: Option<Duration>) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(d) = deadline {
+            request.set_timeout(d);
+        }
+        request
+    }
+    for _ in 0..3 {
+        for policy in POLICIES {
+            let call = client.check(with_deadline(named(key, policy, None), deadline));
+            let answer = tokio::time::timeout(Duration::from_secs(1), call)
+                .await
+                .expect("answered well within the store's 2 s timeout");
+            assert!(
+                not_decided(&answer.map(|r| r.into_inner().decision)),
+                "{policy}: the deadline ends the call"
+            );
+        }
+        let batch = pb::CheckBatchRequest {
+            items: POLICIES.iter().map(|p| named(key, p, None)).collect(),
+            mode: pb::BatchMode::Independent.into(),
+        };
+        let call = client.check_batch(with_deadline(batch, deadline));
+        let answer = tokio::time::timeout(Duration::from_secs(1), call)
+            .await
+            .expect("answered well within the store's 2 s timeout");
+        match answer {
+            Ok(r) => {
+                for d in r.into_inner().decisions {
+                    assert!(not_decided(&Ok(Some(d))), "the deadline ends the batch");
+                }
+            }
+            Err(status) => assert!(not_decided(&Err(status))),
+        }
+    }
+    // Resumed well before the store's own timeout: a script whose deadline
+    // were that timeout would run now, and count. (Not at once after the
+    // last call: quotad's deadline counts from when it read the request,
+    // the request's transit later than the client's.)
+    let left = Duration::from_millis(600).saturating_sub(stalled.elapsed());
+    tokio::time::sleep(left.max(Duration::from_millis(100))).await;
+    redis.resume();
+    // One connection, answered in order: this peek's reply comes after
+    // every script queued in the stall has run (or refused to).
+    for policy in POLICIES {
+        let d = peek(&mut client, named(key, policy, None)).await;
+        assert_eq!(
+            d.remaining, 9,
+            "{policy}: nothing the caller saw fail was counted"
+        );
+    }
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.value("quotad_redis_late_scripts_total", &[("outcome", "counted")]),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_deadline_shorter_than_the_redis_timeout_is_the_scripts_deadline() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start(long_timeout_config(&redis.url(), "")).await;
+    nothing_failed_by_a_deadline_counts_after_a_stall(
+        &mut redis,
+        &server,
+        Some(Duration::from_millis(50)),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_timeout_shorter_than_the_redis_timeout_is_the_scripts_deadline() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start(long_timeout_config(
+        &redis.url(),
+        "[transport]\nrequest_timeout = \"50ms\"\n",
+    ))
+    .await;
+    nothing_failed_by_a_deadline_counts_after_a_stall(&mut redis, &server, None).await;
 }

@@ -7,22 +7,6 @@
 use super::{Meter, State, div_ceil, narrow};
 use crate::policy::Policy;
 
-/// Carries a saved amount over to a new window (a reload changed it): in
-/// whole tokens, rounded towards `round_up`, at most `burst` of them. Whole
-/// tokens keep the arithmetic exact below 2^53 in every backend.
-fn rescale(amount: u64, from: u64, policy: &Policy, round_up: bool) -> u128 {
-    let to = policy.window_ms();
-    if from == to || from == 0 {
-        return u128::from(amount);
-    }
-    let whole = if round_up {
-        amount.div_ceil(from)
-    } else {
-        amount / from
-    };
-    u128::from(whole.min(policy.burst())) * u128::from(to)
-}
-
 /// How much `limit` units per millisecond add up to over `from..to`.
 fn flow(limit: u64, from: u64, to: u64) -> u128 {
     u128::from(limit) * u128::from(to.saturating_sub(from))
@@ -41,14 +25,10 @@ impl Meter for TokenBucket {
         let unit = policy.window_ms();
         let capacity = policy.burst() * unit;
         let tokens = match state {
-            Some(State::TokenBucket {
-                tokens,
-                at_ms,
-                window_ms,
-            }) => {
-                let saved = rescale(tokens, window_ms, policy, false);
-                narrow((saved + flow(policy.limit(), at_ms, at)).min(u128::from(capacity)))
-            }
+            // Capped at the capacity: a lowered burst holds fewer tokens.
+            Some(State::TokenBucket { tokens, at_ms, .. }) => narrow(
+                (u128::from(tokens) + flow(policy.limit(), at_ms, at)).min(u128::from(capacity)),
+            ),
             _ => capacity,
         };
         Self {
@@ -105,13 +85,8 @@ impl Meter for LeakyBucket {
     fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
         let unit = policy.window_ms();
         let level = match state {
-            Some(State::LeakyBucket {
-                level,
-                at_ms,
-                window_ms,
-            }) => {
-                let saved = rescale(level, window_ms, policy, true);
-                narrow(saved.saturating_sub(flow(policy.limit(), at_ms, at)))
+            Some(State::LeakyBucket { level, at_ms, .. }) => {
+                narrow(u128::from(level).saturating_sub(flow(policy.limit(), at_ms, at)))
             }
             _ => 0,
         };

@@ -5,6 +5,7 @@ use crate::policy::Policy;
 
 pub(super) struct FixedWindow {
     limit: u64,
+    window: u64,
     at: u64,
     start: u64,
     end: u64,
@@ -15,14 +16,17 @@ impl Meter for FixedWindow {
     fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
         let window = policy.window_ms();
         let start = at - at % window;
-        // A count from a window at or after this one's start still applies
-        // (it can be later only if the window was shortened by a reload).
+        // A count from this window still applies; the state's own window
+        // never starts later (`at` is never before it).
         let count = match state {
-            Some(State::FixedWindow { start_ms, count }) if start_ms >= start => count,
+            Some(State::FixedWindow {
+                start_ms, count, ..
+            }) if start_ms >= start => count,
             _ => 0,
         };
         Self {
             limit: policy.limit(),
+            window,
             at,
             start,
             end: start.saturating_add(window),
@@ -59,6 +63,7 @@ impl Meter for FixedWindow {
         (self.count > 0).then_some(State::FixedWindow {
             start_ms: self.start,
             count: self.count,
+            window_ms: self.window,
         })
     }
 }

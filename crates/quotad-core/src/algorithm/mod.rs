@@ -29,6 +29,10 @@ use crate::policy::{Algorithm, Policy};
 /// Values are in exact integers. Bucket levels are kept in units of
 /// `1 / window_ms` of a token, so that a refill of `limit` tokens per window
 /// adds exactly `limit` units per millisecond.
+///
+/// Every state names the window it was counted over: a state is read only
+/// under the algorithm and the window that wrote it, and under any other it
+/// is fresh (see [`State::counts_under`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum State {
     /// Count within the window that starts at `start_ms`.
@@ -37,6 +41,8 @@ pub enum State {
         start_ms: u64,
         /// Units admitted in that window.
         count: u64,
+        /// The window length counted over.
+        window_ms: u64,
     },
     /// Counts of the window starting at `start_ms` and of the one before.
     SlidingWindow {
@@ -46,6 +52,8 @@ pub enum State {
         previous: u64,
         /// Units admitted in the current window.
         current: u64,
+        /// The window length counted over.
+        window_ms: u64,
     },
     /// Tokens left, scaled by `window_ms`, as of `at_ms`.
     TokenBucket {
@@ -53,7 +61,7 @@ pub enum State {
         tokens: u64,
         /// When `tokens` was last brought up to date.
         at_ms: u64,
-        /// The window the scale refers to (a policy change rescales).
+        /// The window the scale refers to.
         window_ms: u64,
     },
     /// Bucket level, scaled by `window_ms`, as of `at_ms`.
@@ -62,11 +70,16 @@ pub enum State {
         level: u64,
         /// When `level` was last brought up to date.
         at_ms: u64,
-        /// The window the scale refers to (a policy change rescales).
+        /// The window the scale refers to.
         window_ms: u64,
     },
     /// Admissions within the last window.
-    SlidingLog(Box<Log>),
+    SlidingLog {
+        /// The admissions, oldest first.
+        log: Box<Log>,
+        /// The window length counted over.
+        window_ms: u64,
+    },
 }
 
 impl State {
@@ -77,15 +90,34 @@ impl State {
             State::SlidingWindow { .. } => Algorithm::SlidingWindow,
             State::TokenBucket { .. } => Algorithm::TokenBucket,
             State::LeakyBucket { .. } => Algorithm::LeakyBucket,
-            State::SlidingLog(_) => Algorithm::SlidingLog,
+            State::SlidingLog { .. } => Algorithm::SlidingLog,
         }
+    }
+
+    /// The window length this state was counted over.
+    pub fn window_ms(&self) -> u64 {
+        match *self {
+            State::FixedWindow { window_ms, .. }
+            | State::SlidingWindow { window_ms, .. }
+            | State::TokenBucket { window_ms, .. }
+            | State::LeakyBucket { window_ms, .. }
+            | State::SlidingLog { window_ms, .. } => window_ms,
+        }
+    }
+
+    /// Whether `policy` reads this state: it was written under the same
+    /// algorithm and the same window. A state written under another is
+    /// fresh, as a Redis key bound to other parameters is; a changed limit
+    /// or burst keeps the state.
+    pub fn counts_under(&self, policy: &Policy) -> bool {
+        self.algorithm() == policy.algorithm() && self.window_ms() == policy.window_ms()
     }
 
     /// Heap bytes the state holds beyond its own size: a sliding log's, by
     /// the capacity it has allocated; nothing for the others.
     pub fn heap_bytes(&self) -> usize {
         match self {
-            State::SlidingLog(log) => log.heap_bytes(),
+            State::SlidingLog { log, .. } => log.heap_bytes(),
             _ => 0,
         }
     }
@@ -99,14 +131,15 @@ impl State {
                 *start_ms
             }
             State::TokenBucket { at_ms, .. } | State::LeakyBucket { at_ms, .. } => *at_ms,
-            State::SlidingLog(log) => log.last_ms().unwrap_or(0),
+            State::SlidingLog { log, .. } => log.last_ms().unwrap_or(0),
         }
     }
 }
 
 /// One algorithm's state brought forward to a single instant.
 trait Meter: Sized {
-    /// The state at instant `at`; a missing or foreign state is fresh.
+    /// The state at instant `at`; a missing state is fresh. Only ever given
+    /// a state that [`State::counts_under`] the policy.
     fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self;
     /// Whether `cost` fits now. Only called with `cost <= capacity`.
     fn fits(&self, cost: u64) -> bool;
@@ -132,7 +165,8 @@ trait Meter: Sized {
 /// nothing) with the decision.
 ///
 /// Pure: the caller reads the clock once and passes `now_ms`. A state left by
-/// another algorithm (the policy changed) counts as fresh.
+/// another algorithm or over another window (the policy changed) counts as
+/// fresh; one left under another limit or burst is kept.
 ///
 /// ```
 /// use std::num::NonZeroU64;
@@ -275,7 +309,7 @@ fn evaluate(
     room: usize,
     short: &mut Option<usize>,
 ) -> (Option<State>, Decision) {
-    let state = state.filter(|s| s.algorithm() == policy.algorithm());
+    let state = state.filter(|s| s.counts_under(policy));
     let at = state
         .as_ref()
         .map_or(now_ms, |s| s.time_floor().max(now_ms));

@@ -200,7 +200,7 @@ impl Meter for SlidingLog {
     fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
         let window = policy.window_ms();
         let mut log = match state {
-            Some(State::SlidingLog(log)) => log,
+            Some(State::SlidingLog { log, .. }) => log,
             _ => Box::default(),
         };
         // An admission at `ms` counts during `[ms, ms + window)`: it has
@@ -275,7 +275,10 @@ impl Meter for SlidingLog {
     }
 
     fn into_state(self) -> Option<State> {
-        (!self.log.is_empty()).then_some(State::SlidingLog(self.log))
+        (!self.log.is_empty()).then_some(State::SlidingLog {
+            log: self.log,
+            window_ms: self.window,
+        })
     }
 }
 
@@ -290,7 +293,7 @@ mod tests {
 
     fn log_of(state: &Option<State>) -> &Log {
         match state {
-            Some(State::SlidingLog(log)) => log,
+            Some(State::SlidingLog { log, .. }) => log,
             other => panic!("not a log: {other:?}"),
         }
     }

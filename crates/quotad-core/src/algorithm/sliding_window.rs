@@ -53,6 +53,7 @@ impl Meter for SlidingWindow {
                 start_ms,
                 previous,
                 current,
+                ..
             }) => {
                 if start_ms >= start {
                     (previous, current)
@@ -119,6 +120,7 @@ impl Meter for SlidingWindow {
             start_ms: self.start,
             previous: self.previous,
             current: self.current,
+            window_ms: self.window,
         })
     }
 }

@@ -143,7 +143,7 @@ impl StoreConfig {
     /// # Errors
     ///
     /// [`StoreConfigError::MaxBytesTooSmall`] when `max_bytes` is below 64
-    /// entries of [`ENTRY_BYTES`] (6,144 bytes).
+    /// entries of [`ENTRY_BYTES`] (6,656 bytes).
     ///
     /// ```
     /// use quotad_core::{OnFull, StoreConfig};
@@ -736,7 +736,7 @@ mod tests {
         #[test]
         fn the_byte_count_equals_a_recount_after_any_operations(
             ops in prop::collection::vec(op(), 1..400),
-            max_bytes in 6_144usize..16_000,
+            max_bytes in (64 * ENTRY_BYTES)..16_000,
             evict in any::<bool>(),
         ) {
             let on_full = if evict { OnFull::Evict } else { OnFull::Deny };

@@ -18,17 +18,18 @@ use crate::algorithm::State;
 const EVICTION_SAMPLE: usize = 16;
 
 /// The heap bytes one slot of a shard's table costs, used or not: the
-/// 72-byte entry (8-byte hash, 24-byte key with its inline buffer, 40-byte
-/// slot) and its share of the index table.
+/// 80-byte entry (8-byte hash, 24-byte key with its inline buffer, 48-byte
+/// slot: the state of up to four integers, its tag and when it is fresh)
+/// and its share of the index table.
 ///
 /// Measured with `cargo run --release -p quotad-core --example
 /// bytes_per_key`: 1,000,000 fixed-window keys of 16 bytes (inline) in 64
-/// shards take 94.4 heap bytes per key, index table included; rounded up,
+/// shards take 102.8 heap bytes per key, index table included; rounded up,
 /// since the index table's share of a slot varies with how full it is
 /// (from 10 to 21 bytes). A key's heap bytes beyond the inline buffer, and a
 /// sliding log's entries, come on top (see
 /// [`crate::StoreConfig::with_max_bytes`]).
-pub const ENTRY_BYTES: usize = 96;
+pub const ENTRY_BYTES: usize = 104;
 
 /// Bytes a table key is stored in inline, without a heap allocation.
 const INLINE_KEY_BYTES: usize = 24;

@@ -2,13 +2,13 @@
 //! written shard by shard ([`MemoryStore::export`]) and loaded into a new
 //! store ([`SnapshotReader`]).
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! All fixed-width integers are little-endian.
 //!
 //! ```text
 //! magic    8 bytes    "QUOTADSN"
-//! version  u32        1
+//! version  u32        2
 //! frames   each: len u32 (> 0), crc u32 (CRC-32 of the payload), payload
 //!          the first: taken_at_ms u64, then the caller's header bytes
 //!          then: entries, whole records, each frame's namespaces its own
@@ -21,7 +21,9 @@
 //! the namespace (0 then the policy name when first seen in its frame, or
 //! `i + 1` for the frame's `i`-th), then the key, the milliseconds from
 //! `taken_at_ms` until the entry is fresh, and the state, whose instants
-//! are counted back from that moment (zigzag, so any value round-trips).
+//! are counted back from that moment (zigzag, so any value round-trips),
+//! with the window it was counted over. Version 1 had no window in fixed
+//! windows, sliding windows and sliding logs; it is not read.
 //! Frames hold about 64 KiB each, and never span two shards.
 
 use std::collections::BTreeMap;
@@ -43,7 +45,7 @@ use crate::policy::{MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
 const MAGIC: [u8; 8] = *b"QUOTADSN";
 
 /// The snapshot format this build writes, and the only one it reads.
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// A frame is closed once its payload reaches this size.
 const FRAME_BYTES: usize = 64 * 1024;
@@ -333,11 +335,13 @@ enum Stored<L> {
     FixedWindow {
         start: i64,
         count: u64,
+        window_ms: u64,
     },
     SlidingWindow {
         start: i64,
         previous: u64,
         current: u64,
+        window_ms: u64,
     },
     TokenBucket {
         tokens: u64,
@@ -349,7 +353,10 @@ enum Stored<L> {
         at: i64,
         window_ms: u64,
     },
-    SlidingLog(L),
+    SlidingLog {
+        entries: L,
+        window_ms: u64,
+    },
 }
 
 /// A log as written: a sequence of `(instant, units)`, the first instant
@@ -376,18 +383,25 @@ impl Serialize for LogOut<'_> {
 impl<'a> Stored<LogOut<'a>> {
     fn new(state: &'a State, fresh_at: u64) -> Self {
         match *state {
-            State::FixedWindow { start_ms, count } => Stored::FixedWindow {
+            State::FixedWindow {
+                start_ms,
+                count,
+                window_ms,
+            } => Stored::FixedWindow {
                 start: back(fresh_at, start_ms),
                 count,
+                window_ms,
             },
             State::SlidingWindow {
                 start_ms,
                 previous,
                 current,
+                window_ms,
             } => Stored::SlidingWindow {
                 start: back(fresh_at, start_ms),
                 previous,
                 current,
+                window_ms,
             },
             State::TokenBucket {
                 tokens,
@@ -407,7 +421,10 @@ impl<'a> Stored<LogOut<'a>> {
                 at: back(fresh_at, at_ms),
                 window_ms,
             },
-            State::SlidingLog(ref log) => Stored::SlidingLog(LogOut { log, fresh_at }),
+            State::SlidingLog { ref log, window_ms } => Stored::SlidingLog {
+                entries: LogOut { log, fresh_at },
+                window_ms,
+            },
         }
     }
 }
@@ -416,20 +433,33 @@ impl Stored<Vec<(i64, u64)>> {
     /// The state, if it keeps the rules a live state keeps.
     fn into_state(self, fresh_at: u64) -> Result<State, &'static str> {
         let exact = |v: u64, what| if v <= MAX_EXACT { Ok(v) } else { Err(what) };
+        let window = |w: u64| {
+            if (1..=MAX_EXACT).contains(&w) {
+                Ok(w)
+            } else {
+                Err("a window of 0 ms or above 2^53")
+            }
+        };
         Ok(match self {
-            Stored::FixedWindow { start, count } => {
+            Stored::FixedWindow {
+                start,
+                count,
+                window_ms,
+            } => {
                 if count == 0 {
                     return Err("a fixed window counting nothing");
                 }
                 State::FixedWindow {
                     start_ms: forth(fresh_at, start),
                     count: exact(count, "a count above 2^53")?,
+                    window_ms: window(window_ms)?,
                 }
             }
             Stored::SlidingWindow {
                 start,
                 previous,
                 current,
+                window_ms,
             } => {
                 if previous == 0 && current == 0 {
                     return Err("a sliding window counting nothing");
@@ -438,37 +468,36 @@ impl Stored<Vec<(i64, u64)>> {
                     start_ms: forth(fresh_at, start),
                     previous: exact(previous, "a count above 2^53")?,
                     current: exact(current, "a count above 2^53")?,
+                    window_ms: window(window_ms)?,
                 }
             }
             Stored::TokenBucket {
                 tokens,
                 at,
                 window_ms,
-            } => {
-                if window_ms == 0 {
-                    return Err("a bucket with a zero window");
-                }
-                State::TokenBucket {
-                    tokens: exact(tokens, "tokens above 2^53")?,
-                    at_ms: forth(fresh_at, at),
-                    window_ms,
-                }
-            }
+            } => State::TokenBucket {
+                tokens: exact(tokens, "tokens above 2^53")?,
+                at_ms: forth(fresh_at, at),
+                window_ms: window(window_ms)?,
+            },
             Stored::LeakyBucket {
                 level,
                 at,
                 window_ms,
             } => {
-                if window_ms == 0 || level == 0 {
-                    return Err("a leaky bucket with a zero window or level");
+                if level == 0 {
+                    return Err("a leaky bucket with a zero level");
                 }
                 State::LeakyBucket {
                     level: exact(level, "a level above 2^53")?,
                     at_ms: forth(fresh_at, at),
-                    window_ms,
+                    window_ms: window(window_ms)?,
                 }
             }
-            Stored::SlidingLog(steps) => {
+            Stored::SlidingLog {
+                entries: steps,
+                window_ms,
+            } => {
                 let max = usize::try_from(SLIDING_LOG_MAX_LIMIT).unwrap_or(usize::MAX);
                 if steps.is_empty() || steps.len() > max {
                     return Err("a sliding log of no entries or more than 10,000");
@@ -491,7 +520,10 @@ impl Stored<Vec<(i64, u64)>> {
                     }
                     admissions.push((ms, units));
                 }
-                State::SlidingLog(Box::new(Log::from_admissions(admissions.into_iter())))
+                State::SlidingLog {
+                    log: Box::new(Log::from_admissions(admissions.into_iter())),
+                    window_ms: window(window_ms)?,
+                }
             }
         })
     }
