@@ -151,3 +151,63 @@ async fn a_redis_outage_answers_as_store_on_error_says() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_standalone_redis_counts_nothing_of_a_request_with_one_descriptor_over() {
+    let redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", APP)]);
+    let target = format!("url = {:?}", redis.url());
+    let server = TestServer::start(config(&dir, "", &target)).await;
+    let mut client = rls_client(&server).await;
+    let key = format!("k-{}", std::process::id());
+    let both = request(
+        "app",
+        vec![descriptor(&[("a", &key)]), descriptor(&[("c", &key)])],
+    );
+    assert!(is_ok(&ask(&mut client, both.clone()).await));
+    for _ in 0..3 {
+        let over = ask(&mut client, both.clone()).await;
+        assert_eq!(over.overall_code, Code::OverLimit as i32);
+        // a fitted, and was not counted: one all-or-nothing script.
+        assert_eq!(over.statuses[0].code, Code::Ok as i32);
+        assert_eq!(over.statuses[0].limit_remaining, 4);
+    }
+}
+
+const WITH_SHADOW: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: s\n    shadow_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+
+#[tokio::test]
+async fn a_store_failure_on_a_shadow_descriptor_fails_nothing_else_of_the_request() {
+    let redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", WITH_SHADOW)]);
+    let target = format!("url = {:?}", redis.url());
+    let server = TestServer::start(config(&dir, "", &target)).await;
+    let mut client = rls_client(&server).await;
+    let key = format!("k-{}", std::process::id());
+    // s alone first, so that its key is the only one in Redis.
+    assert!(is_ok(
+        &ask(
+            &mut client,
+            request("app", vec![descriptor(&[("s", &key)])])
+        )
+        .await
+    ));
+    let stored = redis.cli(&["--scan"]);
+    let s_key = stored.lines().next().expect("s's key").to_owned();
+    redis.cli(&["del", &s_key]);
+    redis.cli(&["lpush", &s_key, "not a counter"]);
+
+    let both = request(
+        "app",
+        vec![descriptor(&[("a", &key)]), descriptor(&[("s", &key)])],
+    );
+    for n in 1..=2 {
+        let response = ask(&mut client, both.clone()).await;
+        assert!(
+            is_ok(&response),
+            "request {n}: s's state is corrupt, a's is not"
+        );
+        assert_eq!(response.statuses[0].limit_remaining, 5 - n);
+        assert_eq!(response.statuses[1].code, Code::Ok as i32);
+    }
+}

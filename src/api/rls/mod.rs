@@ -10,13 +10,15 @@
 //!
 //! How the descriptors of one request count ([`CountMode`]):
 //!
-//! - `all_or_nothing` (the default): the enforced descriptors form one
-//!   all-or-nothing batch, so when any of them is over its limit none is
-//!   counted, and a denied hit is never counted. Shadow-mode and quota-mode
-//!   descriptors (whose denial does not deny the request) are decided on
-//!   their own, and `hits_addend: 0` probes only look. On a Redis Cluster
-//!   the descriptors are decided on their own (their keys live in different
-//!   slots), as the reference does.
+//! - `all_or_nothing` (the default): a request's hits are counted only when
+//!   it goes through, and a request that does not go through counts
+//!   nothing ([`RlsService::check_together`]). The enforced descriptors
+//!   form one all-or-nothing batch; probes (`hits_addend: 0`) are looked at
+//!   first; quota-mode descriptors, which deny only when all of them are
+//!   over, are tried with the batch until one fits; shadow-mode ones are
+//!   counted once the request is known to go through. On a Redis Cluster
+//!   the descriptors are decided on their own (their keys live in
+//!   different slots), as the reference does.
 //! - `reference`: envoyproxy/ratelimit's counting: each descriptor on its
 //!   own, and a denied hit spends what is left of its budget
 //!   ([`Spend::Always`]), which makes a fixed window decide exactly as the
@@ -89,18 +91,6 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Where a descriptor's limit is decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// In the request's all-or-nothing batch.
-    Group,
-    /// On its own (shadow or quota mode, the reference's counting, a
-    /// Cluster).
-    Alone,
-    /// Looked at, not counted (`hits_addend: 0`).
-    Probe,
-}
-
 /// What the store said for one descriptor, if it was asked.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Outcome {
@@ -110,6 +100,23 @@ pub(crate) enum Outcome {
     Zero,
     /// The store's decision (or `on_error`'s).
     Decided(Decision),
+}
+
+impl Outcome {
+    /// Whether the descriptor is over its limit (a descriptor that fitted
+    /// but was not counted with an all-or-nothing batch is not).
+    fn over(self) -> bool {
+        match self {
+            Outcome::NoLimit => false,
+            Outcome::Zero => true,
+            Outcome::Decided(d) => !d.allowed && d.reason != Reason::BatchRejected,
+        }
+    }
+
+    /// Whether the store counted (or would have counted) the hits.
+    fn admitted(self) -> bool {
+        matches!(self, Outcome::Decided(d) if d.allowed)
+    }
 }
 
 impl RlsOptions {
@@ -213,24 +220,6 @@ impl<S: Backend> RlsService<S> {
         ))
     }
 
-    /// Where each descriptor is decided.
-    fn role(&self, applied: &Applied<'_>) -> Role {
-        let o = &self.options;
-        if applied.charge() == Charge::Probe {
-            Role::Probe
-        } else if o.count_mode == CountMode::Reference
-            || !o.one_batch
-            || o.shadow_mode
-            || o.quota_mode
-            || applied.shadow_mode()
-            || applied.quota_mode()
-        {
-            Role::Alone
-        } else {
-            Role::Group
-        }
-    }
-
     /// The decision for the one limited descriptor of a request.
     async fn check_alone(
         &self,
@@ -239,12 +228,12 @@ impl<S: Backend> RlsService<S> {
         spend: Spend,
         deadline: Deadline,
     ) -> Result<Decision, ServiceError> {
-        let result = match self.role(applied) {
-            Role::Probe => {
+        let result = match applied.charge() {
+            Charge::Probe => {
                 self.store_ops.peek.increment(1);
                 self.backend.peek(&item, deadline).await
             }
-            Role::Group | Role::Alone => {
+            Charge::Hits(_) => {
                 self.store_ops.check.increment(1);
                 let item = item.with_spend(spend);
                 let mut result = self.backend.check_one(&item, deadline).await;
@@ -263,72 +252,219 @@ impl<S: Backend> RlsService<S> {
     }
 
     /// Asks the store about every limited descriptor of a request that is
-    /// not the common case: the group in one all-or-nothing call, the
-    /// others in one independent call, probes by peeking.
+    /// not the common case.
     async fn check_many(
         &self,
         resolved: &[Resolution<'_>],
         spend: Spend,
         deadline: Deadline,
     ) -> Result<Vec<Outcome>, ServiceError> {
-        let mut outcomes = Vec::with_capacity(resolved.len());
-        // Each list of store items, with the descriptor of each item.
-        let (mut group, mut alone, mut probes) =
-            (Batch::default(), Batch::default(), Batch::default());
-        // Whether an enforced descriptor is over before the store is asked.
-        let mut doomed = false;
+        let o = &self.options;
+        if o.count_mode == CountMode::Reference || !o.one_batch || o.shadow_mode {
+            self.check_each(resolved, spend, deadline).await
+        } else {
+            self.check_together(resolved, deadline).await
+        }
+    }
+
+    /// Each descriptor on its own (the reference's counting, a Cluster, the
+    /// server's shadow mode, where every request goes through): the
+    /// counted ones in one independent call, probes by peeking.
+    async fn check_each(
+        &self,
+        resolved: &[Resolution<'_>],
+        spend: Spend,
+        deadline: Deadline,
+    ) -> Result<Vec<Outcome>, ServiceError> {
+        let mut outcomes = vec![Outcome::NoLimit; resolved.len()];
+        let (mut counted, mut probes) = (Batch::default(), Batch::default());
         for (i, resolution) in resolved.iter().enumerate() {
             let Resolution::Limited(applied) = resolution else {
-                outcomes.push(Outcome::NoLimit);
                 continue;
             };
-            let role = self.role(applied);
-            let Some(item) = applied.check_item() else {
-                // A limit of 0 is over whatever the store holds.
-                doomed |= role == Role::Group;
-                outcomes.push(Outcome::Zero);
-                continue;
-            };
-            outcomes.push(Outcome::NoLimit);
-            match role {
-                Role::Group => group.push(i, item),
-                Role::Alone => alone.push(i, item.with_spend(spend)),
-                Role::Probe => probes.push(i, item),
+            match (applied.check_item(), applied.charge()) {
+                (None, _) => outcomes[i] = Outcome::Zero,
+                (Some(item), Charge::Probe) => probes.push(i, item),
+                (Some(item), Charge::Hits(_)) => counted.push(i, item.with_spend(spend)),
             }
         }
-        if group.items.len() == 1 && !doomed {
-            // One enforced descriptor: all or nothing is itself.
-            alone.descriptors.append(&mut group.descriptors);
-            alone.items.append(&mut group.items);
+        let (counted_results, probe_results) = tokio::join!(
+            self.independent(&counted.items, deadline),
+            self.peek_each(&probes.items, deadline),
+        );
+        self.settle(&counted, counted_results, Answer::Whole, &mut outcomes)?;
+        self.settle(&probes, probe_results, Answer::Whole, &mut outcomes)?;
+        Ok(outcomes)
+    }
+
+    /// All or nothing: the request's hits are counted only when it goes
+    /// through, and a request that does not go through counts nothing.
+    ///
+    /// The enforced descriptors are one all-or-nothing batch. Probes are
+    /// looked at first: an enforced one over denies the request before
+    /// anything is counted. Quota-mode descriptors deny only when every one
+    /// of them is over; when none is known to fit yet, the batch is tried
+    /// with each in turn (or, with no enforced descriptor, all of them at
+    /// once independently) until one fits. Shadow-mode descriptors, and
+    /// quota-mode ones the answer no longer depends on, are counted once
+    /// the request is known to go through, and only looked at otherwise;
+    /// a store failure there is answered for that descriptor
+    /// (`store.on_error`, `UNAVAILABLE` as over) and fails nothing else.
+    async fn check_together(
+        &self,
+        resolved: &[Resolution<'_>],
+        deadline: Deadline,
+    ) -> Result<Vec<Outcome>, ServiceError> {
+        let o = &self.options;
+        let mut outcomes = vec![Outcome::NoLimit; resolved.len()];
+        let (mut group, mut quotas, mut rest, mut probes) = (
+            Batch::default(),
+            Batch::default(),
+            Batch::default(),
+            Batch::default(),
+        );
+        // The effect of each probe's answer: (denies when over, quota).
+        let mut probe_effects = Vec::new();
+        // Whether the request is over before the store is asked; whether a
+        // quota-mode descriptor is known not to be over.
+        let (mut doomed, mut any_quota, mut quota_fits) = (false, false, false);
+        for (i, resolution) in resolved.iter().enumerate() {
+            let applied = match resolution {
+                Resolution::Limited(applied) => applied,
+                Resolution::NoLimit(_) => {
+                    // Answered OK; under the server's quota mode, a quota
+                    // descriptor that is not over.
+                    any_quota |= o.quota_mode;
+                    quota_fits |= o.quota_mode;
+                    continue;
+                }
+                Resolution::Unlimited(_) => continue,
+            };
+            let quota = o.quota_mode || applied.quota_mode();
+            let shadow = applied.shadow_mode();
+            any_quota |= quota;
+            // A shadow descriptor is never over in the answer.
+            quota_fits |= quota && shadow;
+            let Some(item) = applied.check_item() else {
+                // A limit of 0 is over whatever the store holds.
+                doomed |= !quota && !shadow;
+                outcomes[i] = Outcome::Zero;
+                continue;
+            };
+            match applied.charge() {
+                Charge::Probe => {
+                    probes.push(i, item);
+                    probe_effects.push((!quota && !shadow, quota && !shadow));
+                }
+                Charge::Hits(_) if shadow => rest.push(i, item),
+                Charge::Hits(_) if quota => quotas.push(i, item),
+                Charge::Hits(_) => group.push(i, item),
+            }
         }
 
-        let (group_results, alone_results, probe_results) = tokio::join!(
+        let probe_results = self.peek_each(&probes.items, deadline).await;
+        self.settle(&probes, probe_results, Answer::Whole, &mut outcomes)?;
+        for (&descriptor, (denies, quota)) in probes.descriptors.iter().zip(probe_effects) {
+            let over = outcomes[descriptor].over();
+            doomed |= denies && over;
+            quota_fits |= quota && !over;
+        }
+        // Every quota-mode descriptor is over already (a limit of 0, a probe).
+        doomed |= any_quota && !quota_fits && quotas.items.is_empty();
+
+        let mut admitted = false;
+        if !doomed && (!any_quota || quota_fits) {
+            admitted = self.try_group(&group, &mut outcomes, deadline).await?;
+        } else if !doomed && group.items.is_empty() {
+            // Only quota-mode descriptors to count: each counts if it fits,
+            // and the request goes through if one does.
+            let results = self.independent(&quotas.items, deadline).await;
+            self.settle(&quotas, results, Answer::PerItem, &mut outcomes)?;
+            admitted = quotas.descriptors.iter().any(|&d| outcomes[d].admitted());
+            quotas = Batch::default();
+        } else if !doomed {
+            // The group with each quota-mode descriptor in turn, until the
+            // group is over, or one fits with it.
+            let mut tried = 0;
+            for (&descriptor, &item) in quotas.descriptors.iter().zip(&quotas.items) {
+                tried += 1;
+                let mut with = Batch {
+                    descriptors: group.descriptors.clone(),
+                    items: group.items.clone(),
+                };
+                with.push(descriptor, item);
+                admitted = self.try_group(&with, &mut outcomes, deadline).await?;
+                if admitted || group.descriptors.iter().any(|&d| outcomes[d].over()) {
+                    break;
+                }
+            }
+            quotas.descriptors.drain(..tried);
+            quotas.items.drain(..tried);
+        }
+
+        // What the answer no longer depends on: counted if the request goes
+        // through, looked at if it does not.
+        rest.descriptors.append(&mut quotas.descriptors);
+        rest.items.append(&mut quotas.items);
+        let (group_results, rest_results) = tokio::join!(
             async {
                 if doomed {
                     self.peek_rejected(&group.items, deadline).await
                 } else {
-                    self.all_or_nothing(&group.items, deadline).await
+                    Vec::new()
                 }
             },
-            self.independent(&alone.items, deadline),
-            self.peek_each(&probes.items, deadline),
+            async {
+                if admitted {
+                    self.independent(&rest.items, deadline).await
+                } else {
+                    self.peek_each(&rest.items, deadline).await
+                }
+            },
         );
-        for (batch, results) in [
-            (&group, group_results),
-            (&alone, alone_results),
-            (&probes, probe_results),
-        ] {
-            for ((&descriptor, item), result) in
-                batch.descriptors.iter().zip(&batch.items).zip(results)
-            {
-                let decision = result.or_else(|error| {
-                    crate::log::store_failed(&error);
-                    on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
-                })?;
-                outcomes[descriptor] = Outcome::Decided(decision);
-            }
+        if doomed {
+            self.settle(&group, group_results, Answer::Whole, &mut outcomes)?;
         }
+        self.settle(&rest, rest_results, Answer::PerItem, &mut outcomes)?;
         Ok(outcomes)
+    }
+
+    /// Decides `group` as one all-or-nothing batch (nothing to decide is
+    /// admitted); whether it was admitted.
+    async fn try_group(
+        &self,
+        group: &Batch<'_>,
+        outcomes: &mut [Outcome],
+        deadline: Deadline,
+    ) -> Result<bool, ServiceError> {
+        if let [item] = group.items.as_slice() {
+            let results = self.independent(std::slice::from_ref(item), deadline).await;
+            self.settle(group, results, Answer::Whole, outcomes)?;
+        } else {
+            let results = self.all_or_nothing(&group.items, deadline).await;
+            self.settle(group, results, Answer::Whole, outcomes)?;
+        }
+        Ok(group.descriptors.iter().all(|&d| outcomes[d].admitted()))
+    }
+
+    /// Records the store's answers for `batch` in `outcomes`, a failure as
+    /// `store.on_error` and `answer` have it.
+    fn settle(
+        &self,
+        batch: &Batch<'_>,
+        results: Vec<ItemResult>,
+        answer: Answer,
+        outcomes: &mut [Outcome],
+    ) -> Result<(), ServiceError> {
+        for ((&descriptor, item), result) in batch.descriptors.iter().zip(&batch.items).zip(results)
+        {
+            let decision = result.or_else(|error| {
+                crate::log::store_failed(&error);
+                on_backend_error(&error, self.options.on_error, item.policy(), answer)
+            })?;
+            outcomes[descriptor] = Outcome::Decided(decision);
+        }
+        Ok(())
     }
 
     async fn all_or_nothing(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
@@ -400,13 +536,11 @@ impl<S: Backend> RlsService<S> {
         results
     }
 
+    /// Looks at each item, all at once.
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        let mut results = Vec::with_capacity(items.len());
-        for item in items {
-            self.store_ops.peek.increment(1);
-            results.push(self.backend.peek(item, deadline).await);
-        }
-        results
+        self.store_ops.peek.increment(items.len() as u64);
+        futures_util::future::join_all(items.iter().map(|item| self.backend.peek(item, deadline)))
+            .await
     }
 }
 

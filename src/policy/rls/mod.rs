@@ -107,7 +107,7 @@ pub use matcher::{
 };
 pub(crate) use registry::{RlsRegistry, RlsSet};
 pub(crate) use reload::start;
-pub use rules::{Limit, LoadOptions, RlsRules, Rule};
+pub use rules::{Limit, LoadOptions, MAX_FILE_BYTES, RlsRules, Rule};
 pub use state::NAMESPACE_PREFIX;
 pub use unit::Unit;
 

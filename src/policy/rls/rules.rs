@@ -13,6 +13,7 @@
 //! there silently leaves the descriptor without a limit), a second YAML
 //! document in a file, and limits quotad cannot count exactly.
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 use std::sync::Arc;
@@ -24,6 +25,10 @@ use super::state::{domain_namespace, push_level};
 use super::yaml::{self, Ctx, Node};
 use super::{RlsConfigError, Unit};
 use crate::policy::{PolicyField, policy_error_field};
+
+/// The largest rules file read: a file is parsed whole in memory, and the
+/// largest real-world rule sets are a few hundred kilobytes.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
 /// How files are combined.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,8 +280,8 @@ impl RlsRules {
     ///
     /// # Errors
     ///
-    /// An [`RlsConfigError`] naming the folder or file that cannot be read
-    /// (or is not UTF-8).
+    /// An [`RlsConfigError`] naming the folder or file that cannot be read,
+    /// is not UTF-8, or is larger than [`MAX_FILE_BYTES`].
     pub fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, RlsConfigError> {
         let io_error =
             |file: &Path, e: std::io::Error| RlsConfigError::new(file, "", e.to_string());
@@ -287,7 +292,20 @@ impl RlsRules {
         };
         let mut texts = Vec::with_capacity(files.len());
         for file in files {
-            let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
+            let mut text = String::new();
+            std::fs::File::open(&file)
+                .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
+                .map_err(|e| io_error(&file, e))?;
+            if text.len() as u64 > MAX_FILE_BYTES {
+                return Err(RlsConfigError::new(
+                    &file,
+                    "",
+                    format!(
+                        "larger than {} MiB; split the rules over several files",
+                        MAX_FILE_BYTES >> 20
+                    ),
+                ));
+            }
             texts.push((file, text));
         }
         Ok(texts)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use quotad_core::Algorithm;
 
 use super::{load_error, rules};
-use crate::policy::rls::{Limit, LoadOptions, RlsRules, Unit};
+use crate::policy::rls::{Limit, LoadOptions, MAX_FILE_BYTES, RlsRules, Unit};
 
 #[test]
 fn loads_nested_descriptors_with_every_field_of_the_format() {
@@ -444,4 +444,20 @@ fn an_empty_directory_loads_no_domains() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let loaded = RlsRules::load(dir.path(), LoadOptions::default()).expect("loaded");
     assert!(loaded.is_empty());
+}
+
+#[test]
+fn a_file_larger_than_the_most_is_refused_naming_it_and_one_at_the_most_loads() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let head = "domain: big\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let most = usize::try_from(MAX_FILE_BYTES).expect("fits");
+    // A comment pads the file to exactly the most, then one byte past it.
+    let padded = |len: usize| format!("{head}#{}\n", "x".repeat(len - head.len() - 2));
+    let file = dir.path().join("big.yaml");
+    std::fs::write(&file, padded(most)).expect("write");
+    assert!(RlsRules::load(dir.path(), LoadOptions::default()).is_ok());
+    std::fs::write(&file, padded(most + 1)).expect("write");
+    let err = RlsRules::load(dir.path(), LoadOptions::default()).expect_err("too big");
+    assert_eq!(err.file(), file);
+    assert!(err.to_string().contains("larger than 4 MiB"), "{err}");
 }
