@@ -75,7 +75,10 @@ impl Reloader {
             &label,
             initial,
             read,
-            |now| std::future::ready(self.reload(now)),
+            |now| {
+                self.reload(now);
+                std::future::ready(())
+            },
             poll,
             stop,
         )
