@@ -8,6 +8,7 @@ use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
 use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
+use super::tls::{TlsFileError, check_certificates, check_private_key, read_file};
 use crate::backend::redis::{RedisSettings, RedisTarget, RedisTls, redact};
 
 /// The largest `store.max_key_bytes`: the request size bound grows 1,000
@@ -276,7 +277,16 @@ fn redis_tls(
         ca: ca.map(resolve),
         client,
     };
-    tls.check()
-        .map_err(|e| invalid(&["store", "redis", e.field], e.message))?;
+    let checked = || -> Result<(), TlsFileError> {
+        if let Some(ca) = &tls.ca {
+            check_certificates(&read_file(ca, "tls_ca")?, "tls_ca", ca)?;
+        }
+        if let Some((cert, key)) = &tls.client {
+            check_certificates(&read_file(cert, "tls_cert")?, "tls_cert", cert)?;
+            check_private_key(&read_file(key, "tls_key")?, "tls_key", key)?;
+        }
+        Ok(())
+    };
+    checked().map_err(|e| invalid(&["store", "redis", e.field], e.message))?;
     Ok(tls)
 }

@@ -27,7 +27,7 @@ mod errors;
 mod keys;
 mod tls;
 
-pub use self::tls::{RedisTls, TlsFileError};
+pub use self::tls::RedisTls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -208,9 +208,14 @@ impl Mode {
 /// under a millisecond of Redis time (BENCHMARKS.md).
 const CHUNK: usize = 64;
 
-/// The script's status word: decided, or refused past its deadline.
-const DECIDED: i64 = 1;
-const REFUSED_LATE: i64 = 0;
+/// Numbers the script answers per item: remaining, retry_after_ms,
+/// reset_after_ms, reason.
+const PER_ITEM: usize = 4;
+
+/// Numbers the fixed window's short path answers for a lone check it
+/// admitted: remaining, reset_after_ms (the least a reply can carry; each
+/// number costs Redis time).
+const ADMITTED: usize = 2;
 
 impl RedisBackend {
     /// Connects to Redis and reads its clock.
@@ -328,13 +333,7 @@ impl RedisBackend {
         let received = local_ms();
         let numbers = integers(&reply)?;
         match numbers.as_slice() {
-            [DECIDED, time, rest @ ..] => {
-                self.connections
-                    .offsets
-                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
-                decisions(rest, items.len())
-            }
-            [REFUSED_LATE, time, ..] => {
+            [time] => {
                 self.connections
                     .offsets
                     .record(slot, u64::try_from(*time).unwrap_or(0), received);
@@ -346,7 +345,13 @@ impl RedisBackend {
                     "redis ran the script past its deadline and refused it".to_owned(),
                 ))
             }
-            _ => Err(BackendError::Internal(format!(
+            [time, rest @ ..] => {
+                self.connections
+                    .offsets
+                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                decisions(rest, items)
+            }
+            [] => Err(BackendError::Internal(format!(
                 "the script answered {reply:?}"
             ))),
         }
@@ -390,19 +395,16 @@ impl RedisBackend {
     }
 }
 
-/// Counts what Redis did with a script quotad had stopped waiting for.
+/// Counts what Redis did with a script quotad had stopped waiting for: its
+/// `TIME` alone (refused), or decisions too (it ran).
 fn late_reply(counts: &Counts, reply: &RedisResult<Value>) {
-    let status = match reply {
-        Ok(Value::Array(values)) => values.first(),
-        _ => None,
-    };
-    match status {
-        Some(Value::Int(DECIDED)) => {
+    match reply {
+        Ok(Value::Array(values)) if values.len() == 1 => {
+            counts.late_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Value::Array(values)) if values.len() > 1 => {
             counts.late_counted.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("a script quotad had given up on ran in time: its reply came late");
-        }
-        Some(Value::Int(REFUSED_LATE)) => {
-            counts.late_refused.fetch_add(1, Ordering::Relaxed);
         }
         _ => {}
     }
@@ -479,21 +481,43 @@ impl Backend for RedisBackend {
     }
 }
 
-fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError> {
-    if reply.len() != items * 6 {
+/// The decisions in the script's reply: four numbers per item, its limit
+/// the capacity quotad sent, allowed exactly when within the limit; or,
+/// for a lone check admitted on the fixed window's short path, two
+/// ([`ADMITTED`]).
+fn decisions(reply: &[i64], items: &[CheckItem<'_>]) -> Result<Vec<Decision>, BackendError> {
+    if let ([remaining, reset], [item]) = (reply, items)
+        && reply.len() == ADMITTED
+    {
+        let n = |v: i64| {
+            u64::try_from(v)
+                .map_err(|_| BackendError::Internal(format!("the script answered {reply:?}")))
+        };
+        return Ok(vec![Decision {
+            allowed: true,
+            limit: item.policy().capacity(),
+            remaining: n(*remaining)?,
+            retry_after_ms: 0,
+            reset_after_ms: n(*reset)?,
+            reason: quotad_core::Reason::WithinLimit,
+        }]);
+    }
+    if reply.len() != items.len() * PER_ITEM {
         return Err(BackendError::Internal(format!(
-            "the script answered {} numbers for {items} items",
-            reply.len()
+            "the script answered {} numbers for {} items",
+            reply.len(),
+            items.len()
         )));
     }
     reply
-        .chunks_exact(6)
-        .map(|d| {
-            let reason = i32::try_from(d[5])
+        .chunks_exact(PER_ITEM)
+        .zip(items)
+        .map(|(d, item)| {
+            let reason = i32::try_from(d[3])
                 .ok()
                 .and_then(|code| convert::reason(code).ok())
                 .ok_or_else(|| {
-                    BackendError::Internal(format!("the script answered reason {}", d[5]))
+                    BackendError::Internal(format!("the script answered reason {}", d[3]))
                 })?;
             let n = |i: usize| {
                 u64::try_from(d[i]).map_err(|_| {
@@ -501,11 +525,11 @@ fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError>
                 })
             };
             Ok(Decision {
-                allowed: d[0] == 1,
-                limit: n(1)?,
-                remaining: n(2)?,
-                retry_after_ms: n(3)?,
-                reset_after_ms: n(4)?,
+                allowed: reason == quotad_core::Reason::WithinLimit,
+                limit: item.policy().capacity(),
+                remaining: n(0)?,
+                retry_after_ms: n(1)?,
+                reset_after_ms: n(2)?,
                 reason,
             })
         })
@@ -563,11 +587,34 @@ mod tests {
                 "{algorithm}"
             );
         }
-        // Status and TIME, then six numbers per item.
-        assert!(SCRIPT.contains("local out = { 1, time }"));
-        assert!(SCRIPT.contains("for j = 1, 6 do"));
-        assert_eq!((DECIDED, REFUSED_LATE), (1, 0));
-        assert!(SCRIPT.contains("return { 0, time }"));
+        // TIME, then four numbers per item; TIME alone when refused.
+        assert!(SCRIPT.contains("local out = { time }"));
+        assert_eq!(PER_ITEM, 4);
+        assert_eq!(
+            SCRIPT.matches("out[#out + 1] = d[").count(),
+            PER_ITEM,
+            "the general reply"
+        );
+        assert!(SCRIPT.contains("return { time }"));
+        // The fast path's replies have the same shape.
+        for reply in SCRIPT
+            .lines()
+            .filter(|l| l.trim_start().starts_with("return { time, "))
+        {
+            let mut depth = 0;
+            let commas = reply
+                .chars()
+                .filter(|&c| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    c == ',' && depth == 0
+                })
+                .count();
+            assert!(commas == PER_ITEM || commas == ADMITTED, "{reply}");
+        }
     }
 
     #[test]
@@ -589,10 +636,26 @@ mod tests {
 
     #[test]
     fn a_reply_of_the_wrong_length_is_an_error_not_a_decision() {
-        assert!(decisions(&[1, 10, 9, 0, 100], 1).is_err());
-        assert!(decisions(&[1, 10, 9, 0, 100, 9], 1).is_err());
-        let d = decisions(&[0, 10, 0, 30, 30, 2], 1).expect("well formed");
+        let policy = Policy::try_new(
+            quotad_core::Algorithm::FixedWindow,
+            10,
+            Duration::from_secs(1),
+            None,
+        )
+        .expect("valid");
+        let item = CheckItem::new("p", policy, "k", 1).expect("valid");
+        let one = std::slice::from_ref(&item);
+        assert!(decisions(&[9, 0, 100], one).is_err());
+        assert!(decisions(&[9, 0, 100, 1, 4], one).is_err());
+        assert!(decisions(&[9, 0, 100, 99], one).is_err(), "no such reason");
+        let d = decisions(&[0, 30, 30, 2], one).expect("well formed");
         assert_eq!(d[0].reason, quotad_core::Reason::LimitExceeded);
         assert!(!d[0].allowed);
+        assert_eq!(d[0].limit, 10);
+        let d = decisions(&[9, 0, 100, 1], one).expect("well formed");
+        assert!(d[0].allowed && d[0].remaining == 9);
+        let admitted = decisions(&[9, 100], one).expect("the short path's reply");
+        assert_eq!(admitted, d);
+        assert!(decisions(&[9, 100], &[item, item]).is_err());
     }
 }

@@ -17,14 +17,10 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
-use quotad::backend::redis::{RedisBackend, RedisTarget};
 use quotad::backend::{Backend, Deadline};
-use quotad_core::{
-    Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, MemoryStore, OnFull, Policy,
-    StoreConfig,
-};
+use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, Policy};
 
-use super::{START, settings};
+use super::{START, both_stores};
 
 const NONE: Deadline = Deadline::NONE;
 use crate::common::redis::RedisServer;
@@ -155,16 +151,7 @@ fn memory_and_redis_decide_identically_across_reloads_and_clock_steps_back() {
     let redis = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let clock = Arc::new(FakeClock::new(START));
-    let redis_store = runtime
-        .block_on(RedisBackend::connect(&settings(RedisTarget::Standalone(
-            redis.url(),
-        ))))
-        .expect("connect to the test Redis")
-        .with_test_clock(clock.clone());
-    let memory = MemoryStore::new(
-        StoreConfig::try_new(100_000, 16, OnFull::Deny).expect("valid"),
-        clock.clone(),
-    );
+    let (redis_store, memory) = both_stores(&runtime, &redis, &clock);
     let cases = AtomicU64::new(0);
     let (reloads, steps_back) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut runner = TestRunner::new(ProptestConfig {

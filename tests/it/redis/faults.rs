@@ -24,7 +24,11 @@ fn stall_config(target: &str, timeout: &str) -> Config {
 /// Policies `err`, `open` (limit `open_limit`) and `closed`, fixed windows
 /// of a day, each with the `on_error` of its name.
 fn three_policies(target: &str, timeout: &str, open_limit: u64) -> Config {
-    let toml = format!(
+    Config::from_toml(&three_policies_toml(target, timeout, open_limit)).expect("valid config")
+}
+
+fn three_policies_toml(target: &str, timeout: &str, open_limit: u64) -> String {
+    format!(
         r#"
 [store]
 backend = "redis"
@@ -51,8 +55,7 @@ limit = 10
 window = "1d"
 on_error = "fail_closed"
 "#
-    );
-    Config::from_toml(&toml).expect("valid config")
+    )
 }
 
 const POLICIES: [&str; 3] = ["err", "open", "closed"];
@@ -440,26 +443,10 @@ async fn corrupt_state_is_internal_counted_and_never_failed_open() {
 /// Policies `err`, `open` and `closed` on Redis with a 2 s timeout, and
 /// `[transport]` as given.
 fn long_timeout_config(url: &str, transport: &str) -> Config {
-    let mut toml = String::from(transport);
-    toml.push_str(&format!(
-        r#"
-[store]
-backend = "redis"
-
-[store.redis]
-url = {url:?}
-timeout = "2s"
-"#
-    ));
-    for (name, on_error) in [
-        ("err", "error"),
-        ("open", "fail_open"),
-        ("closed", "fail_closed"),
-    ] {
-        toml.push_str(&format!(
-            "\n[policies.{name}]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\non_error = \"{on_error}\"\n"
-        ));
-    }
+    let toml = format!(
+        "{transport}\n{}",
+        three_policies_toml(&format!("url = {url:?}"), "2s", 10)
+    );
     Config::from_toml(&toml).expect("valid config")
 }
 
