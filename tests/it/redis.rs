@@ -345,33 +345,36 @@ fn a_redis_backend_needs_a_target_and_says_so() {
 
 #[test]
 fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
-    // The largest limit a one-day window allows: every intermediate value
-    // in Lua is then at most 2^53, where doubles are still exact.
-    let window = 86_400_000;
-    let limit = quotad_core::MAX_EXACT / window;
-    let policy = Policy::try_new(
-        Algorithm::SlidingWindow,
-        limit,
-        Duration::from_millis(window),
-        None,
-    )
-    .expect("at the bound");
-    let redis = RedisServer::start();
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let clock = Arc::new(FakeClock::new(START + window / 2));
-    let (store, memory) = both_stores(&runtime, &redis, &clock);
-    for cost in [limit - 1, 1, 1, limit / 3] {
-        let item = CheckItem::new("big", policy, "k", cost).expect("valid");
-        let (a, b) = runtime.block_on(async {
-            (
-                Backend::check_one(&memory, &item, Deadline::NONE)
-                    .await
-                    .expect("memory"),
-                store.check_one(&item, Deadline::NONE).await.expect("redis"),
-            )
-        });
-        assert_eq!(a, b, "cost {cost}");
-        clock.advance(Duration::from_millis(window / 3));
+    // The largest limit a one-day window allows a sliding window: every
+    // intermediate value in Lua is then at most 2^53, where doubles are
+    // still exact. A fixed window only adds: 2^53 a year, and a window of
+    // 2^53 ms.
+    let (day, year) = (86_400_000, 365 * 86_400_000);
+    let max = quotad_core::MAX_EXACT;
+    for (algorithm, limit, window) in [
+        (Algorithm::SlidingWindow, max / day, day),
+        (Algorithm::FixedWindow, max, year),
+        (Algorithm::FixedWindow, max, max),
+    ] {
+        let policy = Policy::try_new(algorithm, limit, Duration::from_millis(window), None)
+            .expect("at the bound");
+        let redis = RedisServer::start();
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let clock = Arc::new(FakeClock::new(START + day / 2));
+        let (store, memory) = both_stores(&runtime, &redis, &clock);
+        for cost in [limit - 1, 1, 1, limit / 3] {
+            let item = CheckItem::new("big", policy, "k", cost).expect("valid");
+            let (a, b) = runtime.block_on(async {
+                (
+                    Backend::check_one(&memory, &item, Deadline::NONE)
+                        .await
+                        .expect("memory"),
+                    store.check_one(&item, Deadline::NONE).await.expect("redis"),
+                )
+            });
+            assert_eq!(a, b, "{algorithm} cost {cost}");
+            clock.advance(Duration::from_millis(day / 3));
+        }
     }
 }
 

@@ -204,9 +204,9 @@ impl Limit {
     ///
     /// # Errors
     ///
-    /// The [`PolicyError`] of a limit quotad cannot count: above 2^53 /
-    /// window_ms per window (see [`Limit::max_requests_per_unit`]), a burst
-    /// on a non-bucket algorithm, a sliding log above 10,000.
+    /// The [`PolicyError`] of a limit quotad cannot count: above
+    /// [`Limit::max_requests_per_unit`], a burst on a non-bucket algorithm,
+    /// a sliding log above 10,000.
     pub fn try_new(
         requests_per_unit: u32,
         unit: Unit,
@@ -228,12 +228,19 @@ impl Limit {
         })
     }
 
-    /// The most requests per unit quotad counts exactly (limit x window_ms
-    /// <= 2^53): 285,616 a year, 3,474,999 a month, 14,892,855 a week,
-    /// 104,249,991 a day, 2,501,999,792 an hour; a minute or a second
-    /// holds any 32-bit number.
-    pub fn max_requests_per_unit(unit: Unit) -> u64 {
-        MAX_EXACT / unit.window_ms()
+    /// The most requests per unit quotad counts exactly with `algorithm`:
+    /// any 32-bit number for a fixed window (the reference's counting, and
+    /// the default), which only adds; for the others, which multiply the
+    /// limit by the time, `limit x window_ms <= 2^53`: 285,616 a year,
+    /// 3,474,999 a month, 14,892,855 a week, 104,249,991 a day,
+    /// 2,501,999,792 an hour, and any 32-bit number a minute or a second.
+    pub fn max_requests_per_unit(unit: Unit, algorithm: Algorithm) -> u64 {
+        let most = if algorithm == Algorithm::FixedWindow {
+            MAX_EXACT
+        } else {
+            MAX_EXACT / unit.window_ms()
+        };
+        most.min(u64::from(u32::MAX))
     }
 
     /// `requests_per_unit`.
@@ -768,7 +775,7 @@ impl Loader<'_> {
                 ctx.error(
                     &full,
                     at.unwrap_or(node),
-                    policy_message(&e, rpu, unit_value),
+                    policy_message(&e, rpu, unit_value, algorithm),
                 )
             })?;
             Some(limit)
@@ -826,11 +833,16 @@ impl Loader<'_> {
 }
 
 /// The message for a limit quotad cannot count, in the file's terms.
-pub(super) fn policy_message(error: &PolicyError, requests_per_unit: u32, unit: Unit) -> String {
+pub(super) fn policy_message(
+    error: &PolicyError,
+    requests_per_unit: u32,
+    unit: Unit,
+    algorithm: Algorithm,
+) -> String {
     match error {
         PolicyError::LimitWindowTooLarge { .. } => format!(
-            "{requests_per_unit} per {unit} is more than quotad counts exactly: at most {} per {unit} (requests_per_unit x window in ms <= 2^53)",
-            Limit::max_requests_per_unit(unit)
+            "{requests_per_unit} per {unit} is more than {algorithm} counts exactly: at most {} per {unit} (requests_per_unit x window in ms <= 2^53; the default fixed_window has no such bound)",
+            Limit::max_requests_per_unit(unit, algorithm)
         ),
         other => other.to_string(),
     }

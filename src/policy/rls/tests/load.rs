@@ -314,16 +314,19 @@ fn errors_name_file_field_line_and_column() {
 }
 
 #[test]
-fn the_most_requests_per_unit_are_2_pow_53_over_the_window() {
-    let most: Vec<u64> = Unit::ALL
-        .into_iter()
-        .map(Limit::max_requests_per_unit)
-        .collect();
+fn the_most_requests_per_unit_are_2_pow_53_over_the_window_but_for_a_fixed_window() {
+    let most = |algorithm| -> Vec<u64> {
+        Unit::ALL
+            .into_iter()
+            .map(|unit| Limit::max_requests_per_unit(unit, algorithm))
+            .collect()
+    };
+    let u32_max = u64::from(u32::MAX);
     assert_eq!(
-        most,
+        most(Algorithm::SlidingWindow),
         [
-            9_007_199_254_740,
-            150_119_987_579,
+            u32_max,
+            u32_max,
             2_501_999_792,
             104_249_991,
             14_892_855,
@@ -331,21 +334,25 @@ fn the_most_requests_per_unit_are_2_pow_53_over_the_window() {
             285_616
         ]
     );
+    assert_eq!(most(Algorithm::FixedWindow), [u32_max; 7]);
 }
 
 #[test]
 fn limits_beyond_exact_counting_are_refused_with_the_most_per_unit() {
-    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 285617}\n";
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 285617}\n    metadata: {quotad: {algorithm: sliding_window}}\n";
     assert_eq!(
         load_error(text),
-        "rules.yaml: descriptors[0].rate_limit.requests_per_unit: 285617 per year is more than quotad counts exactly: at most 285616 per year (requests_per_unit x window in ms <= 2^53) (line 4, column 49)"
+        "rules.yaml: descriptors[0].rate_limit.requests_per_unit: 285617 per year is more than sliding_window counts exactly: at most 285616 per year (requests_per_unit x window in ms <= 2^53; the default fixed_window has no such bound) (line 4, column 49)"
     );
     let at_most = text.replace("285617", "285616");
     assert_eq!(rules(&at_most).rules("d").len(), 1);
-    // A second or a minute holds every 32-bit limit.
+    // A fixed window (the default), in any unit, and any algorithm for a
+    // second or a minute, hold every 32-bit limit.
+    let fixed = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 4294967295}\n";
+    assert_eq!(rules(fixed).rules("d").len(), 1);
     for unit in ["second", "minute"] {
         let text = format!(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 4294967295}}\n"
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 4294967295}}\n    metadata: {{quotad: {{algorithm: token_bucket}}}}\n"
         );
         assert_eq!(rules(&text).rules("d").len(), 1, "{unit}");
     }
