@@ -189,3 +189,28 @@ async fn quota_mode_descriptors_over_a_limit_of_zero_deny_without_counting() {
     assert_eq!(code(&response), Code::OverLimit);
     assert_eq!(left(&mut client, "a").await, 5);
 }
+
+#[tokio::test]
+async fn descriptors_only_looked_at_are_recorded_as_rejected_not_as_decisions() {
+    let limits = [("a", 1, ""), ("s", 5, "shadow_mode")];
+    let dir = rules_dir(&[("d.yaml", &rules(&limits))]);
+    let (_clock, server) = start(&dir, "").await;
+    let mut client = rls_client(&server).await;
+    for _ in 0..3 {
+        ask(&mut client, hits(&["a", "s"])).await;
+    }
+    let metrics = server.metrics().await;
+    let s = |outcome: &str, reason: &str| {
+        metrics.value(
+            "quotad_decisions_total",
+            &[
+                ("policy", "rls:d/s"),
+                ("algorithm", "fixed_window"),
+                ("outcome", outcome),
+                ("reason", reason),
+            ],
+        )
+    };
+    assert_eq!(s("allowed", "within_limit"), 1.0);
+    assert_eq!(s("denied", "batch_rejected"), 2.0);
+}

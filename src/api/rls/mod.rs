@@ -41,7 +41,7 @@ use tonic::{Request, Response, Status};
 use super::error::ServiceError;
 use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
-use crate::backend::{Backend, Deadline, ItemResult};
+use crate::backend::{Backend, BackendError, Deadline, ItemResult};
 use crate::config::{BackendSettings, Config, CountMode, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
@@ -116,6 +116,97 @@ impl Outcome {
     /// Whether the store counted (or would have counted) the hits.
     fn admitted(self) -> bool {
         matches!(self, Outcome::Decided(d) if d.allowed)
+    }
+
+    /// Whether the store failed, and `store.on_error` passed it on.
+    pub(crate) fn failed(self) -> bool {
+        matches!(self, Outcome::Decided(d) if d.reason == Reason::Unavailable)
+    }
+}
+
+/// Answers of items that were only looked at, because the request does
+/// not go through: those that would have fitted are rejected with it.
+fn reject(results: &mut [ItemResult]) {
+    for decision in results.iter_mut().flatten() {
+        if decision.allowed {
+            decision.allowed = false;
+            decision.reason = Reason::BatchRejected;
+        }
+    }
+}
+
+/// What the store said about a request's descriptors so far, and the first
+/// failure that `store.on_error` passes on (`error`, or a fault).
+struct Answers {
+    outcomes: Vec<Outcome>,
+    failure: Option<BackendError>,
+}
+
+impl Answers {
+    fn new(descriptors: usize) -> Self {
+        Answers {
+            outcomes: vec![Outcome::NoLimit; descriptors],
+            failure: None,
+        }
+    }
+}
+
+/// What a descriptor's answer does to the request's overall code, as
+/// envoyproxy/ratelimit has it: declared once, for counting
+/// ([`RlsService::check_together`]), for a failure ([`RlsService::verdict`])
+/// and for the answer ([`status::respond`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Role {
+    /// A quota-mode descriptor: the request is denied only when every one
+    /// of them is over.
+    pub(crate) quota: bool,
+    /// Never over in the answer: a shadow-mode rule, or no limit.
+    pub(crate) never_over: bool,
+}
+
+impl Role {
+    /// The role of a descriptor; `None` for one that plays no part
+    /// (`unlimited`).
+    pub(crate) fn of(options: &RlsOptions, resolution: &Resolution<'_>) -> Option<Role> {
+        match resolution {
+            Resolution::Unlimited(_) => None,
+            Resolution::NoLimit(_) => Some(Role {
+                quota: options.quota_mode,
+                never_over: true,
+            }),
+            Resolution::Limited(applied) => Some(Role {
+                quota: options.quota_mode || applied.quota_mode(),
+                never_over: applied.shadow_mode(),
+            }),
+        }
+    }
+
+    /// Whether the descriptor over denies the request.
+    fn denies(self) -> bool {
+        !self.quota && !self.never_over
+    }
+}
+
+/// The quota-mode descriptors of a request: whether there are any, whether
+/// one is known to fit, whether one could not be decided.
+#[derive(Clone, Copy, Debug, Default)]
+struct QuotaState {
+    any: bool,
+    fits: bool,
+    failed: bool,
+}
+
+impl QuotaState {
+    fn add(&mut self, fits: bool, failed: bool) {
+        self.any = true;
+        self.fits |= fits && !failed;
+        self.failed |= failed;
+    }
+
+    /// Whether the request's fate rests on a quota-mode descriptor the
+    /// store failed on.
+    fn undecided(self) -> bool {
+        self.any && !self.fits && self.failed
     }
 }
 
@@ -193,42 +284,73 @@ impl<S: Backend> RlsService<S> {
             CountMode::Reference => Spend::Always,
             CountMode::AllOrNothing => Spend::WhenAdmitted,
         };
+        let mut answers = Answers::new(resolved.len());
         // The common case, one descriptor with a limit: one store call and
         // no lists to sort the answers back from.
         if let [Resolution::Limited(applied)] = resolved.as_slice()
             && let Some(item) = applied.check_item()
         {
-            let outcome = Outcome::Decided(self.check_alone(applied, item, spend, deadline).await?);
-            let outcomes = std::slice::from_ref(&outcome);
-            return Ok(status::respond(
-                &resolved,
-                outcomes,
-                &set,
-                &self.options,
-                &self.metrics,
-            ));
+            let result = self.check_alone(applied, item, spend, deadline).await;
+            self.settle_one(&mut answers, 0, &item, result);
+        } else {
+            // Boxed: its state is larger than the whole of the common
+            // case's, and would otherwise be part of every call's future.
+            Box::pin(self.check_many(&resolved, spend, deadline, &mut answers)).await;
         }
-        // Boxed: its state is larger than the whole of the common case's,
-        // and would otherwise be part of every call's future.
-        let outcomes = Box::pin(self.check_many(&resolved, spend, deadline)).await?;
+        self.verdict(&resolved, &answers)?;
         Ok(status::respond(
             &resolved,
-            &outcomes,
+            &answers.outcomes,
             &set,
             &self.options,
             &self.metrics,
         ))
     }
 
-    /// The decision for the one limited descriptor of a request.
+    /// Whether the answer stands although the store failed on some
+    /// descriptors (`store.on_error = "error"`, or a fault): it does when
+    /// it is the same whatever they would have said, and the call fails
+    /// with the store's error otherwise.
+    fn verdict(&self, resolved: &[Resolution<'_>], answers: &Answers) -> Result<(), ServiceError> {
+        let Some(error) = &answers.failure else {
+            return Ok(());
+        };
+        if self.options.shadow_mode {
+            // Every request goes through.
+            return Ok(());
+        }
+        let (mut enforced_failed, mut quota) = (false, QuotaState::default());
+        for (resolution, outcome) in resolved.iter().zip(&answers.outcomes) {
+            let Some(role) = Role::of(&self.options, resolution) else {
+                continue;
+            };
+            let (failed, over) = (outcome.failed(), outcome.over());
+            if role.quota {
+                quota.add(role.never_over || !over, failed);
+            } else if !role.never_over {
+                if over && !failed {
+                    // Denied, whatever the failed descriptors say.
+                    return Ok(());
+                }
+                enforced_failed |= failed;
+            }
+        }
+        if enforced_failed || quota.undecided() {
+            Err(error.clone().into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The store's result for the one limited descriptor of a request.
     async fn check_alone(
         &self,
         applied: &Applied<'_>,
         item: CheckItem<'_>,
         spend: Spend,
         deadline: Deadline,
-    ) -> Result<Decision, ServiceError> {
-        let result = match applied.charge() {
+    ) -> ItemResult {
+        match applied.charge() {
             Charge::Probe => {
                 self.store_ops.peek.increment(1);
                 self.backend.peek(&item, deadline).await
@@ -244,11 +366,7 @@ impl<S: Backend> RlsService<S> {
                 }
                 result
             }
-        };
-        result.or_else(|error| {
-            crate::log::store_failed(&error);
-            on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
-        })
+        }
     }
 
     /// Asks the store about every limited descriptor of a request that is
@@ -258,12 +376,13 @@ impl<S: Backend> RlsService<S> {
         resolved: &[Resolution<'_>],
         spend: Spend,
         deadline: Deadline,
-    ) -> Result<Vec<Outcome>, ServiceError> {
+        answers: &mut Answers,
+    ) {
         let o = &self.options;
         if o.count_mode == CountMode::Reference || !o.one_batch || o.shadow_mode {
-            self.check_each(resolved, spend, deadline).await
+            self.check_each(resolved, spend, deadline, answers).await;
         } else {
-            self.check_together(resolved, deadline).await
+            self.check_together(resolved, deadline, answers).await;
         }
     }
 
@@ -275,15 +394,15 @@ impl<S: Backend> RlsService<S> {
         resolved: &[Resolution<'_>],
         spend: Spend,
         deadline: Deadline,
-    ) -> Result<Vec<Outcome>, ServiceError> {
-        let mut outcomes = vec![Outcome::NoLimit; resolved.len()];
+        answers: &mut Answers,
+    ) {
         let (mut counted, mut probes) = (Batch::default(), Batch::default());
         for (i, resolution) in resolved.iter().enumerate() {
             let Resolution::Limited(applied) = resolution else {
                 continue;
             };
             match (applied.check_item(), applied.charge()) {
-                (None, _) => outcomes[i] = Outcome::Zero,
+                (None, _) => answers.outcomes[i] = Outcome::Zero,
                 (Some(item), Charge::Probe) => probes.push(i, item),
                 (Some(item), Charge::Hits(_)) => counted.push(i, item.with_spend(spend)),
             }
@@ -292,141 +411,166 @@ impl<S: Backend> RlsService<S> {
             self.independent(&counted.items, deadline),
             self.peek_each(&probes.items, deadline),
         );
-        self.settle(&counted, counted_results, Answer::Whole, &mut outcomes)?;
-        self.settle(&probes, probe_results, Answer::Whole, &mut outcomes)?;
-        Ok(outcomes)
+        self.settle(answers, &counted, counted_results);
+        self.settle(answers, &probes, probe_results);
     }
 
     /// All or nothing: the request's hits are counted only when it goes
     /// through, and a request that does not go through counts nothing.
     ///
-    /// The enforced descriptors are one all-or-nothing batch. Probes are
-    /// looked at first: an enforced one over denies the request before
-    /// anything is counted. Quota-mode descriptors deny only when every one
-    /// of them is over; when none is known to fit yet, the batch is tried
-    /// with each in turn (or, with no enforced descriptor, all of them at
-    /// once independently) until one fits. Shadow-mode descriptors, and
-    /// quota-mode ones the answer no longer depends on, are counted once
-    /// the request is known to go through, and only looked at otherwise;
-    /// a store failure there is answered for that descriptor
-    /// (`store.on_error`, `UNAVAILABLE` as over) and fails nothing else.
+    /// 1. Probes, and quota-mode descriptors when the answer depends on
+    ///    them, are looked at, all at once. An enforced probe over denies
+    ///    the request; so do quota-mode descriptors all over.
+    /// 2. The enforced descriptors are one all-or-nothing batch, with the
+    ///    first quota-mode descriptor that fitted when one must fit (and,
+    ///    only if another request took its budget in between, again with
+    ///    the next). With no enforced descriptor, the quota-mode ones that
+    ///    fitted are checked at once, each counted if it still fits.
+    /// 3. Shadow-mode descriptors, and quota-mode ones the answer no longer
+    ///    depends on, are counted once the request is known to go through,
+    ///    and answered as looked at (not counted) when it does not.
+    ///
+    /// Four store round trips at most (more only while other requests take
+    /// the budgets tried), one when every descriptor is enforced. A store
+    /// failure is answered for its descriptor, and fails the call only when
+    /// the answer depends on it ([`Self::verdict`]).
     async fn check_together(
         &self,
         resolved: &[Resolution<'_>],
         deadline: Deadline,
-    ) -> Result<Vec<Outcome>, ServiceError> {
-        let o = &self.options;
-        let mut outcomes = vec![Outcome::NoLimit; resolved.len()];
+        answers: &mut Answers,
+    ) {
         let (mut group, mut quotas, mut rest, mut probes) = (
             Batch::default(),
             Batch::default(),
             Batch::default(),
             Batch::default(),
         );
-        // The effect of each probe's answer: (denies when over, quota).
-        let mut probe_effects = Vec::new();
-        // Whether the request is over before the store is asked; whether a
-        // quota-mode descriptor is known not to be over.
-        let (mut doomed, mut any_quota, mut quota_fits) = (false, false, false);
+        // Each probe's role, in order.
+        let mut probe_roles = Vec::new();
+        // Whether the request is over before the store is asked.
+        let mut doomed = false;
+        let mut quota = QuotaState::default();
         for (i, resolution) in resolved.iter().enumerate() {
-            let applied = match resolution {
-                Resolution::Limited(applied) => applied,
-                Resolution::NoLimit(_) => {
-                    // Answered OK; under the server's quota mode, a quota
-                    // descriptor that is not over.
-                    any_quota |= o.quota_mode;
-                    quota_fits |= o.quota_mode;
-                    continue;
-                }
-                Resolution::Unlimited(_) => continue,
+            let Some(role) = Role::of(&self.options, resolution) else {
+                continue;
             };
-            let quota = o.quota_mode || applied.quota_mode();
-            let shadow = applied.shadow_mode();
-            any_quota |= quota;
-            // A shadow descriptor is never over in the answer.
-            quota_fits |= quota && shadow;
+            quota.any |= role.quota;
+            if role.quota && role.never_over {
+                quota.add(true, false);
+            }
+            let Resolution::Limited(applied) = resolution else {
+                continue;
+            };
             let Some(item) = applied.check_item() else {
                 // A limit of 0 is over whatever the store holds.
-                doomed |= !quota && !shadow;
-                outcomes[i] = Outcome::Zero;
+                answers.outcomes[i] = Outcome::Zero;
+                if role.quota && !role.never_over {
+                    quota.add(false, false);
+                }
+                doomed |= role.denies();
                 continue;
             };
             match applied.charge() {
                 Charge::Probe => {
                     probes.push(i, item);
-                    probe_effects.push((!quota && !shadow, quota && !shadow));
+                    probe_roles.push(role);
                 }
-                Charge::Hits(_) if shadow => rest.push(i, item),
-                Charge::Hits(_) if quota => quotas.push(i, item),
+                Charge::Hits(_) if role.never_over => rest.push(i, item),
+                Charge::Hits(_) if role.quota => quotas.push(i, item),
                 Charge::Hits(_) => group.push(i, item),
             }
         }
 
-        let probe_results = self.peek_each(&probes.items, deadline).await;
-        self.settle(&probes, probe_results, Answer::Whole, &mut outcomes)?;
-        for (&descriptor, (denies, quota)) in probes.descriptors.iter().zip(probe_effects) {
-            let over = outcomes[descriptor].over();
-            doomed |= denies && over;
-            quota_fits |= quota && !over;
+        // 1. Look.
+        let look_at_quotas = !doomed && quota.any && !quota.fits;
+        let (probe_results, quota_looks) =
+            tokio::join!(self.peek_each(&probes.items, deadline), async {
+                if look_at_quotas {
+                    self.peek_each(&quotas.items, deadline).await
+                } else {
+                    Vec::new()
+                }
+            },);
+        self.settle(answers, &probes, probe_results);
+        for (&descriptor, role) in probes.descriptors.iter().zip(&probe_roles) {
+            let outcome = answers.outcomes[descriptor];
+            doomed |= role.denies() && outcome.over();
+            if role.quota && !role.never_over {
+                quota.add(!outcome.over(), outcome.failed());
+            }
         }
-        // Every quota-mode descriptor is over already (a limit of 0, a probe).
-        doomed |= any_quota && !quota_fits && quotas.items.is_empty();
-
-        let mut admitted = false;
-        if !doomed && (!any_quota || quota_fits) {
-            admitted = self.try_group(&group, &mut outcomes, deadline).await?;
-        } else if !doomed && group.items.is_empty() {
-            // Only quota-mode descriptors to count: each counts if it fits,
-            // and the request goes through if one does.
-            let results = self.independent(&quotas.items, deadline).await;
-            self.settle(&quotas, results, Answer::PerItem, &mut outcomes)?;
-            admitted = quotas.descriptors.iter().any(|&d| outcomes[d].admitted());
-            quotas = Batch::default();
-        } else if !doomed {
-            // The group with each quota-mode descriptor in turn, until the
-            // group is over, or one fits with it.
-            let mut tried = 0;
+        // The quota-mode descriptors that fitted when looked at.
+        let mut fitting = Batch::default();
+        if look_at_quotas {
+            let mut looks = quota_looks;
+            reject(&mut looks);
+            self.settle(answers, &quotas, looks);
             for (&descriptor, &item) in quotas.descriptors.iter().zip(&quotas.items) {
+                let outcome = answers.outcomes[descriptor];
+                quota.add(false, outcome.failed());
+                if !outcome.over() {
+                    fitting.push(descriptor, item);
+                }
+            }
+            quotas = Batch::default();
+        }
+        doomed |= quota.any && !quota.fits && fitting.items.is_empty();
+
+        // 2. Decide.
+        let mut admitted = false;
+        if doomed {
+            let mut results = self.peek_each(&group.items, deadline).await;
+            reject(&mut results);
+            self.settle(answers, &group, results);
+        } else if !quota.any || quota.fits {
+            admitted = self.try_group(&group, answers, deadline).await;
+        } else if group.items.is_empty() {
+            let results = self.independent(&fitting.items, deadline).await;
+            self.settle(answers, &fitting, results);
+            admitted = fitting
+                .descriptors
+                .iter()
+                .any(|&d| answers.outcomes[d].admitted());
+            fitting = Batch::default();
+        } else {
+            // One try, and another only when another request took the
+            // budget of the one tried since it was looked at.
+            let mut tried = 0;
+            for (&descriptor, &item) in fitting.descriptors.iter().zip(&fitting.items) {
                 tried += 1;
                 let mut with = Batch {
                     descriptors: group.descriptors.clone(),
                     items: group.items.clone(),
                 };
                 with.push(descriptor, item);
-                admitted = self.try_group(&with, &mut outcomes, deadline).await?;
-                if admitted || group.descriptors.iter().any(|&d| outcomes[d].over()) {
+                admitted = self.try_group(&with, answers, deadline).await;
+                if admitted
+                    || group
+                        .descriptors
+                        .iter()
+                        .any(|&d| answers.outcomes[d].over())
+                {
                     break;
                 }
             }
-            quotas.descriptors.drain(..tried);
-            quotas.items.drain(..tried);
+            fitting.descriptors.drain(..tried);
+            fitting.items.drain(..tried);
         }
 
-        // What the answer no longer depends on: counted if the request goes
-        // through, looked at if it does not.
+        // 3. What the answer no longer depends on.
         rest.descriptors.append(&mut quotas.descriptors);
         rest.items.append(&mut quotas.items);
-        let (group_results, rest_results) = tokio::join!(
-            async {
-                if doomed {
-                    self.peek_rejected(&group.items, deadline).await
-                } else {
-                    Vec::new()
-                }
-            },
-            async {
-                if admitted {
-                    self.independent(&rest.items, deadline).await
-                } else {
-                    self.peek_each(&rest.items, deadline).await
-                }
-            },
-        );
-        if doomed {
-            self.settle(&group, group_results, Answer::Whole, &mut outcomes)?;
+        if admitted {
+            rest.descriptors.append(&mut fitting.descriptors);
+            rest.items.append(&mut fitting.items);
+            let results = self.independent(&rest.items, deadline).await;
+            self.settle(answers, &rest, results);
+        } else {
+            let mut results = self.peek_each(&rest.items, deadline).await;
+            reject(&mut results);
+            self.settle(answers, &rest, results);
         }
-        self.settle(&rest, rest_results, Answer::PerItem, &mut outcomes)?;
-        Ok(outcomes)
     }
 
     /// Decides `group` as one all-or-nothing batch (nothing to decide is
@@ -434,37 +578,53 @@ impl<S: Backend> RlsService<S> {
     async fn try_group(
         &self,
         group: &Batch<'_>,
-        outcomes: &mut [Outcome],
+        answers: &mut Answers,
         deadline: Deadline,
-    ) -> Result<bool, ServiceError> {
-        if let [item] = group.items.as_slice() {
-            let results = self.independent(std::slice::from_ref(item), deadline).await;
-            self.settle(group, results, Answer::Whole, outcomes)?;
+    ) -> bool {
+        let results = if let [item] = group.items.as_slice() {
+            self.independent(std::slice::from_ref(item), deadline).await
         } else {
-            let results = self.all_or_nothing(&group.items, deadline).await;
-            self.settle(group, results, Answer::Whole, outcomes)?;
-        }
-        Ok(group.descriptors.iter().all(|&d| outcomes[d].admitted()))
+            self.all_or_nothing(&group.items, deadline).await
+        };
+        self.settle(answers, group, results);
+        group
+            .descriptors
+            .iter()
+            .all(|&d| answers.outcomes[d].admitted())
     }
 
-    /// Records the store's answers for `batch` in `outcomes`, a failure as
-    /// `store.on_error` and `answer` have it.
-    fn settle(
-        &self,
-        batch: &Batch<'_>,
-        results: Vec<ItemResult>,
-        answer: Answer,
-        outcomes: &mut [Outcome],
-    ) -> Result<(), ServiceError> {
+    /// Records the store's results for `batch`.
+    fn settle(&self, answers: &mut Answers, batch: &Batch<'_>, results: Vec<ItemResult>) {
         for ((&descriptor, item), result) in batch.descriptors.iter().zip(&batch.items).zip(results)
         {
-            let decision = result.or_else(|error| {
-                crate::log::store_failed(&error);
-                on_backend_error(&error, self.options.on_error, item.policy(), answer)
-            })?;
-            outcomes[descriptor] = Outcome::Decided(decision);
+            self.settle_one(answers, descriptor, item, result);
         }
-        Ok(())
+    }
+
+    /// Records the store's result for one descriptor: a failure as
+    /// `store.on_error` has it, and the first failure it passes on.
+    fn settle_one(
+        &self,
+        answers: &mut Answers,
+        descriptor: usize,
+        item: &CheckItem<'_>,
+        result: ItemResult,
+    ) {
+        let decision = result.unwrap_or_else(|error| {
+            crate::log::store_failed(&error);
+            let decision = on_backend_error(
+                &error,
+                self.options.on_error,
+                item.policy(),
+                Answer::PerItem,
+            )
+            .expect("a failure answered per item is a decision");
+            if decision.reason == Reason::Unavailable && answers.failure.is_none() {
+                answers.failure = Some(error);
+            }
+            decision
+        });
+        answers.outcomes[descriptor] = Outcome::Decided(decision);
     }
 
     async fn all_or_nothing(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
@@ -520,20 +680,6 @@ impl<S: Backend> RlsService<S> {
             // A failure is logged (throttled); the hit stays uncounted.
             Err(error) => crate::log::store_failed(&error),
         }
-    }
-
-    /// The group of a request already over (a limit of 0 among its
-    /// enforced descriptors): nothing is counted, and what would have
-    /// fitted is answered as rejected with the batch.
-    async fn peek_rejected(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        let mut results = self.peek_each(items, deadline).await;
-        for decision in results.iter_mut().flatten() {
-            if decision.allowed {
-                decision.allowed = false;
-                decision.reason = Reason::BatchRejected;
-            }
-        }
-        results
     }
 
     /// Looks at each item, all at once.
