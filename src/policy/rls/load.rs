@@ -78,7 +78,7 @@ impl RlsRules {
         let mut texts = Vec::with_capacity(files.len());
         for file in files {
             let mut text = String::new();
-            std::fs::File::open(&file)
+            open_regular(&file)
                 .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
                 .map_err(|e| io_error(&file, e))?;
             if text.len() as u64 > MAX_FILE_BYTES {
@@ -181,6 +181,30 @@ impl RlsRules {
             )?;
         }
         Ok(())
+    }
+}
+
+/// Opens `file` for reading if it is a regular file (after links): never
+/// blocks on a FIFO or reads a device, whatever the path turns out to be
+/// when it is opened.
+fn open_regular(file: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // Opening a FIFO for reading waits for a writer, unless non-blocking.
+        let nonblock = rustix::fs::OFlags::NONBLOCK.bits();
+        options.custom_flags(i32::try_from(nonblock).unwrap_or(i32::MAX));
+    }
+    let opened = options.open(file)?;
+    if opened.metadata()?.is_file() {
+        Ok(opened)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ))
     }
 }
 

@@ -468,3 +468,23 @@ fn a_file_larger_than_the_most_is_refused_naming_it_and_one_at_the_most_loads() 
     assert_eq!(err.file(), file);
     assert!(err.to_string().contains("larger than 4 MiB"), "{err}");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_rules_path_that_is_not_a_regular_file_is_refused_without_waiting() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let fifo = dir.path().join("rules.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    // Named directly: opening a FIFO would wait for a writer forever.
+    let err = RlsRules::load(&fifo, LoadOptions::default()).expect_err("a FIFO");
+    assert_eq!(err.file(), fifo);
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    // In a folder, it is not a rules file.
+    assert!(RlsRules::load(dir.path(), LoadOptions::default()).is_ok());
+    let err = RlsRules::load(Path::new("/dev/null"), LoadOptions::default()).expect_err("a device");
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+}
