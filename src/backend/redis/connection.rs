@@ -14,9 +14,9 @@
 //! deadlines of the calls that sent them: callers with deadlines far
 //! shorter than the store timeout (Envoy's 20 ms) still get a blackholed
 //! connection replaced. A request whose caller gave up is still awaited in
-//! the background (a bounded number of them, until its connection is
-//! replaced or [`LATE_REPLY_WAIT`]), both to count what Redis did with it
-//! and to keep judging the connection.
+//! the background (at most [`MAX_LATE_WAITS`] at once, each for at most
+//! [`LATE_REPLY_WAIT`], also after its connection was replaced), both to
+//! count what Redis did with it and to keep judging the connection.
 //!
 //! **Standalone**: one multiplexed connection, replaced by quotad itself
 //! (the client library reconnects only on errors it deems unrecoverable,
@@ -67,7 +67,6 @@ use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, RedisError, RedisResult,
     ServerErrorKind, Value,
 };
-use tokio_util::sync::CancellationToken;
 
 use super::deadline::{Offsets, ceil_ms, floor_ms};
 use super::errors::{Class, classify, to_backend_error};
@@ -79,8 +78,8 @@ use crate::backend::Deadline;
 pub(super) const RETRY_CONNECT_AFTER: Duration = Duration::from_millis(50);
 
 /// How long the reply to a call that timed out is still awaited, at most,
-/// to count what Redis did with it (a replaced connection ends the wait).
-pub(super) const LATE_REPLY_WAIT: Duration = Duration::from_secs(30);
+/// to count what Redis did with it.
+pub(super) const LATE_REPLY_WAIT: Duration = Duration::from_secs(10);
 
 /// Replies awaited in the background at once, at most: past it, a request
 /// whose caller gave up is dropped with its command (its outcome is not
@@ -340,8 +339,6 @@ pub(super) struct Link {
     conn: Conn,
     /// Bounds on Redis's clock from this connection's replies.
     pub(super) offsets: Offsets,
-    /// Cancelled when the link is replaced: background waits end.
-    closed: CancellationToken,
 }
 
 enum Conn {
@@ -409,12 +406,6 @@ impl Link {
                 })
             }
         }
-    }
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.closed.cancel();
     }
 }
 
@@ -751,7 +742,6 @@ impl Inner {
                     error: BackendError::Unavailable("redis: reconnecting".to_owned()),
                     at: None,
                 };
-                link.closed.cancel();
             }
             Target::Cluster(_) => {
                 let recent = self
@@ -797,8 +787,9 @@ impl Inner {
         matches!(self.target, Target::Cluster(_))
     }
 
-    /// Awaits the reply to a request whose caller gave up, until its link
-    /// is replaced or [`LATE_REPLY_WAIT`]; hands it to `late`.
+    /// Awaits the reply to a request whose caller gave up, for at most
+    /// [`LATE_REPLY_WAIT`]; hands it to `late`. A reply that is an error
+    /// judges the request's own link (never a newer one).
     fn wait_late(
         self: Arc<Self>,
         link: Arc<Link>,
@@ -809,19 +800,13 @@ impl Inner {
             self.late_waits.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        let closed = link.closed.clone();
         tokio::spawn(async move {
-            tokio::select! {
-                () = closed.cancelled() => {}
-                reply = tokio::time::timeout(LATE_REPLY_WAIT, request) => {
-                    if let Ok(reply) = reply {
-                        if let Err(e) = &reply {
-                            drop(self.failed(&link, e));
-                        }
-                        if let Some(late) = late {
-                            late(&reply);
-                        }
-                    }
+            if let Ok(reply) = tokio::time::timeout(LATE_REPLY_WAIT, request).await {
+                if let Err(e) = &reply {
+                    drop(self.failed(&link, e));
+                }
+                if let Some(late) = late {
+                    late(&reply);
                 }
             }
             self.late_waits.fetch_sub(1, Ordering::Relaxed);
@@ -860,9 +845,6 @@ impl Inner {
             Ok(link) => {
                 self.counts.connected.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(generation = link.generation, "connected to redis");
-                if let State::Up(old) = &*state {
-                    old.closed.cancel();
-                }
                 *state = State::Up(Arc::clone(link));
             }
             Err(error) => {
@@ -912,7 +894,6 @@ impl Inner {
                         health: Arc::default(),
                     },
                     offsets,
-                    closed: CancellationToken::new(),
                 }))
             }
             Target::Cluster(client) => {
@@ -928,7 +909,6 @@ impl Inner {
                     generation,
                     conn: Conn::Cluster { conn, map, health },
                     offsets,
-                    closed: CancellationToken::new(),
                 }))
             }
         }

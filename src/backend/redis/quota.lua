@@ -682,7 +682,8 @@ for i = 1, #KEYS do
     if st and st.stale then st, stale[key] = nil, true end
     loaded[key] = st or false
     states[key] = st
-    order[#order + 1] = key
+    -- An unreadable key is not written.
+    if not unreadable[key] then order[#order + 1] = key end
     algs[key] = p.alg
   end
   local d = { 0, 0, 0, 0, 0, UNREADABLE }

@@ -5,6 +5,10 @@
 //! answered as failed is counted later, every decided call counts once,
 //! and one broken thing fails only its own calls.
 
+mod cluster;
+mod recovery;
+mod refusals;
+
 use std::time::{Duration, Instant};
 
 use quotad::Config;

@@ -1,0 +1,205 @@
+//! A standalone connection that stops answering, or that cannot be made
+//! within a caller's deadline, is made again in bounded time; a failure of
+//! an old connection never replaces the new one.
+
+use std::time::Duration;
+
+use quotad_proto::v1 as pb;
+use quotad_proto::v1::quota_client::QuotaClient;
+use tonic::transport::Channel;
+
+use super::{Answer, ask, stall_config};
+use crate::common::redis::{BlackholeProxy, RedisServer};
+use crate::common::{TestServer, eventually, named};
+
+/// One check of `key` under `policy`, the client's deadline `deadline`
+/// (sent as `grpc-timeout`, as Envoy sends its 20 ms).
+async fn ask_within(
+    client: &mut QuotaClient<Channel>,
+    key: &str,
+    policy: &str,
+    deadline: Duration,
+) -> Answer {
+    let mut request = tonic::Request::new(named(key, policy, None));
+    request.set_timeout(deadline);
+    match tokio::time::timeout(Duration::from_secs(10), client.check(request)).await {
+        Ok(Ok(r)) => {
+            let d = r.into_inner().decision.expect("a decision");
+            match d.reason() {
+                pb::Reason::WithinLimit | pb::Reason::LimitExceeded => Answer::Decided(d),
+                other => Answer::Failed(format!("{other:?}")),
+            }
+        }
+        Ok(Err(status)) => Answer::Failed(format!("{:?}", status.code())),
+        Err(_) => panic!("{policy}: no answer within 10 s"),
+    }
+}
+
+/// Checks with a short client deadline until one is decided, for at most
+/// `limit`.
+async fn until_decided(
+    client: &QuotaClient<Channel>,
+    key: &str,
+    deadline: Duration,
+    limit: Duration,
+    what: &str,
+) {
+    eventually(limit, what, || {
+        let mut client = client.clone();
+        async move {
+            matches!(
+                ask_within(&mut client, key, "err", deadline).await,
+                Answer::Decided(_)
+            )
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_connection_is_replaced_although_every_caller_gives_up_before_the_timeout() {
+    let redis = RedisServer::start();
+    let proxy = BlackholeProxy::start(redis.port).await;
+    // Envoy's defaults: a 20 ms deadline on every call, under quotad's
+    // 100 ms store timeout, so no call ever waits the store's timeout.
+    let server =
+        TestServer::start(stall_config(&format!("url = {:?}", proxy.url()), "100ms")).await;
+    let client = server.client().await;
+    let short = Duration::from_millis(20);
+    until_decided(
+        &client,
+        "env",
+        short,
+        Duration::from_secs(5),
+        "the first check",
+    )
+    .await;
+
+    proxy.blackhole();
+    let mut c = client.clone();
+    assert!(matches!(
+        ask_within(&mut c, "env", "closed", short).await,
+        Answer::Failed(_)
+    ));
+    // Requests have waited 3 x 100 ms with no reply: the connection is
+    // replaced, and checks are decided again over the new one.
+    until_decided(
+        &client,
+        "env",
+        short,
+        Duration::from_secs(10),
+        "checks are decided again with 20 ms deadlines",
+    )
+    .await;
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.value(
+            "quotad_redis_connection_attempts_total",
+            &[("outcome", "ok")]
+        ),
+        2.0,
+        "connected at start, and once more after the blackhole"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_slower_to_make_than_any_callers_deadline_is_made_all_the_same() {
+    let redis = RedisServer::start();
+    let proxy = BlackholeProxy::start(redis.port).await;
+    let server = TestServer::start(stall_config(&format!("url = {:?}", proxy.url()), "2s")).await;
+    let client = server.client().await;
+    let short = Duration::from_millis(50);
+    until_decided(
+        &client,
+        "slow",
+        short,
+        Duration::from_secs(5),
+        "the first check",
+    )
+    .await;
+
+    // From now on a connection takes 400 ms to make (a far region, a slow
+    // handshake), eight times the callers' deadline; the open one closes.
+    proxy.delay_new_connections(Duration::from_millis(400));
+    proxy.close_all();
+    until_decided(
+        &client,
+        "slow",
+        short,
+        Duration::from_secs(10),
+        "checks are decided again although every caller gives up after 50 ms",
+    )
+    .await;
+    let metrics = server.metrics().await;
+    let ok = metrics.value(
+        "quotad_redis_connection_attempts_total",
+        &[("outcome", "ok")],
+    );
+    let error = metrics.value(
+        "quotad_redis_connection_attempts_total",
+        &[("outcome", "error")],
+    );
+    assert_eq!(ok, 2.0, "the start, and the one attempt after the close");
+    assert_eq!(error, 0.0, "no attempt died with the call that started it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_failure_of_an_old_connection_leaves_the_new_one_alone() {
+    let redis = RedisServer::start();
+    let proxy = BlackholeProxy::start(redis.port).await;
+    // A 2 s timeout, replaced after 2 s of silence.
+    let target = format!("url = {:?}\nreconnect_after_timeouts = 1", proxy.url());
+    let server = TestServer::start(stall_config(&target, "2s")).await;
+    let mut client = server.client().await;
+    assert!(matches!(
+        ask(&mut client, "old", "err").await,
+        Answer::Decided(_)
+    ));
+
+    proxy.blackhole();
+    // A call that gives up at once: the old connection has been silent
+    // since it was sent.
+    let short = Duration::from_millis(50);
+    assert!(matches!(
+        ask_within(&mut client, "old", "err", short).await,
+        Answer::Failed(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    // A call that waits (the store's 2 s): still on the old connection,
+    // silent for 1.3 s only.
+    let mut waiting_client = client.clone();
+    let waiting = tokio::spawn(async move { ask(&mut waiting_client, "old", "closed").await });
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // 2.2 s of silence: this call replaces the old connection, and the
+    // new one decides the checks.
+    until_decided(
+        &client,
+        "old",
+        short,
+        Duration::from_secs(5),
+        "a new connection",
+    )
+    .await;
+    // The old connection now fails, while the waiting call still waits on
+    // it: its error must not replace the new connection.
+    proxy.close_blackholed();
+    assert_eq!(
+        waiting.await.expect("the waiting call"),
+        Answer::Failed("FailClosed".to_owned())
+    );
+    for _ in 0..5 {
+        assert!(matches!(
+            ask_within(&mut client, "old", "err", Duration::from_secs(1)).await,
+            Answer::Decided(_)
+        ));
+    }
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.value(
+            "quotad_redis_connection_attempts_total",
+            &[("outcome", "ok")]
+        ),
+        2.0,
+        "the start and the replacement, and no third connection"
+    );
+}
