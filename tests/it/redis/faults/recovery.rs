@@ -157,21 +157,20 @@ async fn a_late_failure_of_an_old_connection_leaves_the_new_one_alone() {
     ));
 
     proxy.blackhole();
-    // A call that gives up at once: the old connection has been silent
-    // since it was sent.
+    // Two calls that wait out the store's 2 s on the silent connection, the
+    // second sent 600 ms after the first.
+    let mut first_client = client.clone();
+    let first = tokio::spawn(async move { ask(&mut first_client, "old", "closed").await });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut second_client = client.clone();
+    let second = tokio::spawn(async move { ask(&mut second_client, "old", "closed").await });
+    // The first times out after 2 s of silence: the connection is
+    // replaced, and the new one decides the checks.
+    assert_eq!(
+        first.await.expect("the first call"),
+        Answer::Failed("FailClosed".to_owned())
+    );
     let short = Duration::from_millis(50);
-    assert!(matches!(
-        ask_within(&mut client, "old", "err", short).await,
-        Answer::Failed(_)
-    ));
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
-    // A call that waits (the store's 2 s): still on the old connection,
-    // silent for 1.3 s only.
-    let mut waiting_client = client.clone();
-    let waiting = tokio::spawn(async move { ask(&mut waiting_client, "old", "closed").await });
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    // 2.2 s of silence: this call replaces the old connection, and the
-    // new one decides the checks.
     until_decided(
         &client,
         "old",
@@ -180,11 +179,11 @@ async fn a_late_failure_of_an_old_connection_leaves_the_new_one_alone() {
         "a new connection",
     )
     .await;
-    // The old connection now fails, while the waiting call still waits on
+    // The old connection now fails while the second call still waits on
     // it: its error must not replace the new connection.
     proxy.close_blackholed();
     assert_eq!(
-        waiting.await.expect("the waiting call"),
+        second.await.expect("the second call"),
         Answer::Failed("FailClosed".to_owned())
     );
     for _ in 0..5 {
