@@ -17,9 +17,11 @@
 //! rollout count apart instead of overwriting each other.
 //!
 //! Faults (see `connection.rs`, `deadline.rs`, `errors.rs`): every script
-//! carries a deadline in Redis's clock and refuses to run past it; the
-//! standalone connection is replaced in bounded time; every error is
-//! classified on purpose; passwords never reach errors or logs ([`redact`]).
+//! carries a deadline in Redis's clock and refuses to run past it; a
+//! connection that falls silent is replaced in bounded time (a Cluster's
+//! made again, following failovers); every error is classified on
+//! purpose; unreadable state fails only its own key's items; passwords and
+//! keys never reach errors or logs ([`redact`]).
 
 mod connection;
 mod deadline;
@@ -51,8 +53,9 @@ const RESET_SCRIPT: &str = "local t = redis.call('TIME') \
 if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then return 0 end \
 redis.call('UNLINK', KEYS[1]) return 1";
 
-/// Consecutive timed-out calls after which the connection to a standalone
-/// Redis is replaced, unless `store.redis.reconnect_after_timeouts` says.
+/// Timeouts of silence (requests waiting, no reply) after which a
+/// connection is replaced, unless `store.redis.reconnect_after_timeouts`
+/// says.
 pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
 
 /// Where Redis is and how long a call may take.
@@ -65,8 +68,10 @@ pub struct RedisSettings {
     /// The longest one call may take, reconnecting included; past it the
     /// policy's `on_error` applies.
     pub timeout: Duration,
-    /// Consecutive timed-out calls after which the connection to a
-    /// standalone Redis is dropped and made again.
+    /// How many timeouts requests may wait on a connection with no reply
+    /// before it is dropped and made again (a standalone server's; a
+    /// Cluster makes its whole connection again for a silent primary). The
+    /// connection's `TCP_USER_TIMEOUT` is that silence, at least 2 s.
     pub reconnect_after_timeouts: u32,
     /// The first part of every key quotad writes.
     pub key_prefix: String,

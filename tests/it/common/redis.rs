@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const HOW_TO_GET_REDIS: &str = "these tests need redis-server (Redis 7.0 or later) on PATH \
+const HOW_TO_GET_REDIS: &str = "these tests need redis-server (Redis 6.2 or later) on PATH \
      or in QUOTAD_REDIS_SERVER: install it with `apt-get install redis-server`, \
      or run scripts/test.sh, which installs it when missing";
 
