@@ -72,7 +72,22 @@ enum Answer {
 }
 
 async fn ask(client: &mut QuotaClient<Channel>, key: &str, policy: &str) -> Answer {
-    let call = client.check(named(key, policy, None));
+    ask_within(client, key, policy, None).await
+}
+
+/// [`ask`], with the client's deadline `deadline` (sent as `grpc-timeout`,
+/// as Envoy sends its 20 ms).
+async fn ask_within(
+    client: &mut QuotaClient<Channel>,
+    key: &str,
+    policy: &str,
+    deadline: Option<Duration>,
+) -> Answer {
+    let mut request = tonic::Request::new(named(key, policy, None));
+    if let Some(deadline) = deadline {
+        request.set_timeout(deadline);
+    }
+    let call = client.check(request);
     match tokio::time::timeout(Duration::from_secs(10), call).await {
         Ok(Ok(r)) => {
             let d = r.into_inner().decision.expect("a decision");

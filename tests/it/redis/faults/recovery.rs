@@ -4,35 +4,46 @@
 
 use std::time::Duration;
 
-use quotad_proto::v1 as pb;
 use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::transport::Channel;
 
-use super::{Answer, ask, stall_config};
+use super::{Answer, ask, ask_within, stall_config};
 use crate::common::redis::{BlackholeProxy, RedisServer};
-use crate::common::{TestServer, eventually, named};
+use crate::common::{TestServer, eventually};
 
-/// One check of `key` under `policy`, the client's deadline `deadline`
-/// (sent as `grpc-timeout`, as Envoy sends its 20 ms).
-async fn ask_within(
-    client: &mut QuotaClient<Channel>,
+/// Redis behind a proxy, and quotad on the proxy with `settings` in
+/// `[store.redis]` and a `timeout`, its first check of `key` decided.
+async fn behind_a_proxy(
+    settings: &str,
+    timeout: &str,
     key: &str,
-    policy: &str,
-    deadline: Duration,
-) -> Answer {
-    let mut request = tonic::Request::new(named(key, policy, None));
-    request.set_timeout(deadline);
-    match tokio::time::timeout(Duration::from_secs(10), client.check(request)).await {
-        Ok(Ok(r)) => {
-            let d = r.into_inner().decision.expect("a decision");
-            match d.reason() {
-                pb::Reason::WithinLimit | pb::Reason::LimitExceeded => Answer::Decided(d),
-                other => Answer::Failed(format!("{other:?}")),
-            }
-        }
-        Ok(Err(status)) => Answer::Failed(format!("{:?}", status.code())),
-        Err(_) => panic!("{policy}: no answer within 10 s"),
-    }
+) -> (
+    RedisServer,
+    BlackholeProxy,
+    TestServer,
+    QuotaClient<Channel>,
+) {
+    let redis = RedisServer::start();
+    let proxy = BlackholeProxy::start(redis.port).await;
+    let target = format!("url = {:?}\n{settings}", proxy.url());
+    let server = TestServer::start(stall_config(&target, timeout)).await;
+    let client = server.client().await;
+    until_decided(
+        &client,
+        key,
+        Duration::from_millis(50),
+        Duration::from_secs(5),
+        "the first check",
+    )
+    .await;
+    (redis, proxy, server, client)
+}
+
+/// Connection attempts so far: (connected, failed).
+async fn attempts(server: &TestServer) -> (f64, f64) {
+    let metrics = server.metrics().await;
+    let outcome = |o| metrics.value("quotad_redis_connection_attempts_total", &[("outcome", o)]);
+    (outcome("ok"), outcome("error"))
 }
 
 /// Checks with a short client deadline until one is decided, for at most
@@ -48,7 +59,7 @@ async fn until_decided(
         let mut client = client.clone();
         async move {
             matches!(
-                ask_within(&mut client, key, "err", deadline).await,
+                ask_within(&mut client, key, "err", Some(deadline)).await,
                 Answer::Decided(_)
             )
         }
@@ -58,27 +69,15 @@ async fn until_decided(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_connection_is_replaced_although_every_caller_gives_up_before_the_timeout() {
-    let redis = RedisServer::start();
-    let proxy = BlackholeProxy::start(redis.port).await;
     // Envoy's defaults: a 20 ms deadline on every call, under quotad's
     // 100 ms store timeout, so no call ever waits the store's timeout.
-    let server =
-        TestServer::start(stall_config(&format!("url = {:?}", proxy.url()), "100ms")).await;
-    let client = server.client().await;
+    let (_redis, proxy, server, client) = behind_a_proxy("", "100ms", "env").await;
     let short = Duration::from_millis(20);
-    until_decided(
-        &client,
-        "env",
-        short,
-        Duration::from_secs(5),
-        "the first check",
-    )
-    .await;
 
     proxy.blackhole();
     let mut c = client.clone();
     assert!(matches!(
-        ask_within(&mut c, "env", "closed", short).await,
+        ask_within(&mut c, "env", "closed", Some(short)).await,
         Answer::Failed(_)
     ));
     // Requests have waited 3 x 100 ms with no reply: the connection is
@@ -91,12 +90,8 @@ async fn a_blackholed_connection_is_replaced_although_every_caller_gives_up_befo
         "checks are decided again with 20 ms deadlines",
     )
     .await;
-    let metrics = server.metrics().await;
     assert_eq!(
-        metrics.value(
-            "quotad_redis_connection_attempts_total",
-            &[("outcome", "ok")]
-        ),
+        attempts(&server).await.0,
         2.0,
         "connected at start, and once more after the blackhole"
     );
@@ -104,19 +99,8 @@ async fn a_blackholed_connection_is_replaced_although_every_caller_gives_up_befo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_slower_to_make_than_any_callers_deadline_is_made_all_the_same() {
-    let redis = RedisServer::start();
-    let proxy = BlackholeProxy::start(redis.port).await;
-    let server = TestServer::start(stall_config(&format!("url = {:?}", proxy.url()), "2s")).await;
-    let client = server.client().await;
+    let (_redis, proxy, server, client) = behind_a_proxy("", "2s", "slow").await;
     let short = Duration::from_millis(50);
-    until_decided(
-        &client,
-        "slow",
-        short,
-        Duration::from_secs(5),
-        "the first check",
-    )
-    .await;
 
     // From now on a connection takes 400 ms to make (a far region, a slow
     // handshake), eight times the callers' deadline; the open one closes.
@@ -130,31 +114,16 @@ async fn a_connection_slower_to_make_than_any_callers_deadline_is_made_all_the_s
         "checks are decided again although every caller gives up after 50 ms",
     )
     .await;
-    let metrics = server.metrics().await;
-    let ok = metrics.value(
-        "quotad_redis_connection_attempts_total",
-        &[("outcome", "ok")],
-    );
-    let error = metrics.value(
-        "quotad_redis_connection_attempts_total",
-        &[("outcome", "error")],
-    );
+    let (ok, error) = attempts(&server).await;
     assert_eq!(ok, 2.0, "the start, and the one attempt after the close");
     assert_eq!(error, 0.0, "no attempt died with the call that started it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_failure_of_an_old_connection_leaves_the_new_one_alone() {
-    let redis = RedisServer::start();
-    let proxy = BlackholeProxy::start(redis.port).await;
     // A 2 s timeout, replaced after 2 s of silence.
-    let target = format!("url = {:?}\nreconnect_after_timeouts = 1", proxy.url());
-    let server = TestServer::start(stall_config(&target, "2s")).await;
-    let mut client = server.client().await;
-    assert!(matches!(
-        ask(&mut client, "old", "err").await,
-        Answer::Decided(_)
-    ));
+    let (_redis, proxy, server, mut client) =
+        behind_a_proxy("reconnect_after_timeouts = 1", "2s", "old").await;
 
     proxy.blackhole();
     // Two calls that wait out the store's 2 s on the silent connection, the
@@ -188,16 +157,12 @@ async fn a_late_failure_of_an_old_connection_leaves_the_new_one_alone() {
     );
     for _ in 0..5 {
         assert!(matches!(
-            ask_within(&mut client, "old", "err", Duration::from_secs(1)).await,
+            ask_within(&mut client, "old", "err", Some(Duration::from_secs(1))).await,
             Answer::Decided(_)
         ));
     }
-    let metrics = server.metrics().await;
     assert_eq!(
-        metrics.value(
-            "quotad_redis_connection_attempts_total",
-            &[("outcome", "ok")]
-        ),
+        attempts(&server).await.0,
         2.0,
         "the start and the replacement, and no third connection"
     );
