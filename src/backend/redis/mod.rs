@@ -603,18 +603,24 @@ impl Backend for RedisBackend {
             .remove(0)
     }
 
-    /// Forgets the key by a script with the same deadline as a check's: a
-    /// reset queued in a stalled Redis that quotad answered as failed does
-    /// not happen later. `UNLINK`: a long sliding log is freed off Redis's
-    /// thread.
-    async fn reset(&self, name: &str, policy: &Policy, key: &str) -> Result<(), BackendError> {
+    /// Forgets the key by a script with the same deadline as a check's (the
+    /// store timeout or the caller's earlier `deadline`): a reset queued in
+    /// a stalled Redis that quotad answered as failed does not happen
+    /// later. `UNLINK`: a long sliding log is freed off Redis's thread.
+    async fn reset(
+        &self,
+        name: &str,
+        policy: &Policy,
+        key: &str,
+        deadline: Deadline,
+    ) -> Result<(), BackendError> {
         let key = keys::state_key(&self.prefix, name, policy, key);
         let slot = if self.connections.is_cluster() {
             deadline::slot(key.as_bytes())
         } else {
             0
         };
-        let bound = self.connections.bound(Deadline::NONE);
+        let bound = self.connections.bound(deadline);
         let call = self.start(slot, &bound).await?;
         let mut eval = redis::cmd("EVAL");
         eval.arg(RESET_SCRIPT).arg(1).arg(&key).arg(call.deadline);

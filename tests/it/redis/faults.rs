@@ -581,3 +581,33 @@ async fn a_request_timeout_shorter_than_the_redis_timeout_is_the_scripts_deadlin
     .await;
     nothing_failed_by_a_deadline_counts_after_a_stall(&mut redis, &server, None).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_answered_as_failed_in_a_stall_does_not_happen_later() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start(long_timeout_config(&redis.url(), "")).await;
+    let mut client = server.client().await;
+    assert!(matches!(ask(&mut client, "kept", "err").await, Answer::Decided(d) if d.allowed));
+
+    redis.pause();
+    let stalled = Instant::now();
+    let mut reset = tonic::Request::new(pb::ResetRequest {
+        key: "kept".to_owned(),
+        policy: Some(pb::reset_request::Policy::PolicyName("err".to_owned())),
+    });
+    reset.set_timeout(Duration::from_millis(50));
+    let answer = tokio::time::timeout(Duration::from_secs(1), client.reset(reset))
+        .await
+        .expect("answered well within the store's 2 s timeout");
+    assert!(answer.is_err(), "the deadline ends the reset: {answer:?}");
+    // Resumed before the store's own timeout: a reset bounded by it alone
+    // would run now.
+    let left = Duration::from_millis(600).saturating_sub(stalled.elapsed());
+    tokio::time::sleep(left).await;
+    redis.resume();
+    let d = peek(&mut client, named("kept", "err", None)).await;
+    assert_eq!(
+        d.remaining, 9,
+        "the reset answered as failed did not happen"
+    );
+}
