@@ -588,6 +588,17 @@ impl Connections {
     /// up) the one the running connection attempt makes, waited for until
     /// `bound`. A link whose connection has gone silent is replaced first.
     pub(super) async fn link(&self, slot: u16, bound: &Bound) -> Result<Arc<Link>, CallError> {
+        // The common case, without the attempt's lock: a link up and
+        // answering.
+        if let State::Up(link) = &*self.inner.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            let silent = link
+                .health(slot)
+                .and_then(|h| h.silent_for())
+                .is_some_and(|s| s >= self.inner.silence);
+            if !silent {
+                return Ok(Arc::clone(link));
+            }
+        }
         let attempt = {
             let mut attempt = self.inner.attempt.lock().unwrap_or_else(|p| p.into_inner());
             let current = {
