@@ -46,7 +46,13 @@ impl Backend for MemoryStore {
         Ok(MemoryStore::peek(self, item))
     }
 
-    async fn reset(&self, name: &str, _policy: &Policy, key: &str) -> Result<(), BackendError> {
+    async fn reset(
+        &self,
+        name: &str,
+        _policy: &Policy,
+        key: &str,
+        _: Deadline,
+    ) -> Result<(), BackendError> {
         MemoryStore::reset(self, name, key);
         Ok(())
     }

@@ -30,7 +30,10 @@
 -- item is allowed exactly when it is WITHIN, and its limit is the
 -- capacity quotad sent). The TIME alone means refused: past the deadline,
 -- nothing read or written. A key holding state that cannot be read is an
--- error reply QUOTAD_CORRUPT naming the key.
+-- error reply QUOTAD_CORRUPT naming the key in an all-or-nothing batch (or
+-- an error raised on a lone check's short path); in "check" and "peek" it
+-- fails only its own items, answered with reason 0 (UNREADABLE), and is
+-- neither read further nor written.
 --
 -- State, with a TTL equal to the time until it is fresh again:
 --   fixed window    hash: one field, the window's start (ms), whose value
@@ -42,6 +45,7 @@
 --                   score = the units admitted before it (a running total)
 
 local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
+local UNREADABLE = 0
 local FIXED_ID, LOG_ID = 1, 5
 local MAX_EXACT = 9007199254740992
 
@@ -646,6 +650,7 @@ end
 -- Each key's state as loaded (for an all-or-nothing batch that is
 -- refused), as it stands after the items so far, and its new TTL.
 local loaded, states, resets, order, algs, stale = {}, {}, {}, {}, {}, {}
+local unreadable = {}
 local items, decisions = {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
@@ -667,19 +672,28 @@ for i = 1, #KEYS do
     else
       st, err = load_string(key, p.alg)
     end
-    if err then return err end
+    if err then
+      -- An all-or-nothing batch is decided whole.
+      if mode == 'all' then return err end
+      unreadable[key] = true
+    end
     -- A log whose every entry has left reads as fresh; its key goes when
     -- the state is written.
     if st and st.stale then st, stale[key] = nil, true end
     loaded[key] = st or false
     states[key] = st
-    order[#order + 1] = key
+    -- An unreadable key is not written.
+    if not unreadable[key] then order[#order + 1] = key end
     algs[key] = p.alg
   end
-  local m, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
-  if mode ~= 'peek' then
-    states[key] = METERS[p.alg].into(m)
-    resets[key] = d[5]
+  local d = { 0, 0, 0, 0, 0, UNREADABLE }
+  if not unreadable[key] then
+    local m
+    m, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
+    if mode ~= 'peek' then
+      states[key] = METERS[p.alg].into(m)
+      resets[key] = d[5]
+    end
   end
   items[i] = { p = p, cost = cost }
   decisions[i] = d
@@ -702,7 +716,8 @@ elseif mode ~= 'peek' then
     local st = states[key]
     local ttl = max(resets[key], 1) + ttl_slack
     if algs[key] == LOG_ID then
-      if stale[key] then redis.call('DEL', key) end
+      -- UNLINK: a log of thousands of entries is freed off Redis's thread.
+      if stale[key] then redis.call('UNLINK', key) end
       if st then METERS[LOG_ID].store(key, st, ttl) end
     elseif algs[key] == FIXED_ID then
       store_fixed(key, st, loaded[key] or nil, ttl)

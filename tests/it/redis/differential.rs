@@ -1,7 +1,8 @@
 //! The memory store and Redis decide identically: the same random
 //! operation sequences, at injected instants, under policies that reload
 //! (limit, window, burst, algorithm) and with a clock that steps backwards,
-//! for all five algorithms.
+//! for all five algorithms; independent batches also past 64 items, which
+//! go to Redis as several pipelined scripts.
 //!
 //! One rule both stores keep makes this possible: state is read only under
 //! the algorithm and window that wrote it. Where the stores hold state
@@ -107,7 +108,10 @@ fn ops() -> impl Strategy<Value = Vec<(Step, Op)>> {
         8 => item.clone().prop_map(|(key, cost)| Op::Check { key, cost }),
         2 => item.clone().prop_map(|(key, cost)| Op::Peek { key, cost }),
         2 => prop::collection::vec(item.clone(), 1..4).prop_map(Op::AllOrNothing),
-        2 => prop::collection::vec(item, 1..4).prop_map(Op::Independent),
+        2 => prop::collection::vec(item.clone(), 1..4).prop_map(Op::Independent),
+        // Past 64 items: several scripts, one key's items in several of
+        // them, decided in the batch's order all the same.
+        1 => prop::collection::vec(item, 65..200).prop_map(Op::Independent),
         1 => change.prop_map(Op::Reload),
         1 => any::<u64>().prop_map(Op::StepBack),
     ];
@@ -154,6 +158,7 @@ fn memory_and_redis_decide_identically_across_reloads_and_clock_steps_back() {
     let (redis_store, memory) = both_stores(&runtime, &redis, &clock);
     let cases = AtomicU64::new(0);
     let (reloads, steps_back) = (AtomicU64::new(0), AtomicU64::new(0));
+    let chunked = AtomicU64::new(0);
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 1_000,
         failure_persistence: None,
@@ -201,6 +206,7 @@ fn memory_and_redis_decide_identically_across_reloads_and_clock_steps_back() {
                                 _ => BatchMode::Independent,
                             };
                             let items: Vec<_> = items.iter().map(|&(k, c)| item(k, c)).collect();
+                            chunked.fetch_add(u64::from(items.len() > 64), Ordering::Relaxed);
                             (
                                 decided(Backend::check(&memory, &items, mode, NONE).await),
                                 decided(redis_store.check(&items, mode, NONE).await),
@@ -241,6 +247,7 @@ fn memory_and_redis_decide_identically_across_reloads_and_clock_steps_back() {
     // The sequences did what they are for.
     assert!(reloads.load(Ordering::Relaxed) > 500, "{reloads:?}");
     assert!(steps_back.load(Ordering::Relaxed) > 500, "{steps_back:?}");
+    assert!(chunked.load(Ordering::Relaxed) > 200, "{chunked:?}");
     eprintln!(
         "{} cases, {} reloads, {} steps back in {:?}",
         cases.load(Ordering::Relaxed),
