@@ -28,7 +28,7 @@
 # kept and printed). Exit 0 when every phase passed.
 #
 # Settings (environment): OUT=DIR, RATE=2000 (calls/s), CONCURRENCY=8,
-# MAX_KEYS=20000, SKIP_BUILD=1, NO_REDIS=1 (memory phase only).
+# MAX_KEYS=5000, SKIP_BUILD=1, NO_REDIS=1 (memory phase only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
 done
 RATE=${RATE:-2000}
 CONCURRENCY=${CONCURRENCY:-8}
-MAX_KEYS=${MAX_KEYS:-20000}
+MAX_KEYS=${MAX_KEYS:-5000}
 
 REDIS_ARGS=()
 if [[ -z ${NO_REDIS:-} ]]; then

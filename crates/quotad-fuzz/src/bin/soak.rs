@@ -29,7 +29,7 @@ struct Args {
     #[arg(long)]
     out: PathBuf,
     /// `store.max_keys` of the memory phase (keys churn over twice this).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 5_000)]
     max_keys: u64,
     /// Calls a second, all load workers together (the checker adds up to
     /// 250); at most 20,000.
@@ -151,6 +151,17 @@ fn summary(reports: &[PhaseReport]) -> String {
                 r.verdict
                     .recovered_after_s
                     .map_or_else(|| "none".to_owned(), |s| format!("{s:.2} s")),
+            );
+        }
+        for w in r
+            .checker
+            .iter()
+            .filter(|w| w.complete && w.admitted != soak::CHECKER_LIMIT)
+        {
+            let _ = writeln!(
+                out,
+                "checker window at {} ms: admitted {}, {} calls failed",
+                w.start_ms, w.admitted, w.failed
             );
         }
         if let Some(live) = r.live_keys {

@@ -264,13 +264,23 @@ pub(super) async fn checker(
                 if let Some(d) = decisions.first() {
                     answers.push(CheckerAnswer {
                         received_ms,
+                        failed: false,
                         allowed: d.allowed,
                         reset_after_ms: d.reset_after_ms,
                         reason: reason_name(d.reason),
                     });
                 }
             }
-            Err(status) => tallies.failed(&status),
+            Err(status) => {
+                tallies.failed(&status);
+                answers.push(CheckerAnswer {
+                    received_ms,
+                    failed: true,
+                    allowed: false,
+                    reset_after_ms: 0,
+                    reason: quotad_proto::convert::code_name(status.code()).to_owned(),
+                });
+            }
         }
     }
     answers

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Backend, Sample, Tally};
+use super::{Backend, Sample, Tally, WINDOW_MS};
 
 /// How far resident memory may move from its first sample after warm-up.
 pub const RSS_TOLERANCE: f64 = 0.10;
@@ -18,6 +18,8 @@ pub const RESTART_MARGIN_S: (f64, f64) = (1.0, 10.0);
 pub struct CheckerAnswer {
     /// When it arrived, ms since the Unix epoch.
     pub received_ms: u64,
+    /// Whether the call failed (a gRPC error, `reason` is its code).
+    pub failed: bool,
     /// Whether it admitted.
     pub allowed: bool,
     /// Until the window's end (a fixed window's state is fresh then).
@@ -33,6 +35,9 @@ pub struct CheckerWindow {
     pub start_ms: u64,
     /// Calls admitted in it.
     pub admitted: u64,
+    /// Calls that failed in it: each may have been counted by the store
+    /// with its answer lost (Redis stopping after running the script).
+    pub failed: u64,
     /// Whether the checker asked during the whole window (the first and
     /// last windows of a phase are partial and not judged).
     pub complete: bool,
@@ -44,7 +49,7 @@ pub struct CheckerWindow {
 /// nearest window boundary; every answer, admitted or not, marks its
 /// window as asked.
 pub fn checker_windows(answers: &[CheckerAnswer], window_ms: u64) -> Vec<CheckerWindow> {
-    let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut windows: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for a in answers {
         let start = if a.allowed && a.reset_after_ms > 0 {
             let end = (a.received_ms + a.reset_after_ms + window_ms / 2) / window_ms * window_ms;
@@ -52,7 +57,9 @@ pub fn checker_windows(answers: &[CheckerAnswer], window_ms: u64) -> Vec<Checker
         } else {
             a.received_ms / window_ms * window_ms
         };
-        *windows.entry(start).or_default() += u64::from(a.allowed);
+        let (admitted, failed) = windows.entry(start).or_default();
+        *admitted += u64::from(a.allowed);
+        *failed += u64::from(a.failed);
     }
     let (Some(first), Some(last)) = (
         answers.iter().map(|a| a.received_ms).min(),
@@ -62,9 +69,10 @@ pub fn checker_windows(answers: &[CheckerAnswer], window_ms: u64) -> Vec<Checker
     };
     windows
         .into_iter()
-        .map(|(start_ms, admitted)| CheckerWindow {
+        .map(|(start_ms, (admitted, failed))| CheckerWindow {
             start_ms,
             admitted,
+            failed,
             complete: start_ms > first && start_ms + window_ms < last,
         })
         .collect()
@@ -96,6 +104,8 @@ pub struct Evidence<'a> {
     pub checker_limit: u64,
     /// When Redis went down and came back, seconds into the phase.
     pub redis_restart_s: Option<(f64, f64)>,
+    /// When the phase started, ms since the Unix epoch.
+    pub started_ms: u64,
     /// Config rewrites.
     pub reloads_written: u64,
     /// Reloads the server counted, (ok, error).
@@ -113,6 +123,8 @@ pub struct PhaseVerdict {
     pub reloads: Option<String>,
     /// Exactly the limit admitted in every complete window.
     pub budget: Option<String>,
+    /// Memory store: it filled, and refused keys (`on_full = "deny"`).
+    pub store_full: Option<String>,
     /// The reference RSS (KiB) and the range seen after warm-up.
     pub rss_range_kib: Option<(u64, u64, u64)>,
     /// Complete windows judged.
@@ -129,6 +141,9 @@ impl PhaseVerdict {
         v.judge_errors(e);
         v.judge_reloads(e);
         v.judge_budget(e);
+        if e.backend == Backend::Memory && !e.tally.reasons.contains_key("REASON_CAPACITY") {
+            v.store_full = Some("the store never filled: no CAPACITY decision".to_owned());
+        }
         v
     }
 
@@ -139,10 +154,16 @@ impl PhaseVerdict {
 
     /// The criteria that failed, with why.
     pub fn failures(&self) -> Vec<&str> {
-        [&self.rss, &self.errors, &self.reloads, &self.budget]
-            .into_iter()
-            .filter_map(|f| f.as_deref())
-            .collect()
+        [
+            &self.rss,
+            &self.errors,
+            &self.reloads,
+            &self.budget,
+            &self.store_full,
+        ]
+        .into_iter()
+        .filter_map(|f| f.as_deref())
+        .collect()
     }
 
     fn judge_rss(&mut self, e: &Evidence<'_>) {
@@ -213,12 +234,28 @@ impl PhaseVerdict {
         }
     }
 
+    /// Exactly the limit in every complete window; in a window around the
+    /// Redis restart, never more, and fewer only by calls that failed (a
+    /// script Redis ran whose answer was lost as it stopped).
     fn judge_budget(&mut self, e: &Evidence<'_>) {
         let complete: Vec<&CheckerWindow> = e.checker.iter().filter(|w| w.complete).collect();
         self.windows_judged = complete.len();
+        let restart = e.redis_restart_s.map(|(down, up)| {
+            let ms = |s: f64| e.started_ms + (s.max(0.0) * 1_000.0) as u64;
+            (ms(down - RESTART_MARGIN_S.0), ms(up + RESTART_MARGIN_S.1))
+        });
+        let limit = e.checker_limit;
         let wrong: Vec<(u64, u64)> = complete
             .iter()
-            .filter(|w| w.admitted != e.checker_limit)
+            .filter(|w| {
+                let near_restart = restart
+                    .is_some_and(|(from, to)| w.start_ms < to && w.start_ms + WINDOW_MS > from);
+                if near_restart {
+                    w.admitted > limit || w.admitted + w.failed < limit
+                } else {
+                    w.admitted != limit
+                }
+            })
             .map(|w| (w.start_ms, w.admitted))
             .collect();
         if complete.is_empty() {
@@ -242,6 +279,7 @@ mod tests {
     fn answer(received_ms: u64, allowed: bool, window: u64) -> CheckerAnswer {
         CheckerAnswer {
             received_ms,
+            failed: false,
             allowed,
             reset_after_ms: if allowed {
                 window - received_ms % window
@@ -279,6 +317,7 @@ mod tests {
             checker,
             checker_limit: 5,
             redis_restart_s: None,
+            started_ms: 0,
             reloads_written: 3,
             reloads_seen: (3, 0),
         }
@@ -297,6 +336,7 @@ mod tests {
     fn answered() -> Tally {
         let mut tally = Tally::default();
         tally.calls.insert("check".to_owned(), 10);
+        tally.reasons.insert("REASON_CAPACITY".to_owned(), 1);
         tally
     }
 
@@ -319,6 +359,7 @@ mod tests {
         // Received 30 ms after the boundary, but the server decided before it.
         let late = CheckerAnswer {
             received_ms: 10_030,
+            failed: false,
             allowed: true,
             reset_after_ms: 10,
             reason: String::new(),
@@ -386,6 +427,46 @@ mod tests {
         assert!(
             why.contains("\"INTERNAL\": 1") && why.contains("\"UNAVAILABLE\": 1"),
             "{why}"
+        );
+    }
+
+    #[test]
+    fn a_failed_call_around_the_restart_may_have_been_counted_but_nothing_more() {
+        let rss = samples(&[1, 1, 1, 1]);
+        let tally = answered();
+        let mut answers = steady(0, 30_000, 5_000, 5);
+        // In the window of the restart, one admission's answer was lost.
+        let lost = answers
+            .iter()
+            .position(|a| a.allowed && (10_000..15_000).contains(&a.received_ms))
+            .expect("an admission in that window");
+        answers[lost] = CheckerAnswer {
+            received_ms: answers[lost].received_ms,
+            failed: true,
+            allowed: false,
+            reset_after_ms: 0,
+            reason: "UNAVAILABLE".to_owned(),
+        };
+        let windows = checker_windows(&answers, 5_000);
+        let mut e = evidence(&rss, &tally, &windows);
+        e.backend = Backend::Redis;
+        e.redis_restart_s = Some((11.0, 11.5));
+        assert!(PhaseVerdict::judge(&e).budget.is_none());
+        // The same shortfall away from the restart fails.
+        e.redis_restart_s = Some((25.0, 25.5));
+        assert!(PhaseVerdict::judge(&e).budget.is_some());
+    }
+
+    #[test]
+    fn a_memory_phase_whose_store_never_filled_fails() {
+        let rss = samples(&[1, 1, 1, 1]);
+        let mut tally = answered();
+        tally.reasons.clear();
+        let windows = checker_windows(&steady(0, 30_000, 5_000, 5), 5_000);
+        assert!(
+            PhaseVerdict::judge(&evidence(&rss, &tally, &windows))
+                .store_full
+                .is_some()
         );
     }
 
