@@ -69,10 +69,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let reports = match runtime.block_on(soak::run(&options)) {
-        Ok(reports) => reports,
-        Err(e) => {
+    // A signal drops the run, and with it the processes it started
+    // (their handles kill them when dropped).
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            result = soak::run(&options) => Some(result),
+            () = stop_signal() => None,
+        }
+    });
+    let reports = match outcome {
+        Some(Ok(reports)) => reports,
+        Some(Err(e)) => {
             eprintln!("soak: the run could not be made: {e:#}");
+            return ExitCode::from(2);
+        }
+        None => {
+            eprintln!("soak: stopped by a signal; the processes it started are stopped");
             return ExitCode::from(2);
         }
     };
@@ -87,6 +99,22 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// SIGINT or SIGTERM (`timeout` sends the latter).
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without handlers the default actions stand; never resolve.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
     }
 }
 

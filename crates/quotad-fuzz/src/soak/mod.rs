@@ -8,7 +8,8 @@
 //!    `on_full = "deny"`; keys churn over twice `max_keys`, so the store
 //!    fills and refuses new keys (`CAPACITY`) until windows pass.
 //! 2. **redis**: the Redis backend (a `redis-server` this driver starts,
-//!    with an fsynced append-only file), restarted once halfway through.
+//!    with an append-only file it fsyncs on shutdown), restarted once
+//!    halfway through.
 //!
 //! In each phase, at a paced rate ([`Options::rate`] calls a second over
 //! [`Options::concurrency`] workers): `Check`, `CheckBatch` (both modes),
@@ -28,7 +29,8 @@
 //! (`CAPACITY` decisions).
 //!
 //! Everything listens on 127.0.0.1; the processes started are stopped
-//! by PID when a phase ends, or killed when the driver unwinds.
+//! by PID when a phase ends, or killed when the driver unwinds or is
+//! told to stop (SIGINT, SIGTERM: the binary drops the run).
 
 mod load;
 mod plot;
