@@ -100,12 +100,17 @@ impl PolicyInput {
 #[derive(Arbitrary, Clone, Copy, Debug)]
 pub enum StateInput {
     /// `State::FixedWindow`.
-    FixedWindow { start_ms: u64, count: u64 },
+    FixedWindow {
+        start_ms: u64,
+        count: u64,
+        window_ms: u64,
+    },
     /// `State::SlidingWindow`.
     SlidingWindow {
         start_ms: u64,
         previous: u64,
         current: u64,
+        window_ms: u64,
     },
     /// `State::TokenBucket`.
     TokenBucket {
@@ -133,15 +138,25 @@ impl StateInput {
 
     fn state(self) -> State {
         match self {
-            StateInput::FixedWindow { start_ms, count } => State::FixedWindow { start_ms, count },
+            StateInput::FixedWindow {
+                start_ms,
+                count,
+                window_ms,
+            } => State::FixedWindow {
+                start_ms,
+                count,
+                window_ms,
+            },
             StateInput::SlidingWindow {
                 start_ms,
                 previous,
                 current,
+                window_ms,
             } => State::SlidingWindow {
                 start_ms,
                 previous,
                 current,
+                window_ms,
             },
             StateInput::TokenBucket {
                 tokens,
