@@ -207,7 +207,8 @@ impl Harness {
     }
 
     fn apply(&mut self, op: &Op) {
-        let now = quotad_core::Clock::now_ms(&*self.clock);
+        // The store's time: its clock, never before its latest drop.
+        let now = self.store.now_ms();
         self.latest = self.latest.max(now);
         self.forget_fresh();
         match op {

@@ -379,8 +379,14 @@ impl MemoryStore {
         dropped
     }
 
-    /// The store's time: the clock, but never before [`MemoryStore`]'s
-    /// floor.
+    /// The store's time, which every decision is made at: its clock, but
+    /// never before the latest instant the store dropped state at because
+    /// it was fresh (a clock stepped back after that cannot judge a dropped
+    /// key younger than it was found fresh).
+    pub fn now_ms(&self) -> u64 {
+        self.now()
+    }
+
     fn now(&self) -> u64 {
         self.clock.now_ms().max(self.floor.load(Ordering::Relaxed))
     }
