@@ -282,19 +282,55 @@ pub(super) fn kind(node: &Node<'_>) -> &'static str {
 
 /// The entries of a mapping, in file order; empty for null.
 ///
+/// YAML 1.1 merge keys are followed, as go-yaml v2 follows them: a
+/// `<<: *anchor` (or a list of them) adds the entries of the mappings it
+/// names that the mapping does not set itself, the first named winning.
+///
 /// # Errors
 ///
-/// Anything else than a mapping or null.
+/// Anything else than a mapping or null, and a merge of anything else than
+/// mappings.
 pub(super) fn mapping<'n, 'i>(
     ctx: Ctx<'_>,
     path: &str,
     node: &'n Node<'i>,
 ) -> Result<Vec<(&'n Node<'i>, &'n Node<'i>)>, RlsConfigError> {
-    match &untagged(node).data {
-        YamlData::Mapping(map) => Ok(map.iter().collect()),
-        _ if is_null(node) => Ok(Vec::new()),
-        _ => Err(ctx.error(path, node, format!("must be a mapping, not {}", kind(node)))),
+    let map = match &untagged(node).data {
+        YamlData::Mapping(map) => map,
+        _ if is_null(node) => return Ok(Vec::new()),
+        _ => {
+            return Err(ctx.error(path, node, format!("must be a mapping, not {}", kind(node))));
+        }
+    };
+    let (merges, mut entries): (Vec<_>, Vec<_>) = map
+        .iter()
+        .partition(|(k, _)| matches!(scalar(k), Some(("<<", true))));
+    for (_, merged) in merges {
+        let sources = match &untagged(merged).data {
+            YamlData::Sequence(items) => items.iter().collect(),
+            _ => vec![merged],
+        };
+        for source in sources {
+            if !matches!(untagged(source).data, YamlData::Mapping(_)) {
+                return Err(ctx.error(
+                    path,
+                    source,
+                    format!("<< merges mappings, not {}", kind(source)),
+                ));
+            }
+            for (k, v) in mapping(ctx, path, source)? {
+                let text = scalar(k).map(|(t, _)| t);
+                if text.is_none()
+                    || !entries
+                        .iter()
+                        .any(|(e, _)| scalar(e).map(|(t, _)| t) == text)
+                {
+                    entries.push((k, v));
+                }
+            }
+        }
     }
+    Ok(entries)
 }
 
 /// The items of a list; empty for null.
@@ -660,5 +696,37 @@ mod tests {
         assert!(parse(Ctx { file: &file }, &at_most).is_ok());
         let over = format!("[{}]\n", vec!["x"; MAX_NODES].join(","));
         assert!(refused(&over).contains("more than 500000 YAML nodes"));
+    }
+
+    #[test]
+    fn merge_keys_add_what_a_mapping_does_not_set_itself() {
+        let text = "base: &b {unit: second, requests_per_unit: 5}\nother: &o {name: x, unit: hour}\nm:\n  <<: [*b, *o]\n  requests_per_unit: 7\n";
+        with_doc(text, |ctx, doc| {
+            let top = mapping(ctx, "", doc).expect("a mapping");
+            let m = mapping(ctx, "m", top[2].1).expect("merged");
+            let fields: Vec<(String, String)> = m
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        string(ctx, "", k).expect("key"),
+                        string(ctx, "", v).expect("value"),
+                    )
+                })
+                .collect();
+            let get = |f: &str| fields.iter().find(|(k, _)| k == f).map(|(_, v)| v.as_str());
+            assert_eq!(
+                get("requests_per_unit"),
+                Some("7"),
+                "the mapping's own wins"
+            );
+            assert_eq!(get("unit"), Some("second"), "the first merged wins");
+            assert_eq!(get("name"), Some("x"));
+            assert_eq!(fields.len(), 3);
+        });
+        let err = field("m: {<<: 5}\n", |c, n| mapping(c, "m", n).map(|_| ()));
+        assert!(
+            err.expect_err("not a mapping")
+                .contains("<< merges mappings, not a scalar")
+        );
     }
 }

@@ -488,3 +488,18 @@ fn a_rules_path_that_is_not_a_regular_file_is_refused_without_waiting() {
     let err = RlsRules::load(Path::new("/dev/null"), LoadOptions::default()).expect_err("a device");
     assert!(err.to_string().contains("not a regular file"), "{err}");
 }
+
+#[test]
+fn yaml_merge_keys_share_a_rate_limit_as_in_the_reference() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &per_second {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit:\n      <<: *per_second\n      requests_per_unit: 9\n";
+    let loaded = rules(text);
+    let limits: Vec<(u32, Unit)> = loaded
+        .rules("d")
+        .iter()
+        .map(|r| {
+            let l = r.limit().expect("a limit");
+            (l.requests_per_unit(), l.unit())
+        })
+        .collect();
+    assert_eq!(limits, [(5, Unit::Second), (9, Unit::Second)]);
+}
