@@ -234,6 +234,7 @@ async fn with_the_store_down_a_request_fails_only_when_its_answer_depends_on_the
     );
     let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
     let mut client = rls_client(&server).await;
+    server.ready().await;
     redis.stop();
     // Keys written `?k` are probes.
     let call = |keys: &[&str]| {
