@@ -41,6 +41,10 @@
 //! rule's state namespace (`rls:<domain>/<key>[=<value>]...`, from the
 //! rules files) or `rls:<domain>#<unit>` for limits sent by Envoy: never
 //! a request's values.
+//!
+//! One file of about 600 lines (tests apart): every series quotad exports
+//! is declared here, once, with its help text and labels, so the
+//! dashboard's and alerts' names can be checked against one place.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -29,6 +29,27 @@ pub(crate) struct Target {
     timeout: Duration,
 }
 
+/// A client of the target's quotad, and the check it asks for.
+struct Asking {
+    uri: String,
+    client: quotad_client::Client,
+    check: Check,
+    cost: u64,
+}
+
+impl Target {
+    fn connect(self) -> Result<Asking, Failure> {
+        let uri = endpoint(&self.addr)?;
+        let client = client(&uri, self.timeout)?;
+        Ok(Asking {
+            check: Check::named(self.policy, self.key).cost(self.cost),
+            cost: self.cost,
+            uri,
+            client,
+        })
+    }
+}
+
 /// The most checks one `quotad check` makes.
 const MAX_COUNT: u64 = 100_000;
 
@@ -73,16 +94,12 @@ pub(crate) struct PeekArgs {
 /// [`Failure`] when quotad cannot be reached or refuses the request; the
 /// decisions made before it are printed.
 pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Failure> {
-    let Target {
-        addr,
-        policy,
-        key,
+    let Asking {
+        uri,
+        client,
+        check: request,
         cost,
-        timeout,
-    } = args.target;
-    let uri = endpoint(&addr)?;
-    let client = client(&uri, timeout)?;
-    let request = Check::named(policy, key).cost(cost);
+    } = args.target.connect()?;
     let width = args.count.to_string().len();
     let (mut allowed, mut denied) = (0_u64, 0_u64);
     for n in 1..=args.count {
@@ -117,17 +134,14 @@ pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Fa
 ///
 /// As [`check`].
 pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Failure> {
-    let Target {
-        addr,
-        policy,
-        key,
+    let Asking {
+        uri,
+        client,
+        check,
         cost,
-        timeout,
-    } = args.target;
-    let uri = endpoint(&addr)?;
-    let client = client(&uri, timeout)?;
+    } = args.target.connect()?;
     let decision = client
-        .peek(&Check::named(policy, key).cost(cost))
+        .peek(&check)
         .await
         .map_err(|error| failure(&uri, error))?;
     writeln!(out, "peek  {}", describe(&decision, cost, Verb::Peeked))?;

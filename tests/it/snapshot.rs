@@ -274,7 +274,9 @@ async fn entries_of_removed_and_changed_policies_are_loaded_and_counted() {
 }
 
 /// Writes a config for the binary and returns its path.
-fn binary_config(dir: &Path, snapshot: &Path) -> String {
+/// The binary's config: snapshots to `snapshot` every `interval` ("0s":
+/// only on shutdown).
+fn binary_config(dir: &Path, snapshot: &Path, interval: &str) -> String {
     let text = format!(
         r#"
 [server]
@@ -283,7 +285,7 @@ admin_addr = "127.0.0.1:0"
 
 [store.snapshot]
 path = {snapshot:?}
-interval = "200ms"
+interval = "{interval}"
 
 [policies.per_day]
 algorithm = "fixed_window"
@@ -338,7 +340,7 @@ fn now_s() -> f64 {
 async fn a_crash_loses_at_most_what_came_after_the_last_periodic_snapshot() {
     let dir = tempfile::tempdir().expect("temp dir");
     let snapshot = dir.path().join("quotad.snapshot");
-    let config = binary_config(dir.path(), &snapshot);
+    let config = binary_config(dir.path(), &snapshot, "200ms");
     let mut server = Server::spawn(&["serve", "--config", &config]);
     let (grpc, admin) = server.addresses();
     spend(grpc, "erin", 10).await;
@@ -359,11 +361,33 @@ async fn a_crash_loses_at_most_what_came_after_the_last_periodic_snapshot() {
 }
 
 #[tokio::test]
+async fn sigterm_writes_the_snapshot_that_the_next_start_loads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let snapshot = dir.path().join("quotad.snapshot");
+    // No periodic snapshots: only the shutdown writes one.
+    let config = binary_config(dir.path(), &snapshot, "0s");
+    let mut server = Server::spawn(&["serve", "--config", &config]);
+    let (grpc, _) = server.addresses();
+    spend(grpc, "frank", 7).await;
+    // Start wrote one (proving the folder writable): gone, so that what is
+    // found after the shutdown was written by it.
+    std::fs::remove_file(&snapshot).expect("the start's snapshot");
+    server.signal("TERM");
+    let status = server.wait(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    assert!(snapshot.exists(), "written on SIGTERM");
+
+    let server = Server::spawn(&["serve", "--config", &config]);
+    let (grpc, _) = server.addresses();
+    assert_eq!(remaining(grpc, "frank").await, 93);
+}
+
+#[tokio::test]
 async fn refusing_a_bad_snapshot_exits_two_naming_the_file() {
     let dir = tempfile::tempdir().expect("temp dir");
     let snapshot = dir.path().join("quotad.snapshot");
     std::fs::write(&snapshot, b"not a snapshot at all").expect("write");
-    let config = binary_config(dir.path(), &snapshot);
+    let config = binary_config(dir.path(), &snapshot, "200ms");
     let mut server = Server::spawn(&[
         "serve",
         "--config",

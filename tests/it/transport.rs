@@ -96,6 +96,24 @@ async fn an_admin_client_that_sends_half_a_request_is_disconnected() {
     );
     // The port still serves whole requests.
     assert_eq!(server.get("/healthz").await.0, 200);
+
+    // The setting is what closed it: with an hour, the same half request
+    // is still open five times 200 ms later.
+    let patient = start("[transport]\nadmin_header_timeout = \"1h\"\n").await;
+    let mut stream = TcpStream::connect(patient.admin_addr)
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: quotad\r\n")
+        .await
+        .expect("half a request");
+    let mut buf = [0_u8; 64];
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf))
+            .await
+            .is_err(),
+        "open, and nothing answered, within the hour's timeout"
+    );
 }
 
 #[tokio::test]

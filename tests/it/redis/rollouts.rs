@@ -1,5 +1,6 @@
 //! Replicas that disagree during a rollout share one Redis without
-//! overwriting each other's state.
+//! overwriting each other's state; deployments with their own key prefix
+//! share it without sharing budgets.
 
 use crate::common::redis::RedisServer;
 use crate::common::{TestServer, named};
@@ -7,8 +8,12 @@ use quotad::Config;
 use quotad_proto::v1 as pb;
 
 fn replica(url: &str, algorithm: &str, window: &str, limit: u64) -> Config {
+    with_prefix(url, "quotad", algorithm, window, limit)
+}
+
+fn with_prefix(url: &str, prefix: &str, algorithm: &str, window: &str, limit: u64) -> Config {
     Config::from_toml(&format!(
-        "[store]\nbackend = \"redis\"\n[store.redis]\nurl = {url:?}\ntimeout = \"2s\"\n\
+        "[store]\nbackend = \"redis\"\n[store.redis]\nurl = {url:?}\ntimeout = \"2s\"\nkey_prefix = {prefix:?}\n\
          [policies.api]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"{window}\"\n"
     ))
     .expect("valid config")
@@ -50,7 +55,7 @@ async fn replicas_that_disagree_on_algorithm_or_window_admit_at_most_the_sum_of_
         "algorithms",
     )
     .await;
-    assert!(n <= 20, "{n} admitted");
+    assert_eq!(n, 20, "each counts its own 10");
     // One algorithm, two windows.
     let n = admitted_alternating(
         replica(&url, "token_bucket", "1h", 10),
@@ -58,7 +63,7 @@ async fn replicas_that_disagree_on_algorithm_or_window_admit_at_most_the_sum_of_
         "windows",
     )
     .await;
-    assert!(n <= 20, "{n} admitted");
+    assert_eq!(n, 20, "each counts its own 10");
     // A changed limit shares the state: together no more than the larger.
     let n = admitted_alternating(
         replica(&url, "fixed_window", "1h", 10),
@@ -66,5 +71,31 @@ async fn replicas_that_disagree_on_algorithm_or_window_admit_at_most_the_sum_of_
         "limits",
     )
     .await;
-    assert!(n <= 15, "{n} admitted");
+    assert_eq!(n, 15, "one count, judged by each replica's limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_with_their_own_key_prefix_keep_their_own_budgets_on_one_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let same = admitted_alternating(
+        with_prefix(&url, "team-a", "fixed_window", "1h", 10),
+        with_prefix(&url, "team-a", "fixed_window", "1h", 10),
+        "shared",
+    )
+    .await;
+    assert_eq!(same, 10, "one prefix, one budget");
+    let apart = admitted_alternating(
+        with_prefix(&url, "team-a", "fixed_window", "1h", 10),
+        with_prefix(&url, "team-b", "fixed_window", "1h", 10),
+        "apart",
+    )
+    .await;
+    assert_eq!(apart, 20, "two prefixes, two budgets");
+    let keys = redis.cli(&["--scan"]);
+    assert!(
+        keys.lines().any(|k| k.starts_with("team-a:"))
+            && keys.lines().any(|k| k.starts_with("team-b:")),
+        "{keys}"
+    );
 }
