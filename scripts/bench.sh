@@ -59,7 +59,9 @@
 #   OUT=DIR                       keep every JSON report and server log in DIR
 #   REDIS_CPU_ONLY=1              only the Redis CPU table (redis-benchmark, ~1 min)
 #   REDIS_CPU_REQUESTS=200000     calls per row of that table
+#   REDIS_CPU_REPS=3               rounds of it (medians reported)
 #   REDIS_CPU_OLD=REV             add a row for the script at git revision REV
+#                                 (one that takes a deadline: 6353d61 or later)
 #
 # Requires: cargo, jq; for the Redis rows redis-server, redis-cli and
 # redis-benchmark (skipped, with a message, when missing).
@@ -216,20 +218,25 @@ start_redis() {
 }
 
 # --- Redis CPU per check (REDIS_CPU=1, or alone with REDIS_CPU_ONLY=1) ------
-# Side by side on one fresh redis-server, one run: redis-benchmark sends each
-# command REDIS_CPU_REQUESTS times over 50 connections with random keys, and
-# Redis's own INFO commandstats gives the Redis CPU per call (usec_per_call).
+# Side by side on one fresh redis-server: redis-benchmark sends each command
+# REDIS_CPU_REQUESTS times over 50 connections with random keys, and the
+# Redis process's CPU time (and INFO commandstats' usec_per_call) gives the
+# Redis CPU per call. Every row is measured REDIS_CPU_REPS times, the rows
+# interleaved and the database emptied before each round, and the median is
+# reported with the range: on a shared box single runs move by 10-15%.
 # Rows: INCR; a minimal fixed-window script (TIME + INCRBY + PEXPIRE); the
-# old generic script (git show OLD_SCRIPT_REV:src/backend/redis/quota.lua)
-# when REDIS_CPU_OLD is set; quotad's script for each algorithm; the sliding
-# log at its cap of 10,000 entries; and one ALL_OR_NOTHING script over 1,000
-# full logs, the longest script quotad can send (INFO's usec for one call).
+# script at an older revision (git show REV:src/backend/redis/quota.lua)
+# when REDIS_CPU_OLD=REV is set; quotad's script for each algorithm; the
+# sliding log at its cap of 10,000 entries; and one ALL_OR_NOTHING script
+# over 1,000 full logs, the longest script quotad can send (INFO's usec for
+# one call).
 redis_cpu_rows() {
-  local port pid sha sha_min out rows=""
-  start_redis 600 "$WORK/redis-cpu.out"
+  local port pid sha sha_min rows=""
+  start_redis 1800 "$WORK/redis-cpu.out"
   port=$REDIS_STARTED_PORT pid=$REDIS_STARTED_PID
-  local n=${REDIS_CPU_REQUESTS:-200000}
-  # "process µs | command µs" per call of redis-benchmark ARGS...: the
+  local n=${REDIS_CPU_REQUESTS:-200000} reps=${REDIS_CPU_REPS:-3}
+  [[ $reps =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: REDIS_CPU_REPS must be a whole number" >&2; exit 2; }
+  # "process µs commandstats µs" per call of redis-benchmark ARGS...: the
   # redis-server process's CPU time (user + system, from /proc, network and
   # protocol included) over the calls, and INFO's usec_per_call of COMMAND
   # (the command's execution alone).
@@ -245,48 +252,69 @@ redis_cpu_rows() {
     after=$(ticks)
     exec=$(redis-cli -p "$port" info commandstats | tr -d '\r' |
       sed -nE "s/^cmdstat_$cmd:.*usec_per_call=([0-9.]+).*/\1/p")
-    echo "$(jq -n "($after - $before) * 1000000 / $(getconf CLK_TCK) / $n * 100 | round / 100") | $exec"
+    echo "$(jq -n "($after - $before) * 1000000 / $(getconf CLK_TCK) / $n * 100 | round / 100") $exec"
   }
   local minimal='local t = redis.call("TIME") local n = redis.call("INCRBY", KEYS[1], ARGV[1]) if n == tonumber(ARGV[1]) then redis.call("PEXPIRE", KEYS[1], 60000) end return n'
   sha_min=$(redis-cli -p "$port" script load "$minimal")
   sha=$(redis-cli -p "$port" script load "$(cat src/backend/redis/quota.lua)")
   local deadline=99999999999999 big=1000000000000
-  local base_incr base_min
-  base_incr=$(cpu incr INCR "bench:__rand_int__")
-  base_min=$(cpu evalsha EVALSHA "$sha_min" 1 "bench:__rand_int__" 1)
-  rows+="| INCR | $base_incr | — |\n"
-  rows+="| minimal fixed-window script: TIME + INCRBY + PEXPIRE | $base_min | 1.00 x |\n"
-  # The ratio of process CPU per call to the minimal script's.
-  ratio() { jq -n "(\"$1\" | split(\" | \")[0] | tonumber) / (\"$base_min\" | split(\" | \")[0] | tonumber) * 100 | round / 100"; }
+  # The rows: a label, the commandstats name, and redis-benchmark's command.
+  local labels=() names=() count=0
+  add_row() {
+    labels+=("$1")
+    names+=("$2")
+    shift 2
+    eval "row_args_$count=(\"\$@\")"
+    count=$((count + 1))
+  }
+  add_row "INCR" incr INCR "bench:__rand_int__"
+  add_row "minimal fixed-window script: TIME + INCRBY + PEXPIRE" evalsha EVALSHA "$sha_min" 1 "bench:__rand_int__" 1
   if [[ -n ${REDIS_CPU_OLD:-} ]]; then
-    local old_sha old
+    local old_sha
     old_sha=$(redis-cli -p "$port" script load "$(git show "$REDIS_CPU_OLD:src/backend/redis/quota.lua")")
-    old=$(cpu evalsha EVALSHA "$old_sha" 1 "old:{__rand_int__}" check "" 1 "$big" 60000 "$big" 1)
-    rows+="| the generic script before ($REDIS_CPU_OLD), fixed window | $old | $(ratio "$old") x |\n"
+    add_row "the script at $REDIS_CPU_OLD, fixed_window, Check" evalsha EVALSHA "$old_sha" 1 \
+      "old:{__rand_int__}|1x60000" check "$deadline" "" 1 "$big" 60000 "$big" 1
   fi
-  local alg name v
+  local alg name
   for alg in 1 2 3 4 5; do
     name=$(echo "fixed_window sliding_window token_bucket leaky_bucket sliding_log" | cut -d' ' -f"$alg")
     local limit=$big
     [[ $alg == 5 ]] && limit=10000
-    v=$(cpu evalsha EVALSHA "$sha" 1 "quotad:bench$alg|{__rand_int__}|1x60000" check "$deadline" "" \
-      "$alg" "$limit" 60000 "$limit" 1)
-    rows+="| quotad, $name, Check | $v | $(ratio "$v") x |\n"
+    add_row "quotad, $name, Check" evalsha EVALSHA "$sha" 1 "quotad:bench$alg|{__rand_int__}|2x60000" \
+      check "$deadline" "" "$alg" "$limit" 60000 "$limit" 1
   done
   # A sliding log at its cap: 10,000 entries (one per millisecond) of a
   # day-long window, limit 10,000: every check is denied after a search.
+  add_row "quotad, sliding_log at 10,000 entries, Check (denied)" evalsha EVALSHA "$sha" 1 \
+    "quotad:full|{log}|2G86400000" check "$deadline" "" 5 10000 86400000 10000 1
   local fill='local now = tonumber(ARGV[1]) for i = 0, 9999 do redis.call("ZADD", KEYS[1], i, string.format("%d:1", now - 10000 + i)) end redis.call("PEXPIRE", KEYS[1], 86400000) return 1'
-  local now_ms
-  now_ms=$(redis-cli -p "$port" time | head -n 1)000
-  redis-cli -p "$port" eval "$fill" 1 "quotad:full|{log}|1G86400000" "$now_ms" >/dev/null
-  v=$(cpu evalsha EVALSHA "$sha" 1 "quotad:full|{log}|1G86400000" check "$deadline" "" 5 10000 86400000 10000 1)
-  rows+="| quotad, sliding_log at 10,000 entries, Check (denied) | $v | $(ratio "$v") x |\n"
+  local now_ms rep i
+  for rep in $(seq "$reps"); do
+    redis-cli -p "$port" flushall >/dev/null
+    now_ms=$(redis-cli -p "$port" time | head -n 1)000
+    redis-cli -p "$port" eval "$fill" 1 "quotad:full|{log}|2G86400000" "$now_ms" >/dev/null
+    for ((i = 0; i < count; i++)); do
+      local -n row="row_args_$i"
+      echo "$(cpu "${names[i]}" "${row[@]}")" >>"$WORK/redis-cpu-row-$i"
+      unset -n row
+    done
+  done
+  # "median (min-max)" of column COLUMN of row I's measurements.
+  median() { sort -g -k"$2","$2" "$WORK/redis-cpu-row-$1" | awk -v c="$2" '{ v[NR] = $c } END { printf "%s (%s-%s)", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
+  mid() { sort -g -k1,1 "$WORK/redis-cpu-row-$1" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+  local base
+  base=$(mid 1)
+  for ((i = 0; i < count; i++)); do
+    local ratio="—"
+    ((i >= 1)) && ratio="$(jq -n "$(mid "$i") / $base * 100 | round / 100") x"
+    rows+="| ${labels[i]} | $(median "$i" 1) | $(median "$i" 2) | $ratio |\n"
+  done
   # 1,000 full logs checked in one ALL_OR_NOTHING script (1,000 items is the
   # batch maximum): the longest single script.
-  local keys=() args=() i
+  local keys=() args=() v
   for i in $(seq 0 999); do
-    redis-cli -p "$port" eval "$fill" 1 "quotad:full|{t}$i|1G86400000" "$now_ms" >/dev/null
-    keys+=("quotad:full|{t}$i|1G86400000")
+    redis-cli -p "$port" eval "$fill" 1 "quotad:full|{t}$i|2G86400000" "$now_ms" >/dev/null
+    keys+=("quotad:full|{t}$i|2G86400000")
     args+=(5 10000 86400000 10000 1)
   done
   redis-cli -p "$port" config resetstat >/dev/null
@@ -295,10 +323,11 @@ redis_cpu_rows() {
   rows+="| one ALL_OR_NOTHING script, 1,000 sliding logs at 10,000 entries | — | $v (one call) | — |\n"
   stop_server "$pid"
   printf '## Redis CPU per check: quotad next to a minimal script\n\n'
-  printf 'Date: %s. Machine: %s cores, %s. redis-server %s.\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nproc)" \
-    "$(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1)" "$(redis-server --version | sed -nE 's/.*v=([0-9.]+).*/\1/p')"
-  printf 'redis-benchmark -c 50 -n %s -r 100000 per row; Redis CPU per call from INFO commandstats.\n\n' "$n"
-  printf '| command | Redis process CPU µs per call | command µs per call | process CPU / minimal script |\n|---|---:|---:|---:|\n'
+  printf 'Date: %s. Machine: %s cores, %s. redis-server %s. Load average before: %s.\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nproc)" \
+    "$(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1)" "$(redis-server --version | sed -nE 's/.*v=([0-9.]+).*/\1/p')" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
+  printf 'redis-benchmark -c 50 -n %s -r 100000 per row, %s rounds, rows interleaved; median (range).\n\n' "$n" "$reps"
+  printf '| command | Redis process CPU µs per call | command µs per call (commandstats) | process CPU / minimal script (medians) |\n|---|---:|---:|---:|\n'
   printf "$rows"
 }
 

@@ -148,6 +148,7 @@ mod tests {
             _name: &str,
             _policy: &quotad_core::Policy,
             _key: &str,
+            _: Deadline,
         ) -> Result<(), BackendError> {
             Ok(())
         }

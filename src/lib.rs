@@ -78,7 +78,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::BuildError;
-use quotad_core::MemoryStore;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitServiceServer, SERVICE_NAME as RLS_SERVICE,
 };
@@ -228,59 +227,24 @@ pub async fn run(
     let mut last_snapshot = None;
     let result = match &config.store().backend {
         BackendSettings::Memory(settings) => {
-            let clock = Arc::clone(config.clock());
-            let store = match &settings.snapshot {
-                Some(snapshot) => {
-                    snapshot::load(snapshot, settings.store, clock, config.policies(), &metrics)?
-                }
-                None => MemoryStore::new(settings.store, clock),
-            };
-            let store = Arc::new(store);
-            if let Some(snapshot) = &settings.snapshot {
-                // Written once now: a folder quotad cannot write to stops it
-                // here, not at the next restart with every budget lost.
-                snapshot::remove_leftovers(&snapshot.path);
-                snapshot::write_now(&store, &snapshot.path, &registry, &metrics).await?;
-            }
-            let (swept, interval) = (Arc::clone(&store), settings.sweep_interval);
-            tasks.spawn(|stop| backend::memory::sweep(swept, interval, stop));
-            if let Some(snapshot) = &settings.snapshot {
-                if let Some(interval) = snapshot.interval {
-                    let (store, path) = (Arc::clone(&store), snapshot.path.clone());
-                    let (registry, metrics) = (Arc::clone(&registry), Arc::clone(&metrics));
-                    tasks.spawn(move |stop| {
-                        snapshot::periodic(store, path, interval, registry, metrics, stop)
-                    });
-                }
-                last_snapshot = Some((Arc::clone(&store), snapshot.path.clone()));
-            }
-            serve(
-                &config,
-                listeners,
-                shutdown,
-                store,
-                registry.clone(),
-                metrics.clone(),
-                &mut tasks,
-            )
-            .await
+            let store =
+                backend::memory::start(settings, &config, &registry, &metrics, &mut tasks).await?;
+            last_snapshot = settings
+                .snapshot
+                .as_ref()
+                .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
+            let serving = (registry.clone(), metrics.clone());
+            serve(&config, listeners, shutdown, store, serving, &mut tasks).await
         }
-        BackendSettings::Redis(settings) => match RedisBackend::connect(settings).await {
-            Ok(store) => {
-                let store = Arc::new(store);
-                serve(
-                    &config,
-                    listeners,
-                    shutdown,
-                    store,
-                    registry.clone(),
-                    metrics.clone(),
-                    &mut tasks,
-                )
-                .await
-            }
-            Err(error) => Err(Error::Store(error)),
-        },
+        BackendSettings::Redis(settings) => {
+            let store = Arc::new(
+                RedisBackend::connect(settings)
+                    .await
+                    .map_err(Error::Store)?,
+            );
+            let serving = (registry.clone(), metrics.clone());
+            serve(&config, listeners, shutdown, store, serving, &mut tasks).await
+        }
     };
     tasks.stop().await;
     if let Some((store, path)) = last_snapshot {
@@ -297,8 +261,7 @@ async fn serve<B: Backend>(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
     backend: Arc<B>,
-    registry: Arc<PolicyRegistry>,
-    metrics: Arc<Metrics>,
+    (registry, metrics): (Arc<PolicyRegistry>, Arc<Metrics>),
     tasks: &mut Tasks,
 ) -> Result<(), Error> {
     let upkeep = Arc::clone(&metrics);

@@ -400,8 +400,7 @@ impl Metrics {
         self.reclaimed.absolute(stats.reclaimed);
         if let Some(redis) = stats.redis {
             let c = &self.redis;
-            c.connects_ok
-                .absolute(redis.connects.saturating_sub(redis.connect_failures));
+            c.connects_ok.absolute(redis.connected);
             c.connects_error.absolute(redis.connect_failures);
             c.late_refused.absolute(redis.late_refused);
             c.late_counted.absolute(redis.late_counted);

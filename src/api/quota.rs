@@ -404,6 +404,7 @@ impl<S: Backend> QuotaService<S> {
     async fn reset_one(
         &self,
         request: pb::ResetRequest,
+        deadline: Deadline,
     ) -> Result<pb::ResetResponse, ServiceError> {
         let set = self.policies.snapshot();
         if !set.limits().allow_reset {
@@ -413,7 +414,7 @@ impl<S: Backend> QuotaService<S> {
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
         self.store_ops.reset.increment(1);
         self.backend
-            .reset(&target.namespace, &target.policy, &spec.key)
+            .reset(&target.namespace, &target.policy, &spec.key, deadline)
             .await
             .inspect_err(crate::log::store_failed)?;
         Ok(pb::ResetResponse {})
@@ -465,10 +466,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
+        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::Reset,
-            self.reset_one(request.into_inner()),
+            self.reset_one(request.into_inner(), deadline),
         )
         .await
     }

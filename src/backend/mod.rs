@@ -152,12 +152,14 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`BackendError`] when the backend fails.
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`; the state is not forgotten later then.
     fn reset(
         &self,
         name: &str,
         policy: &Policy,
         key: &str,
+        deadline: Deadline,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Counts for the metrics; cheap enough to call on every scrape.

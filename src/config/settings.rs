@@ -375,7 +375,7 @@ section! {
         /// Longest time one Redis call may take
         #[serde(deserialize_with = "human_duration")]
         timeout: Duration = Str("100ms"), Restart;
-        /// Consecutive timed-out calls after which the connection to a standalone Redis is replaced
+        /// Timeouts with requests waiting and no reply after which a Redis connection (standalone, or a Cluster primary's) is replaced
         reconnect_after_timeouts: u32 = Int("3"), Restart;
         /// The first part of every key quotad writes in Redis
         key_prefix: String = Str("quotad"), Restart;

@@ -8,7 +8,27 @@ use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
 use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
+use super::tls::{TlsFileError, check_certificates, check_private_key, read_file};
 use crate::backend::redis::{RedisSettings, RedisTarget, RedisTls, redact};
+
+/// Why a Redis URL is invalid, without the URL: a password written with
+/// a character that ends the URL's authority (`#`, `/`, `?`, ...) is where
+/// the URL stops making sense, so no part of it past the scheme is shown.
+fn bad_url(url: &str, e: &redis::RedisError) -> String {
+    let scheme = url
+        .split_once("://")
+        .map(|(scheme, _)| scheme)
+        .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '+'));
+    let reason = redact(&e.to_string());
+    match scheme {
+        Some(scheme) => format!(
+            "not a valid {scheme}:// URL ({reason}); the URL is not shown, as it may hold a password (write '#', '/', '?', '@' and '%' in one as %23, %2F, %3F, %40 and %25)"
+        ),
+        None => format!(
+            "not a valid Redis URL ({reason}): it must start with redis://, rediss:// or redis+unix://"
+        ),
+    }
+}
 
 /// The largest `store.max_key_bytes`: the request size bound grows 1,000
 /// times with it (a full batch of the longest keys).
@@ -165,10 +185,7 @@ fn redis_settings(
     let check_url = |url: &str, field: &'static str| {
         redis::IntoConnectionInfo::into_connection_info(url)
             .map(|_| ())
-            .map_err(|e| {
-                let message = format!("{url:?}: {e}");
-                invalid(&["store", "redis", field], redact(&message))
-            })
+            .map_err(|e| invalid(&["store", "redis", field], bad_url(url, &e)))
     };
     let target = match (section.url, section.cluster_nodes) {
         (Some(url), None) => {
@@ -276,7 +293,59 @@ fn redis_tls(
         ca: ca.map(resolve),
         client,
     };
-    tls.check()
-        .map_err(|e| invalid(&["store", "redis", e.field], e.message))?;
+    let checked = || -> Result<(), TlsFileError> {
+        if let Some(ca) = &tls.ca {
+            check_certificates(&read_file(ca, "tls_ca")?, "tls_ca", ca)?;
+        }
+        if let Some((cert, key)) = &tls.client {
+            check_certificates(&read_file(cert, "tls_cert")?, "tls_cert", cert)?;
+            check_private_key(&read_file(key, "tls_key")?, "tls_key", key)?;
+        }
+        Ok(())
+    };
+    checked().map_err(|e| invalid(&["store", "redis", e.field], e.message))?;
     Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Config;
+
+    fn error_for(url: &str) -> String {
+        let toml = format!("[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = {url:?}\n");
+        Config::from_toml(&toml)
+            .expect_err("an invalid URL is a config error")
+            .to_string()
+    }
+
+    #[test]
+    fn an_invalid_redis_url_is_named_by_its_field_and_never_shown() {
+        for c in ['#', '/', '?', '"', ' '] {
+            let url = format!("redis://user:s3cr{c}et@h:6379/0");
+            if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_ok() {
+                continue;
+            }
+            let message = error_for(&url);
+            assert!(message.contains("store.redis.url"), "{c:?}: {message}");
+            assert!(!message.contains("s3cr"), "{c:?}: {message}");
+            assert!(!message.contains("et@"), "{c:?}: {message}");
+            assert!(message.contains("redis://"), "{c:?}: {message}");
+        }
+        let message = error_for("http://user:pw@h");
+        assert!(!message.contains("pw"), "{message}");
+    }
+
+    #[test]
+    fn every_character_that_ends_an_authority_makes_the_url_invalid_or_is_kept_out_of_errors() {
+        // '#' and '?' end the authority before the '@': the host is then
+        // "user" and the port "s3cr", which no Redis URL parser accepts.
+        for c in ['#', '?'] {
+            let url = format!("redis://user:s3cr{c}et@h:6379/0");
+            assert!(
+                redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err(),
+                "{c:?}"
+            );
+            assert!(!error_for(&url).contains("s3cr"));
+        }
+    }
 }

@@ -48,21 +48,59 @@ struct Pem {
     client_ca: Option<Vec<u8>>,
 }
 
+/// Reads a TLS file, for the setting `field`.
+pub(super) fn read_file(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(path).map_err(|e| TlsFileError {
+        field,
+        message: format!("cannot read {}: {e}", path.display()),
+    })
+}
+
+/// Checks that `pem`, read from `path` for `field`, holds at least one PEM
+/// certificate and nothing else that fails to parse.
+pub(super) fn check_certificates(
+    pem: &[u8],
+    field: &'static str,
+    path: &Path,
+) -> Result<(), TlsFileError> {
+    let count = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsFileError {
+            field,
+            message: format!("{}: not PEM certificates: {e}", path.display()),
+        })?
+        .len();
+    if count == 0 {
+        return Err(TlsFileError {
+            field,
+            message: format!("{}: holds no PEM certificate", path.display()),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `pem`, read from `path` for `field`, holds a PEM private key.
+pub(super) fn check_private_key(
+    pem: &[u8],
+    field: &'static str,
+    path: &Path,
+) -> Result<(), TlsFileError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| TlsFileError {
+        field,
+        message: format!("{}: not a PEM private key: {e}", path.display()),
+    })?;
+    Ok(())
+}
+
 impl TlsSettings {
     fn read(&self) -> Result<Pem, TlsFileError> {
-        let read = |path: &Path, field: &'static str| {
-            std::fs::read(path).map_err(|e| TlsFileError {
-                field,
-                message: format!("cannot read {}: {e}", path.display()),
-            })
-        };
         Ok(Pem {
-            cert: read(&self.cert, "cert")?,
-            key: read(&self.key, "key")?,
+            cert: read_file(&self.cert, "cert")?,
+            key: read_file(&self.key, "key")?,
             client_ca: self
                 .client_ca
                 .as_deref()
-                .map(|p| read(p, "client_ca"))
+                .map(|p| read_file(p, "client_ca"))
                 .transpose()?,
         })
     }
@@ -71,29 +109,10 @@ impl TlsSettings {
     /// one certificate, a private key, at least one CA certificate.
     pub(crate) fn check(&self) -> Result<(), TlsFileError> {
         let pem = self.read()?;
-        let certificates = |bytes: &[u8], field: &'static str, path: &Path| {
-            let count = CertificateDer::pem_slice_iter(bytes)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| TlsFileError {
-                    field,
-                    message: format!("{}: not PEM certificates: {e}", path.display()),
-                })?
-                .len();
-            if count == 0 {
-                return Err(TlsFileError {
-                    field,
-                    message: format!("{}: holds no PEM certificate", path.display()),
-                });
-            }
-            Ok(())
-        };
-        certificates(&pem.cert, "cert", &self.cert)?;
-        PrivateKeyDer::from_pem_slice(&pem.key).map_err(|e| TlsFileError {
-            field: "key",
-            message: format!("{}: not a PEM private key: {e}", self.key.display()),
-        })?;
+        check_certificates(&pem.cert, "cert", &self.cert)?;
+        check_private_key(&pem.key, "key", &self.key)?;
         if let (Some(ca), Some(path)) = (&pem.client_ca, &self.client_ca) {
-            certificates(ca, "client_ca", path)?;
+            check_certificates(ca, "client_ca", path)?;
         }
         Ok(())
     }

@@ -71,7 +71,18 @@ impl Reloader {
             async move { tokio::fs::read(&path).await.map_err(|e| e.to_string()) }
         };
         let label = format!("policies from {}", self.path.display());
-        watch(&label, initial, read, |now| self.reload(now), poll, stop).await;
+        watch(
+            &label,
+            initial,
+            read,
+            |now| {
+                self.reload(now);
+                std::future::ready(())
+            },
+            poll,
+            stop,
+        )
+        .await;
     }
 
     /// Validates `contents` as a whole config and, if valid, swaps in its
@@ -120,22 +131,24 @@ fn names_where(
         .collect()
 }
 
-/// Calls `reload` with what `read` returns: on SIGHUP at once, and when a
+/// Calls (and awaits) `reload` with what `read` returns: on SIGHUP at once, and when a
 /// poll every `poll` finds it different from the last version seen *and*
 /// the same on the next poll (so a file caught half-written is not
 /// loaded). Runs until `stop` is cancelled; `what` names what is reloaded
 /// in the log.
-pub(super) async fn watch<T, R, Fut>(
+pub(super) async fn watch<T, R, Fut, L, LFut>(
     what: &str,
     initial: T,
     read: R,
-    reload: impl Fn(&T),
+    reload: L,
     poll: Duration,
     stop: CancellationToken,
 ) where
     T: PartialEq,
     R: Fn() -> Fut,
     Fut: Future<Output = T>,
+    L: Fn(&T) -> LFut,
+    LFut: Future<Output = ()>,
 {
     let mut last_seen = initial;
     let mut pending: Option<T> = None;
@@ -152,14 +165,14 @@ pub(super) async fn watch<T, R, Fut>(
                 tracing::info!(what, "SIGHUP: reloading");
                 last_seen = read().await;
                 pending = None;
-                reload(&last_seen);
+                reload(&last_seen).await;
             }
             () = next_tick(&mut ticks) => {
                 let now = read().await;
                 if now == last_seen {
                     pending = None;
                 } else if pending.as_ref() == Some(&now) {
-                    reload(&now);
+                    reload(&now).await;
                     last_seen = now;
                     pending = None;
                 } else {

@@ -176,7 +176,13 @@ async fn rejects_each_kind_of_bad_input_naming_the_field_and_changes_no_state() 
         ),
         (
             "inline limit x window over 2^53",
-            Call::Check(inline_with(fixed, two_53 / 1_000 + 1, 1_000, None)),
+            Call::Check(inline_with(bucket, two_53 / 1_000 + 1, 1_000, None)),
+            Code::InvalidArgument,
+            "inline_policy.limit:",
+        ),
+        (
+            "inline fixed window limit over 2^53",
+            Call::Check(inline_with(fixed, two_53 + 1, 1_000, None)),
             Code::InvalidArgument,
             "inline_policy.limit:",
         ),

@@ -25,6 +25,7 @@ mod python_client;
 mod redis;
 mod reload;
 mod rls;
+mod rls_counting;
 mod rls_redis;
 mod rls_reload;
 mod shutdown;

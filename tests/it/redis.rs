@@ -29,6 +29,26 @@ fn settings(target: RedisTarget) -> RedisSettings {
     RedisSettings::new(target, Duration::from_secs(2))
 }
 
+/// The two stores side by side, deciding by `clock`: Redis (on `redis`, at
+/// the injected instants) and a memory store.
+fn both_stores(
+    runtime: &tokio::runtime::Runtime,
+    redis: &RedisServer,
+    clock: &Arc<FakeClock>,
+) -> (RedisBackend, MemoryStore) {
+    let redis_store = runtime
+        .block_on(RedisBackend::connect(&settings(RedisTarget::Standalone(
+            redis.url(),
+        ))))
+        .expect("connect to the test Redis")
+        .with_test_clock(clock.clone());
+    let memory = MemoryStore::new(
+        StoreConfig::try_new(100_000, 16, OnFull::Deny).expect("valid"),
+        clock.clone(),
+    );
+    (redis_store, memory)
+}
+
 const REPLICA_CONFIG: &str = r#"
 [store]
 backend = "redis"
@@ -325,42 +345,36 @@ fn a_redis_backend_needs_a_target_and_says_so() {
 
 #[test]
 fn cost_checks_stay_exact_at_the_2_pow_53_bound() {
-    // The largest limit a one-day window allows: every intermediate value
-    // in Lua is then at most 2^53, where doubles are still exact.
-    let window = 86_400_000;
-    let limit = quotad_core::MAX_EXACT / window;
-    let policy = Policy::try_new(
-        Algorithm::SlidingWindow,
-        limit,
-        Duration::from_millis(window),
-        None,
-    )
-    .expect("at the bound");
-    let redis = RedisServer::start();
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-    let clock = Arc::new(FakeClock::new(START + window / 2));
-    let store = runtime
-        .block_on(RedisBackend::connect(&settings(RedisTarget::Standalone(
-            redis.url(),
-        ))))
-        .expect("connect")
-        .with_test_clock(clock.clone());
-    let memory = MemoryStore::new(
-        StoreConfig::try_new(100, 1, OnFull::Deny).expect("valid"),
-        clock.clone(),
-    );
-    for cost in [limit - 1, 1, 1, limit / 3] {
-        let item = CheckItem::new("big", policy, "k", cost).expect("valid");
-        let (a, b) = runtime.block_on(async {
-            (
-                Backend::check_one(&memory, &item, Deadline::NONE)
-                    .await
-                    .expect("memory"),
-                store.check_one(&item, Deadline::NONE).await.expect("redis"),
-            )
-        });
-        assert_eq!(a, b, "cost {cost}");
-        clock.advance(Duration::from_millis(window / 3));
+    // The largest limit a one-day window allows a sliding window: every
+    // intermediate value in Lua is then at most 2^53, where doubles are
+    // still exact. A fixed window only adds: 2^53 a year, and a window of
+    // 2^53 ms.
+    let (day, year) = (86_400_000, 365 * 86_400_000);
+    let max = quotad_core::MAX_EXACT;
+    for (algorithm, limit, window) in [
+        (Algorithm::SlidingWindow, max / day, day),
+        (Algorithm::FixedWindow, max, year),
+        (Algorithm::FixedWindow, max, max),
+    ] {
+        let policy = Policy::try_new(algorithm, limit, Duration::from_millis(window), None)
+            .expect("at the bound");
+        let redis = RedisServer::start();
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let clock = Arc::new(FakeClock::new(START + day / 2));
+        let (store, memory) = both_stores(&runtime, &redis, &clock);
+        for cost in [limit - 1, 1, 1, limit / 3] {
+            let item = CheckItem::new("big", policy, "k", cost).expect("valid");
+            let (a, b) = runtime.block_on(async {
+                (
+                    Backend::check_one(&memory, &item, Deadline::NONE)
+                        .await
+                        .expect("memory"),
+                    store.check_one(&item, Deadline::NONE).await.expect("redis"),
+                )
+            });
+            assert_eq!(a, b, "{algorithm} cost {cost}");
+            clock.advance(Duration::from_millis(day / 3));
+        }
     }
 }
 
@@ -372,7 +386,7 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     let d = check(&mut client, named("ttl-key", "per_second", None)).await;
     assert!(d.allowed);
     let ttl: u64 = redis
-        .cli(&["pttl", "quotad:per_second|{ttl-key}|1F1000"])
+        .cli(&["pttl", "quotad:per_second|{ttl-key}|2F1000"])
         .trim()
         .parse()
         .expect("a TTL in ms");
@@ -382,7 +396,7 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     // A key whose state is fresh again holds nothing in Redis.
     assert_eq!(
         redis
-            .cli(&["exists", "quotad:per_second|{never-used}|1F1000"])
+            .cli(&["exists", "quotad:per_second|{never-used}|2F1000"])
             .trim(),
         "0"
     );
@@ -390,7 +404,7 @@ async fn state_expires_in_redis_when_it_would_be_fresh_again() {
     assert!(p.allowed);
     assert_eq!(
         redis
-            .cli(&["exists", "quotad:per_second|{never-used}|1F1000"])
+            .cli(&["exists", "quotad:per_second|{never-used}|2F1000"])
             .trim(),
         "0"
     );
@@ -405,7 +419,7 @@ async fn a_corrupt_value_in_redis_is_an_internal_error_not_an_outage_to_fail_ope
     let mut client = server.client().await;
     assert_eq!(
         redis
-            .cli(&["set", "quotad:open|{corrupt}|1T86400000", "T not numbers"])
+            .cli(&["set", "quotad:open|{corrupt}|2T86400000", "T not numbers"])
             .trim(),
         "OK"
     );

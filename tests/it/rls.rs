@@ -48,7 +48,7 @@ pub(crate) fn rls_toml(dir: &TempDir, extra: &str) -> String {
 }
 
 /// A server on the memory store serving `dir`, at 12:00:30 on a fake clock.
-async fn start(dir: &TempDir, extra: &str) -> (Arc<FakeClock>, TestServer) {
+pub(crate) async fn start(dir: &TempDir, extra: &str) -> (Arc<FakeClock>, TestServer) {
     let clock = Arc::new(FakeClock::new(NOON_30));
     let config = Config::from_toml(&rls_toml(dir, extra))
         .expect("valid config")

@@ -151,3 +151,124 @@ async fn a_redis_outage_answers_as_store_on_error_says() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_standalone_redis_counts_nothing_of_a_request_with_one_descriptor_over() {
+    let redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", APP)]);
+    let target = format!("url = {:?}", redis.url());
+    let server = TestServer::start(config(&dir, "", &target)).await;
+    let mut client = rls_client(&server).await;
+    let key = format!("k-{}", std::process::id());
+    let both = request(
+        "app",
+        vec![descriptor(&[("a", &key)]), descriptor(&[("c", &key)])],
+    );
+    assert!(is_ok(&ask(&mut client, both.clone()).await));
+    for _ in 0..3 {
+        let over = ask(&mut client, both.clone()).await;
+        assert_eq!(over.overall_code, Code::OverLimit as i32);
+        // a fitted, and was not counted: one all-or-nothing script.
+        assert_eq!(over.statuses[0].code, Code::Ok as i32);
+        assert_eq!(over.statuses[0].limit_remaining, 4);
+    }
+}
+
+const WITH_SHADOW: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: s\n    shadow_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+
+#[tokio::test]
+async fn a_store_failure_on_a_shadow_descriptor_fails_nothing_else_of_the_request() {
+    let redis = RedisServer::start();
+    let dir = rules_dir(&[("app.yaml", WITH_SHADOW)]);
+    let target = format!("url = {:?}", redis.url());
+    let server = TestServer::start(config(&dir, "", &target)).await;
+    let mut client = rls_client(&server).await;
+    let key = format!("k-{}", std::process::id());
+    // s alone first, so that its key is the only one in Redis.
+    assert!(is_ok(
+        &ask(
+            &mut client,
+            request("app", vec![descriptor(&[("s", &key)])])
+        )
+        .await
+    ));
+    let stored = redis.cli(&["--scan"]);
+    let s_key = stored.lines().next().expect("s's key").to_owned();
+    redis.cli(&["del", &s_key]);
+    redis.cli(&["lpush", &s_key, "not a counter"]);
+
+    let both = request(
+        "app",
+        vec![descriptor(&[("a", &key)]), descriptor(&[("s", &key)])],
+    );
+    for n in 1..=2 {
+        let response = ask(&mut client, both.clone()).await;
+        assert!(
+            is_ok(&response),
+            "request {n}: s's state is corrupt, a's is not"
+        );
+        assert_eq!(response.statuses[0].limit_remaining, 5 - n);
+        // s could not be decided: UNKNOWN, and no shadow denial counted.
+        assert_eq!(response.statuses[1].code, Code::Unknown as i32);
+    }
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.value(
+            "quotad_rls_shadow_denials_total",
+            &[("policy", "rls:app/s")]
+        ),
+        0.0
+    );
+}
+
+const MIXED: &str = "domain: m\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: z\n    rate_limit: {unit: day, requests_per_unit: 0}\n  - key: s\n    shadow_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: q1\n    quota_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n  - key: q2\n    quota_mode: true\n    rate_limit: {unit: day, requests_per_unit: 5}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_store_down_a_request_fails_only_when_its_answer_depends_on_the_store() {
+    let mut redis = RedisServer::start();
+    let dir = rules_dir(&[("m.yaml", MIXED)]);
+    let target = format!("url = {:?}\ntimeout = \"200ms\"", redis.url());
+    let toml = format!(
+        "{}\n[store]\nbackend = \"redis\"\non_error = \"error\"\n\n[store.redis]\n{target}\n",
+        rls_toml(&dir, "")
+    );
+    let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
+    let mut client = rls_client(&server).await;
+    server.ready().await;
+    redis.stop();
+    // Keys written `?k` are probes.
+    let call = |keys: &[&str]| {
+        let descriptors = keys
+            .iter()
+            .map(|k| {
+                let probe = k.strip_prefix('?');
+                let mut d = descriptor(&[(probe.unwrap_or(k), "1")]);
+                if probe.is_some() {
+                    d.hits_addend = Some(0);
+                }
+                d
+            })
+            .collect();
+        request("m", descriptors)
+    };
+    let mut answer = async |keys: &[&str]| {
+        client
+            .should_rate_limit(call(keys))
+            .await
+            .map(|r| Code::try_from(r.into_inner().overall_code).expect("a code"))
+            .map_err(|s| s.code())
+    };
+    let unavailable = Err(tonic::Code::Unavailable);
+    // The answer rests on the store: the call fails, and Envoy's
+    // failure_mode_deny decides.
+    assert_eq!(answer(&["a"]).await, unavailable);
+    assert_eq!(answer(&["a", "b"]).await, unavailable);
+    assert_eq!(answer(&["q1", "q2"]).await, unavailable);
+    assert_eq!(answer(&["a", "?b"]).await, unavailable);
+    // It does not: a limit of 0 denies whatever the store says, and
+    // shadow-mode descriptors, probes included, never change the answer.
+    assert_eq!(answer(&["a", "z"]).await, Ok(Code::OverLimit));
+    assert_eq!(answer(&["?a", "z"]).await, Ok(Code::OverLimit));
+    assert_eq!(answer(&["s"]).await, Ok(Code::Ok));
+    assert_eq!(answer(&["?s", "nomatch"]).await, Ok(Code::Ok));
+}

@@ -110,8 +110,9 @@ pub enum PolicyError {
     /// `burst` was given for an algorithm that has no bucket.
     #[error("burst applies only to token_bucket and leaky_bucket, not {0}")]
     BurstNotApplicable(Algorithm),
-    /// `limit * window_ms` exceeds 2^53.
-    #[error("limit x window_ms must be at most 2^53 (limit {limit}, window {window_ms} ms)")]
+    /// `limit * window_ms` exceeds 2^53 (for a fixed window: `limit` or
+    /// `window_ms` does).
+    #[error("{}", limit_window_message(*limit, *window_ms))]
     LimitWindowTooLarge {
         /// The limit given.
         limit: u64,
@@ -141,6 +142,20 @@ pub struct Policy {
     burst: u64,
 }
 
+/// The message of [`PolicyError::LimitWindowTooLarge`]: a fixed window
+/// can only break the bound with one of its two numbers.
+fn limit_window_message(limit: u64, window_ms: u64) -> String {
+    if limit > MAX_EXACT || window_ms > MAX_EXACT {
+        format!(
+            "limit and window_ms must each be at most 2^53 (limit {limit}, window {window_ms} ms)"
+        )
+    } else {
+        format!(
+            "limit x window_ms must be at most 2^53 for this algorithm (limit {limit}, window {window_ms} ms); a fixed_window has no such bound"
+        )
+    }
+}
+
 impl Policy {
     /// Builds a policy, checking every rule.
     ///
@@ -152,8 +167,9 @@ impl Policy {
     ///
     /// One [`PolicyError`] variant per broken rule: `limit >= 1`, a window of
     /// at least 1 ms in whole milliseconds, `burst >= 1` and only for
-    /// buckets, `limit * window_ms <= 2^53`, `burst * window_ms <= 2^53`, and
-    /// a sliding log's `limit <= 10,000`.
+    /// buckets, `limit * window_ms <= 2^53` (for a fixed window, which only
+    /// adds: `limit <= 2^53` and `window_ms <= 2^53`), `burst * window_ms <=
+    /// 2^53`, and a sliding log's `limit <= 10,000`.
     ///
     /// ```
     /// use std::time::Duration;
@@ -181,7 +197,14 @@ impl Policy {
         }
         // Saturating: a window beyond u64 milliseconds fails the bound below.
         let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
-        if limit > MAX_EXACT / window_ms {
+        // A fixed window only adds costs up to its limit and its window to
+        // the time; the other algorithms multiply the two.
+        let too_large = if algorithm == Algorithm::FixedWindow {
+            limit > MAX_EXACT || window_ms > MAX_EXACT
+        } else {
+            limit > MAX_EXACT / window_ms
+        };
+        if too_large {
             return Err(PolicyError::LimitWindowTooLarge { limit, window_ms });
         }
         let burst = match burst {
@@ -288,15 +311,47 @@ mod tests {
     fn limit_times_window_may_reach_but_not_pass_2_pow_53() {
         let window_ms = 1_000;
         let max = MAX_EXACT / window_ms;
-        assert!(Policy::try_new(Algorithm::FixedWindow, max, ms(window_ms), None).is_ok());
-        let err = Policy::try_new(Algorithm::FixedWindow, max + 1, ms(window_ms), None);
-        assert_eq!(
-            err,
-            Err(PolicyError::LimitWindowTooLarge {
-                limit: max + 1,
-                window_ms
-            })
-        );
+        for algorithm in [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+        ] {
+            assert!(Policy::try_new(algorithm, max, ms(window_ms), None).is_ok());
+            let err = Policy::try_new(algorithm, max + 1, ms(window_ms), None);
+            assert_eq!(
+                err,
+                Err(PolicyError::LimitWindowTooLarge {
+                    limit: max + 1,
+                    window_ms
+                })
+            );
+            assert!(
+                err.expect_err("refused")
+                    .to_string()
+                    .contains("a fixed_window has no such bound")
+            );
+        }
+    }
+
+    #[test]
+    fn a_fixed_window_bounds_its_limit_and_window_each_by_2_pow_53() {
+        let year_ms = 365 * 86_400_000;
+        for (limit, window_ms) in [(MAX_EXACT, year_ms), (1, MAX_EXACT), (MAX_EXACT, MAX_EXACT)] {
+            let policy = Policy::try_new(Algorithm::FixedWindow, limit, ms(window_ms), None);
+            assert_eq!(policy.map(|p| p.capacity()), Ok(limit));
+        }
+        for (limit, window_ms) in [(MAX_EXACT + 1, 1_000), (1, MAX_EXACT + 1)] {
+            let err = Policy::try_new(Algorithm::FixedWindow, limit, ms(window_ms), None);
+            assert_eq!(
+                err,
+                Err(PolicyError::LimitWindowTooLarge { limit, window_ms })
+            );
+            assert!(
+                err.expect_err("refused")
+                    .to_string()
+                    .starts_with("limit and window_ms must each be at most 2^53")
+            );
+        }
     }
 
     #[test]

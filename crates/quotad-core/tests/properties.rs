@@ -373,3 +373,81 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// The sweep drops state that is fresh. A clock stepped back after it
+    /// must not make the key younger than it was when judged fresh: a store
+    /// swept between requests decides as one never swept whose clock never
+    /// goes back before the sweeps that dropped something.
+    #[test]
+    fn sweeping_changes_no_decision_when_the_clock_steps_back(
+        (policy, requests) in any_policy_and_traffic(),
+        gaps in prop::collection::vec((0u64..300, 0u64..100), 120),
+    ) {
+        use quotad_core::{CheckItem, FakeClock, MemoryStore, OnFull, StoreConfig};
+        use std::sync::Arc;
+        let (clock, floored) = (Arc::new(FakeClock::new(START)), Arc::new(FakeClock::new(START)));
+        let config = || StoreConfig::try_new(64, 4, OnFull::Deny).expect("valid config");
+        let swept = MemoryStore::new(config(), clock.clone());
+        let kept = MemoryStore::new(config(), floored.clone());
+        let w = policy.window_ms();
+        let (mut now, mut floor) = (START, START);
+        for (r, (sweep_pct, back_pct)) in requests.iter().zip(&gaps) {
+            clock.set(now);
+            floored.set(now.max(floor));
+            let item = CheckItem::new("p", policy, "k", r.cost).expect("valid item");
+            prop_assert_eq!(swept.check_one(&item), kept.check_one(&item), "at {}", now);
+            // Sweep up to three windows later, then step back part of the
+            // way before the next request.
+            let sweep_at = now + w.saturating_mul(*sweep_pct) / 100;
+            clock.set(sweep_at);
+            for _ in 0..4 {
+                if swept.sweep_step() > 0 {
+                    floor = floor.max(sweep_at);
+                }
+            }
+            now = (sweep_at + r.step)
+                .saturating_sub(w.saturating_mul(*back_pct) / 100 * 3)
+                .max(START);
+        }
+    }
+
+    /// Whether the sweep came by before a read never changes what the read
+    /// decides, even when the policy changed since the state was written
+    /// (a lower or higher rate keeps a bucket's state): state is fresh at
+    /// the instant the policy that wrote it said, as Redis expires it.
+    #[test]
+    fn sweeping_changes_no_decision_across_limit_changes(
+        (policy, requests) in any_policy_and_traffic(),
+        plan in prop::collection::vec((any::<bool>(), 0u64..=100), 120),
+    ) {
+        use quotad_core::{CheckItem, FakeClock, MemoryStore, OnFull, StoreConfig};
+        use std::sync::Arc;
+        let other = Policy::try_new(
+            policy.algorithm(),
+            (policy.limit() / 3).max(1),
+            Duration::from_millis(policy.window_ms()),
+            policy.algorithm().is_bucket().then_some(policy.burst()),
+        )
+        .expect("a smaller limit is valid");
+        let clock = Arc::new(FakeClock::new(START));
+        let config = || StoreConfig::try_new(64, 4, OnFull::Deny).expect("valid config");
+        let swept = MemoryStore::new(config(), clock.clone());
+        let kept = MemoryStore::new(config(), clock.clone());
+        let mut now = START;
+        for (r, (use_other, sweep_pct)) in requests.iter().zip(&plan) {
+            let p = if *use_other { other } else { policy };
+            let item = CheckItem::new("p", p, "k", r.cost).expect("valid item");
+            prop_assert_eq!(swept.check_one(&item), kept.check_one(&item), "at {}", now);
+            // Sweep somewhere between this request and the next.
+            clock.set(now + r.step * sweep_pct / 100);
+            for _ in 0..4 {
+                swept.sweep_step();
+            }
+            now += r.step;
+            clock.set(now);
+        }
+    }
+}

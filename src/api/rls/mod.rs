@@ -10,13 +10,15 @@
 //!
 //! How the descriptors of one request count ([`CountMode`]):
 //!
-//! - `all_or_nothing` (the default): the enforced descriptors form one
-//!   all-or-nothing batch, so when any of them is over its limit none is
-//!   counted, and a denied hit is never counted. Shadow-mode and quota-mode
-//!   descriptors (whose denial does not deny the request) are decided on
-//!   their own, and `hits_addend: 0` probes only look. On a Redis Cluster
-//!   the descriptors are decided on their own (their keys live in different
-//!   slots), as the reference does.
+//! - `all_or_nothing` (the default): a request's hits are counted only when
+//!   it goes through, and a request that does not go through counts
+//!   nothing ([`RlsService::check_together`]). The enforced descriptors
+//!   form one all-or-nothing batch; probes (`hits_addend: 0`) are looked at
+//!   first; quota-mode descriptors, which deny only when all of them are
+//!   over, are tried with the batch until one fits; shadow-mode ones are
+//!   counted once the request is known to go through. On a Redis Cluster
+//!   the descriptors are decided on their own (their keys live in
+//!   different slots), as the reference does.
 //! - `reference`: envoyproxy/ratelimit's counting: each descriptor on its
 //!   own, and a denied hit spends what is left of its budget
 //!   ([`Spend::Always`]), which makes a fixed window decide exactly as the
@@ -39,7 +41,7 @@ use tonic::{Request, Response, Status};
 use super::error::ServiceError;
 use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
-use crate::backend::{Backend, Deadline, ItemResult};
+use crate::backend::{Backend, BackendError, Deadline, ItemResult};
 use crate::config::{BackendSettings, Config, CountMode, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
@@ -89,18 +91,6 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Where a descriptor's limit is decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    /// In the request's all-or-nothing batch.
-    Group,
-    /// On its own (shadow or quota mode, the reference's counting, a
-    /// Cluster).
-    Alone,
-    /// Looked at, not counted (`hits_addend: 0`).
-    Probe,
-}
-
 /// What the store said for one descriptor, if it was asked.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Outcome {
@@ -110,6 +100,114 @@ pub(crate) enum Outcome {
     Zero,
     /// The store's decision (or `on_error`'s).
     Decided(Decision),
+}
+
+impl Outcome {
+    /// Whether the descriptor is over its limit (a descriptor that fitted
+    /// but was not counted with an all-or-nothing batch is not).
+    fn over(self) -> bool {
+        match self {
+            Outcome::NoLimit => false,
+            Outcome::Zero => true,
+            Outcome::Decided(d) => !d.allowed && d.reason != Reason::BatchRejected,
+        }
+    }
+
+    /// Whether the store counted (or would have counted) the hits.
+    fn admitted(self) -> bool {
+        matches!(self, Outcome::Decided(d) if d.allowed)
+    }
+
+    /// Whether the store failed, and `store.on_error` passed it on.
+    pub(crate) fn failed(self) -> bool {
+        matches!(self, Outcome::Decided(d) if d.reason == Reason::Unavailable)
+    }
+}
+
+/// Answers of items that were only looked at, because the request does
+/// not go through: those that would have fitted are rejected with it.
+fn reject(results: &mut [ItemResult]) {
+    for decision in results.iter_mut().flatten() {
+        if decision.allowed {
+            decision.allowed = false;
+            decision.reason = Reason::BatchRejected;
+        }
+    }
+}
+
+/// What the store said about a request's descriptors so far, and the first
+/// failure that `store.on_error` passes on (`error`, or a fault).
+struct Answers {
+    outcomes: Vec<Outcome>,
+    failure: Option<BackendError>,
+}
+
+impl Answers {
+    fn new(descriptors: usize) -> Self {
+        Answers {
+            outcomes: vec![Outcome::NoLimit; descriptors],
+            failure: None,
+        }
+    }
+}
+
+/// What a descriptor's answer does to the request's overall code, as
+/// envoyproxy/ratelimit has it: declared once, for counting
+/// ([`RlsService::check_together`]), for a failure ([`RlsService::verdict`])
+/// and for the answer ([`status::respond`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Role {
+    /// A quota-mode descriptor: the request is denied only when every one
+    /// of them is over.
+    pub(crate) quota: bool,
+    /// Never over in the answer: a shadow-mode rule, or no limit.
+    pub(crate) never_over: bool,
+}
+
+impl Role {
+    /// The role of a descriptor; `None` for one that plays no part
+    /// (`unlimited`).
+    pub(crate) fn of(options: &RlsOptions, resolution: &Resolution<'_>) -> Option<Role> {
+        match resolution {
+            Resolution::Unlimited(_) => None,
+            Resolution::NoLimit(_) => Some(Role {
+                quota: options.quota_mode,
+                never_over: true,
+            }),
+            Resolution::Limited(applied) => Some(Role {
+                quota: options.quota_mode || applied.quota_mode(),
+                never_over: applied.shadow_mode(),
+            }),
+        }
+    }
+
+    /// Whether the descriptor over denies the request.
+    fn denies(self) -> bool {
+        !self.quota && !self.never_over
+    }
+}
+
+/// The quota-mode descriptors of a request: whether there are any, whether
+/// one is known to fit, whether one could not be decided.
+#[derive(Clone, Copy, Debug, Default)]
+struct QuotaState {
+    any: bool,
+    fits: bool,
+    failed: bool,
+}
+
+impl QuotaState {
+    fn add(&mut self, fits: bool, failed: bool) {
+        self.any = true;
+        self.fits |= fits && !failed;
+        self.failed |= failed;
+    }
+
+    /// Whether the request's fate rests on a quota-mode descriptor the
+    /// store failed on.
+    fn undecided(self) -> bool {
+        self.any && !self.fits && self.failed
+    }
 }
 
 impl RlsOptions {
@@ -186,65 +284,78 @@ impl<S: Backend> RlsService<S> {
             CountMode::Reference => Spend::Always,
             CountMode::AllOrNothing => Spend::WhenAdmitted,
         };
+        let mut answers = Answers::new(resolved.len());
         // The common case, one descriptor with a limit: one store call and
         // no lists to sort the answers back from.
         if let [Resolution::Limited(applied)] = resolved.as_slice()
             && let Some(item) = applied.check_item()
         {
-            let outcome = Outcome::Decided(self.check_alone(applied, item, spend, deadline).await?);
-            let outcomes = std::slice::from_ref(&outcome);
-            return Ok(status::respond(
-                &resolved,
-                outcomes,
-                &set,
-                &self.options,
-                &self.metrics,
-            ));
+            let result = self.check_alone(applied, item, spend, deadline).await;
+            self.settle_one(&mut answers, 0, &item, result);
+        } else {
+            // Boxed: its state is larger than the whole of the common
+            // case's, and would otherwise be part of every call's future.
+            Box::pin(self.check_many(&resolved, spend, deadline, &mut answers)).await;
         }
-        // Boxed: its state is larger than the whole of the common case's,
-        // and would otherwise be part of every call's future.
-        let outcomes = Box::pin(self.check_many(&resolved, spend, deadline)).await?;
+        self.verdict(&resolved, &answers)?;
         Ok(status::respond(
             &resolved,
-            &outcomes,
+            &answers.outcomes,
             &set,
             &self.options,
             &self.metrics,
         ))
     }
 
-    /// Where each descriptor is decided.
-    fn role(&self, applied: &Applied<'_>) -> Role {
-        let o = &self.options;
-        if applied.charge() == Charge::Probe {
-            Role::Probe
-        } else if o.count_mode == CountMode::Reference
-            || !o.one_batch
-            || o.shadow_mode
-            || o.quota_mode
-            || applied.shadow_mode()
-            || applied.quota_mode()
-        {
-            Role::Alone
+    /// Whether the answer stands although the store failed on some
+    /// descriptors (`store.on_error = "error"`, or a fault): it does when
+    /// it is the same whatever they would have said, and the call fails
+    /// with the store's error otherwise.
+    fn verdict(&self, resolved: &[Resolution<'_>], answers: &Answers) -> Result<(), ServiceError> {
+        let Some(error) = &answers.failure else {
+            return Ok(());
+        };
+        if self.options.shadow_mode {
+            // Every request goes through.
+            return Ok(());
+        }
+        let (mut enforced_failed, mut quota) = (false, QuotaState::default());
+        for (resolution, outcome) in resolved.iter().zip(&answers.outcomes) {
+            let Some(role) = Role::of(&self.options, resolution) else {
+                continue;
+            };
+            let (failed, over) = (outcome.failed(), outcome.over());
+            if role.quota {
+                quota.add(role.never_over || !over, failed);
+            } else if !role.never_over {
+                if over && !failed {
+                    // Denied, whatever the failed descriptors say.
+                    return Ok(());
+                }
+                enforced_failed |= failed;
+            }
+        }
+        if enforced_failed || quota.undecided() {
+            Err(error.clone().into())
         } else {
-            Role::Group
+            Ok(())
         }
     }
 
-    /// The decision for the one limited descriptor of a request.
+    /// The store's result for the one limited descriptor of a request.
     async fn check_alone(
         &self,
         applied: &Applied<'_>,
         item: CheckItem<'_>,
         spend: Spend,
         deadline: Deadline,
-    ) -> Result<Decision, ServiceError> {
-        let result = match self.role(applied) {
-            Role::Probe => {
+    ) -> ItemResult {
+        match applied.charge() {
+            Charge::Probe => {
                 self.store_ops.peek.increment(1);
                 self.backend.peek(&item, deadline).await
             }
-            Role::Group | Role::Alone => {
+            Charge::Hits(_) => {
                 self.store_ops.check.increment(1);
                 let item = item.with_spend(spend);
                 let mut result = self.backend.check_one(&item, deadline).await;
@@ -255,80 +366,265 @@ impl<S: Backend> RlsService<S> {
                 }
                 result
             }
-        };
-        result.or_else(|error| {
-            crate::log::store_failed(&error);
-            on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
-        })
+        }
     }
 
     /// Asks the store about every limited descriptor of a request that is
-    /// not the common case: the group in one all-or-nothing call, the
-    /// others in one independent call, probes by peeking.
+    /// not the common case.
     async fn check_many(
         &self,
         resolved: &[Resolution<'_>],
         spend: Spend,
         deadline: Deadline,
-    ) -> Result<Vec<Outcome>, ServiceError> {
-        let mut outcomes = Vec::with_capacity(resolved.len());
-        // Each list of store items, with the descriptor of each item.
-        let (mut group, mut alone, mut probes) =
-            (Batch::default(), Batch::default(), Batch::default());
-        // Whether an enforced descriptor is over before the store is asked.
-        let mut doomed = false;
+        answers: &mut Answers,
+    ) {
+        let o = &self.options;
+        if o.count_mode == CountMode::Reference || !o.one_batch || o.shadow_mode {
+            self.check_each(resolved, spend, deadline, answers).await;
+        } else {
+            self.check_together(resolved, deadline, answers).await;
+        }
+    }
+
+    /// Each descriptor on its own (the reference's counting, a Cluster, the
+    /// server's shadow mode, where every request goes through): the
+    /// counted ones in one independent call, probes by peeking.
+    async fn check_each(
+        &self,
+        resolved: &[Resolution<'_>],
+        spend: Spend,
+        deadline: Deadline,
+        answers: &mut Answers,
+    ) {
+        let (mut counted, mut probes) = (Batch::default(), Batch::default());
         for (i, resolution) in resolved.iter().enumerate() {
             let Resolution::Limited(applied) = resolution else {
-                outcomes.push(Outcome::NoLimit);
                 continue;
             };
-            let role = self.role(applied);
-            let Some(item) = applied.check_item() else {
-                // A limit of 0 is over whatever the store holds.
-                doomed |= role == Role::Group;
-                outcomes.push(Outcome::Zero);
-                continue;
-            };
-            outcomes.push(Outcome::NoLimit);
-            match role {
-                Role::Group => group.push(i, item),
-                Role::Alone => alone.push(i, item.with_spend(spend)),
-                Role::Probe => probes.push(i, item),
+            match (applied.check_item(), applied.charge()) {
+                (None, _) => answers.outcomes[i] = Outcome::Zero,
+                (Some(item), Charge::Probe) => probes.push(i, item),
+                (Some(item), Charge::Hits(_)) => counted.push(i, item.with_spend(spend)),
             }
         }
-        if group.items.len() == 1 && !doomed {
-            // One enforced descriptor: all or nothing is itself.
-            alone.descriptors.append(&mut group.descriptors);
-            alone.items.append(&mut group.items);
-        }
-
-        let (group_results, alone_results, probe_results) = tokio::join!(
-            async {
-                if doomed {
-                    self.peek_rejected(&group.items, deadline).await
-                } else {
-                    self.all_or_nothing(&group.items, deadline).await
-                }
-            },
-            self.independent(&alone.items, deadline),
+        let (counted_results, probe_results) = tokio::join!(
+            self.independent(&counted.items, deadline),
             self.peek_each(&probes.items, deadline),
         );
-        for (batch, results) in [
-            (&group, group_results),
-            (&alone, alone_results),
-            (&probes, probe_results),
-        ] {
-            for ((&descriptor, item), result) in
-                batch.descriptors.iter().zip(&batch.items).zip(results)
-            {
-                let decision = result.or_else(|error| {
-                    crate::log::store_failed(&error);
-                    on_backend_error(&error, self.options.on_error, item.policy(), Answer::Whole)
-                })?;
-                outcomes[descriptor] = Outcome::Decided(decision);
+        self.settle(answers, &counted, counted_results);
+        self.settle(answers, &probes, probe_results);
+    }
+
+    /// All or nothing: the request's hits are counted only when it goes
+    /// through, and a request that does not go through counts nothing.
+    ///
+    /// 1. Probes, and quota-mode descriptors when the answer depends on
+    ///    them, are looked at, all at once. An enforced probe over denies
+    ///    the request; so do quota-mode descriptors all over.
+    /// 2. The enforced descriptors are one all-or-nothing batch, with the
+    ///    first quota-mode descriptor that fitted when one must fit (and,
+    ///    only if another request took its budget in between, again with
+    ///    the next). With no enforced descriptor, the quota-mode ones that
+    ///    fitted are checked at once, each counted if it still fits.
+    /// 3. Shadow-mode descriptors, and quota-mode ones the answer no longer
+    ///    depends on, are counted once the request is known to go through,
+    ///    and answered as looked at (not counted) when it does not.
+    ///
+    /// Four store round trips at most (more only while other requests take
+    /// the budgets tried), one when every descriptor is enforced. A store
+    /// failure is answered for its descriptor, and fails the call only when
+    /// the answer depends on it ([`Self::verdict`]).
+    async fn check_together(
+        &self,
+        resolved: &[Resolution<'_>],
+        deadline: Deadline,
+        answers: &mut Answers,
+    ) {
+        let (mut group, mut quotas, mut rest, mut probes) = (
+            Batch::default(),
+            Batch::default(),
+            Batch::default(),
+            Batch::default(),
+        );
+        // Each probe's role, in order.
+        let mut probe_roles = Vec::new();
+        // Whether the request is over before the store is asked.
+        let mut doomed = false;
+        let mut quota = QuotaState::default();
+        for (i, resolution) in resolved.iter().enumerate() {
+            let Some(role) = Role::of(&self.options, resolution) else {
+                continue;
+            };
+            quota.any |= role.quota;
+            if role.quota && role.never_over {
+                quota.add(true, false);
+            }
+            let Resolution::Limited(applied) = resolution else {
+                continue;
+            };
+            let Some(item) = applied.check_item() else {
+                // A limit of 0 is over whatever the store holds.
+                answers.outcomes[i] = Outcome::Zero;
+                if role.quota && !role.never_over {
+                    quota.add(false, false);
+                }
+                doomed |= role.denies();
+                continue;
+            };
+            match applied.charge() {
+                Charge::Probe => {
+                    probes.push(i, item);
+                    probe_roles.push(role);
+                }
+                Charge::Hits(_) if role.never_over => rest.push(i, item),
+                Charge::Hits(_) if role.quota => quotas.push(i, item),
+                Charge::Hits(_) => group.push(i, item),
             }
         }
-        Ok(outcomes)
+
+        // 1. Look.
+        let look_at_quotas = !doomed && quota.any && !quota.fits;
+        let (probe_results, quota_looks) =
+            tokio::join!(self.peek_each(&probes.items, deadline), async {
+                if look_at_quotas {
+                    self.peek_each(&quotas.items, deadline).await
+                } else {
+                    Vec::new()
+                }
+            },);
+        self.settle(answers, &probes, probe_results);
+        for (&descriptor, role) in probes.descriptors.iter().zip(&probe_roles) {
+            let outcome = answers.outcomes[descriptor];
+            doomed |= role.denies() && outcome.over();
+            if role.quota && !role.never_over {
+                quota.add(!outcome.over(), outcome.failed());
+            }
+        }
+        // The quota-mode descriptors that fitted when looked at.
+        let mut fitting = Batch::default();
+        if look_at_quotas {
+            let mut looks = quota_looks;
+            reject(&mut looks);
+            self.settle(answers, &quotas, looks);
+            for (&descriptor, &item) in quotas.descriptors.iter().zip(&quotas.items) {
+                let outcome = answers.outcomes[descriptor];
+                quota.add(false, outcome.failed());
+                if !outcome.over() {
+                    fitting.push(descriptor, item);
+                }
+            }
+            quotas = Batch::default();
+        }
+        doomed |= quota.any && !quota.fits && fitting.items.is_empty();
+
+        // 2. Decide.
+        let mut admitted = false;
+        if doomed {
+            let mut results = self.peek_each(&group.items, deadline).await;
+            reject(&mut results);
+            self.settle(answers, &group, results);
+        } else if !quota.any || quota.fits {
+            admitted = self.try_group(&group, answers, deadline).await;
+        } else if group.items.is_empty() {
+            let results = self.independent(&fitting.items, deadline).await;
+            self.settle(answers, &fitting, results);
+            admitted = fitting
+                .descriptors
+                .iter()
+                .any(|&d| answers.outcomes[d].admitted());
+            fitting = Batch::default();
+        } else {
+            // One try, and another only when another request took the
+            // budget of the one tried since it was looked at.
+            let mut tried = 0;
+            for (&descriptor, &item) in fitting.descriptors.iter().zip(&fitting.items) {
+                tried += 1;
+                let mut with = Batch {
+                    descriptors: group.descriptors.clone(),
+                    items: group.items.clone(),
+                };
+                with.push(descriptor, item);
+                admitted = self.try_group(&with, answers, deadline).await;
+                if admitted
+                    || group
+                        .descriptors
+                        .iter()
+                        .any(|&d| answers.outcomes[d].over())
+                {
+                    break;
+                }
+            }
+            fitting.descriptors.drain(..tried);
+            fitting.items.drain(..tried);
+        }
+
+        // 3. What the answer no longer depends on.
+        rest.descriptors.append(&mut quotas.descriptors);
+        rest.items.append(&mut quotas.items);
+        if admitted {
+            rest.descriptors.append(&mut fitting.descriptors);
+            rest.items.append(&mut fitting.items);
+            let results = self.independent(&rest.items, deadline).await;
+            self.settle(answers, &rest, results);
+        } else {
+            let mut results = self.peek_each(&rest.items, deadline).await;
+            reject(&mut results);
+            self.settle(answers, &rest, results);
+        }
+    }
+
+    /// Decides `group` as one all-or-nothing batch (nothing to decide is
+    /// admitted); whether it was admitted.
+    async fn try_group(
+        &self,
+        group: &Batch<'_>,
+        answers: &mut Answers,
+        deadline: Deadline,
+    ) -> bool {
+        let results = if let [item] = group.items.as_slice() {
+            self.independent(std::slice::from_ref(item), deadline).await
+        } else {
+            self.all_or_nothing(&group.items, deadline).await
+        };
+        self.settle(answers, group, results);
+        group
+            .descriptors
+            .iter()
+            .all(|&d| answers.outcomes[d].admitted())
+    }
+
+    /// Records the store's results for `batch`.
+    fn settle(&self, answers: &mut Answers, batch: &Batch<'_>, results: Vec<ItemResult>) {
+        for ((&descriptor, item), result) in batch.descriptors.iter().zip(&batch.items).zip(results)
+        {
+            self.settle_one(answers, descriptor, item, result);
+        }
+    }
+
+    /// Records the store's result for one descriptor: a failure as
+    /// `store.on_error` has it, and the first failure it passes on.
+    fn settle_one(
+        &self,
+        answers: &mut Answers,
+        descriptor: usize,
+        item: &CheckItem<'_>,
+        result: ItemResult,
+    ) {
+        let decision = result.unwrap_or_else(|error| {
+            crate::log::store_failed(&error);
+            let decision = on_backend_error(
+                &error,
+                self.options.on_error,
+                item.policy(),
+                Answer::PerItem,
+            )
+            .expect("a failure answered per item is a decision");
+            if decision.reason == Reason::Unavailable && answers.failure.is_none() {
+                answers.failure = Some(error);
+            }
+            decision
+        });
+        answers.outcomes[descriptor] = Outcome::Decided(decision);
     }
 
     async fn all_or_nothing(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
@@ -386,27 +682,11 @@ impl<S: Backend> RlsService<S> {
         }
     }
 
-    /// The group of a request already over (a limit of 0 among its
-    /// enforced descriptors): nothing is counted, and what would have
-    /// fitted is answered as rejected with the batch.
-    async fn peek_rejected(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        let mut results = self.peek_each(items, deadline).await;
-        for decision in results.iter_mut().flatten() {
-            if decision.allowed {
-                decision.allowed = false;
-                decision.reason = Reason::BatchRejected;
-            }
-        }
-        results
-    }
-
+    /// Looks at each item, all at once.
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        let mut results = Vec::with_capacity(items.len());
-        for item in items {
-            self.store_ops.peek.increment(1);
-            results.push(self.backend.peek(item, deadline).await);
-        }
-        results
+        self.store_ops.peek.increment(items.len() as u64);
+        futures_util::future::join_all(items.iter().map(|item| self.backend.peek(item, deadline)))
+            .await
     }
 }
 

@@ -15,6 +15,9 @@
 //! - Shadow mode (the rule's) answers `OK` where the limit is over; the
 //!   server's `shadow_mode` turns only the overall code. Both are counted
 //!   in `quotad_rls_shadow_denials_total`.
+//! - A limit the store failed on (`store.on_error = "error"`, or a fault),
+//!   where the answer does not depend on it: `UNKNOWN`, counted in no
+//!   shadow denial. (Where the answer depends on it, the call fails.)
 //! - The overall code is `OVER_LIMIT` when a descriptor that is not in
 //!   quota mode is over, or when every quota-mode descriptor is.
 
@@ -25,7 +28,7 @@ use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 
-use super::{Outcome, RlsOptions};
+use super::{Outcome, RlsOptions, Role};
 use crate::metrics::{Metrics, NoLimitReason};
 use crate::policy::rls::{Applied, NoLimit, Resolution, RlsSet, Unit};
 
@@ -45,30 +48,30 @@ pub(super) fn respond(
     let mut closest: Option<usize> = None;
     let mut lowest = u32::MAX;
     for (i, (resolution, outcome)) in resolved.iter().zip(outcomes).enumerate() {
-        let (status, quota) = match resolution {
+        let status = match resolution {
             Resolution::NoLimit(why) => {
                 metrics.rls_no_limit(match why {
                     NoLimit::UnknownDomain => NoLimitReason::UnknownDomain,
                     NoLimit::NoMatch => NoLimitReason::NoMatch,
                     NoLimit::Replaced(_) => NoLimitReason::Replaced,
                 });
-                (status(Code::Ok, None, 0, None), options.quota_mode)
+                status(Code::Ok, None, 0, None)
             }
             Resolution::Unlimited(_) => {
                 metrics.rls_no_limit(NoLimitReason::Unlimited);
-                statuses.push(status(Code::Ok, None, u32::MAX, None));
-                continue;
+                status(Code::Ok, None, u32::MAX, None)
             }
-            Resolution::Limited(applied) => (
-                limited(applied, *outcome, set, &mut now),
-                options.quota_mode || applied.quota_mode(),
-            ),
+            Resolution::Limited(applied) => limited(applied, *outcome, set, &mut now),
+        };
+        let Some(role) = Role::of(options, resolution) else {
+            statuses.push(status);
+            continue;
         };
         if status.current_limit.is_some() && status.limit_remaining < lowest {
             (closest, lowest) = (Some(i), status.limit_remaining);
         }
         let over = status.code == Code::OverLimit as i32;
-        if quota {
+        if role.quota {
             quota_total += 1;
             quota_failed += usize::from(over);
         } else if over {
@@ -142,10 +145,20 @@ fn limited(
             (true, 0, now.window_end(unit))
         }
     };
-    let code = if over && !applied.shadow_mode() {
+    // A store failure `store.on_error` passed on: the call failed unless
+    // the answer does not depend on this descriptor (see `verdict`).
+    let failed = outcome.failed();
+    let code = if failed {
+        Code::Unknown
+    } else if over && !applied.shadow_mode() {
         Code::OverLimit
     } else {
-        if over && let Some(c) = counters {
+        let store_failure =
+            matches!(outcome, Outcome::Decided(d) if d.reason == Reason::FailClosed);
+        if over
+            && !store_failure
+            && let Some(c) = counters
+        {
             c.shadow_denial();
         }
         Code::Ok

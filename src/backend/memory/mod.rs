@@ -13,6 +13,10 @@ use quotad_core::{BatchMode, CheckItem, MemoryStore, Policy};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
+use crate::config::{Config, MemorySettings};
+use crate::metrics::Metrics;
+use crate::policy::PolicyRegistry;
+use crate::tasks::Tasks;
 
 pub mod snapshot;
 
@@ -42,7 +46,13 @@ impl Backend for MemoryStore {
         Ok(MemoryStore::peek(self, item))
     }
 
-    async fn reset(&self, name: &str, _policy: &Policy, key: &str) -> Result<(), BackendError> {
+    async fn reset(
+        &self,
+        name: &str,
+        _policy: &Policy,
+        key: &str,
+        _: Deadline,
+    ) -> Result<(), BackendError> {
         MemoryStore::reset(self, name, key);
         Ok(())
     }
@@ -60,6 +70,46 @@ impl Backend for MemoryStore {
             capacity: Some(self.config().max_keys() as u64),
         }
     }
+}
+
+/// The memory store of `settings`, loaded from its snapshot when it has
+/// one, with its background tasks (the sweep, periodic snapshots) started.
+///
+/// # Errors
+///
+/// [`crate::Error::Snapshot`] for a snapshot that cannot be read under
+/// `on_bad_file = "refuse"`, [`crate::Error::SnapshotWrite`] when the first
+/// snapshot cannot be written (a folder quotad cannot write to stops it
+/// here, not at the next restart with every budget lost).
+pub(crate) async fn start(
+    settings: &MemorySettings,
+    config: &Config,
+    registry: &Arc<PolicyRegistry>,
+    metrics: &Arc<Metrics>,
+    tasks: &mut Tasks,
+) -> Result<Arc<MemoryStore>, crate::Error> {
+    let clock = Arc::clone(config.clock());
+    let store = match &settings.snapshot {
+        Some(snapshot) => {
+            snapshot::load(snapshot, settings.store, clock, config.policies(), metrics)?
+        }
+        None => MemoryStore::new(settings.store, clock),
+    };
+    let store = Arc::new(store);
+    if let Some(snapshot) = &settings.snapshot {
+        snapshot::remove_leftovers(&snapshot.path);
+        snapshot::write_now(&store, &snapshot.path, registry, metrics).await?;
+        if let Some(interval) = snapshot.interval {
+            let (store, path) = (Arc::clone(&store), snapshot.path.clone());
+            let (registry, metrics) = (Arc::clone(registry), Arc::clone(metrics));
+            tasks.spawn(move |stop| {
+                snapshot::periodic(store, path, interval, registry, metrics, stop)
+            });
+        }
+    }
+    let (swept, interval) = (Arc::clone(&store), settings.sweep_interval);
+    tasks.spawn(|stop| sweep(swept, interval, stop));
+    Ok(store)
 }
 
 /// Runs the incremental sweep until `stop` is cancelled: one shard per

@@ -1,41 +1,66 @@
 //! The connection to Redis, and one call over it with a deadline.
 //!
+//! Everything a call needs from one connection is a [`Link`]: the
+//! connection itself, the clock bounds learnt from its replies and its
+//! generation. A call takes the current link first and uses that one link
+//! throughout (its deadline, its request, the bounds its reply records), so
+//! nothing learnt from or about an old connection touches a new one.
+//!
+//! **Judged by silence.** A connection (a standalone server's, or one
+//! Cluster node's) is replaced when requests have been outstanding on it
+//! for [`RedisSettings::reconnect_after_timeouts`] times the store timeout
+//! with no reply at all. Replies on one connection come in order, so that
+//! silence means the oldest request has waited that long, whatever the
+//! deadlines of the calls that sent them: callers with deadlines far
+//! shorter than the store timeout (Envoy's 20 ms) still get a blackholed
+//! connection replaced. A request whose caller gave up is still awaited in
+//! the background (at most [`MAX_LATE_WAITS`] at once, each for at most
+//! [`LATE_REPLY_WAIT`], also after its connection was replaced), both to
+//! count what Redis did with it and to keep judging the connection.
+//!
 //! **Standalone**: one multiplexed connection, replaced by quotad itself
 //! (the client library reconnects only on errors it deems unrecoverable,
 //! so a half-open TCP connection would stall every call until the kernel
 //! gives up, minutes later):
 //! - at once on a broken connection (I/O error, reset, EOF), on `READONLY`
 //!   (a failover behind the same name: the connection reaches a replica)
-//!   and on refused credentials;
-//! - after [`RedisSettings::reconnect_after_timeouts`] consecutive calls
-//!   timed out (a partition, a blackholed or half-open connection);
-//! - TCP keepalive probes every few seconds find a dead peer even when no
-//!   call is waiting.
+//!   and on refused credentials, when the call that saw it went over the
+//!   current connection (a late failure of an old one changes nothing);
+//! - when silent, as above;
+//! - the kernel drops a connection whose sent data goes unacknowledged for
+//!   [`user_timeout`] (`TCP_USER_TIMEOUT`), and TCP keepalive probes find
+//!   a dead peer of an idle one.
 //!
-//! While no connection is up, a call tries to connect once (one attempt at a
-//! time; a refused connection fails at once) and a failed attempt is not
-//! repeated for [`RETRY_CONNECT_AFTER`]: calls in between fail at once with
-//! its error instead of waiting out their timeout.
+//! While no connection is up, one attempt to connect runs at a time, as a
+//! task of its own bounded by the store timeout: calls wait for it up to
+//! their own deadline, and an attempt outlives the calls that started it,
+//! so callers whose deadlines are all shorter than a connect (TLS, a far
+//! region) still get connected. A failed attempt is not repeated for
+//! [`RETRY_CONNECT_AFTER`]: calls in between fail at once with its error.
 //!
 //! **Cluster**: the client library's cluster connection, one multiplexed
 //! connection per node, each call bounded by its own timeout, so a stalled
 //! node holds up only the calls routed to it. Requests are never retried by
-//! the library: a script whose reply was lost may have run.
-//!
-//! A call that times out is answered as failed at once, and its reply is
-//! still awaited in the background (for [`LATE_REPLY_WAIT`] at most) to
-//! count what Redis did with it: refused as late, or run (the residual
-//! window `docs/redis.md` describes).
+//! the library: a script whose reply was lost may have run. The library
+//! follows `MOVED` and reconnects a node on I/O errors, but a node that
+//! stops answering with its sockets open (a hung host, SIGSTOP) is never
+//! replaced nor its failover followed: quotad keeps its own map of which
+//! primary serves which slot, judges each primary by silence, and makes
+//! the whole cluster connection anew (slot map included) when one is
+//! silent, as a task of its own, the old one serving meanwhile.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use futures_util::FutureExt as _;
+use futures_util::future::{BoxFuture, Shared};
+use redis::aio::{ConnectionLike as _, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
 use redis::{
@@ -43,7 +68,7 @@ use redis::{
     ServerErrorKind, Value,
 };
 
-use super::deadline::Offsets;
+use super::deadline::{Offsets, ceil_ms, floor_ms};
 use super::errors::{Class, classify, to_backend_error};
 use super::{RedisSettings, RedisTarget, redact};
 use crate::backend::BackendError;
@@ -52,19 +77,29 @@ use crate::backend::Deadline;
 /// How long a failed connection attempt stands before a call tries again.
 pub(super) const RETRY_CONNECT_AFTER: Duration = Duration::from_millis(50);
 
-/// How long the reply to a call that timed out is still awaited, to count
-/// what Redis did with it.
-pub(super) const LATE_REPLY_WAIT: Duration = Duration::from_secs(30);
+/// How long the reply to a call that timed out is still awaited, at most,
+/// to count what Redis did with it.
+pub(super) const LATE_REPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// Replies awaited in the background at once, at most: past it, a request
+/// whose caller gave up is dropped with its command (its outcome is not
+/// counted), so a dead Redis under heavy traffic cannot pile them up.
+pub(super) const MAX_LATE_WAITS: usize = 4_096;
 
 /// TCP keepalive: first probe after this much idle time, then one every
 /// [`KEEPALIVE_INTERVAL`], the connection dropped after 3 unanswered.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The shortest `TCP_USER_TIMEOUT`: below a few seconds, a lost packet and
+/// its retransmission could end a healthy connection.
+const MIN_USER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Counts the backend reports for the metrics.
 #[derive(Debug, Default)]
 pub(super) struct Counts {
     pub(super) connects: AtomicU64,
+    pub(super) connected: AtomicU64,
     pub(super) connect_failures: AtomicU64,
     pub(super) late_refused: AtomicU64,
     pub(super) late_counted: AtomicU64,
@@ -80,6 +115,9 @@ pub(super) enum CallError {
     Failed(BackendError),
     /// `EVALSHA` of a script Redis has not loaded.
     NoScript(BackendError),
+    /// A key holds state the script cannot read; the detail names the key,
+    /// so it is not for callers' eyes or logs as it is.
+    Corrupt(String),
 }
 
 impl CallError {
@@ -89,33 +127,34 @@ impl CallError {
         match self {
             CallError::TimedOut => bound.timed_out(),
             CallError::Failed(e) | CallError::NoScript(e) => e,
+            CallError::Corrupt(_) => BackendError::Internal(CORRUPT_STATE.to_owned()),
         }
     }
 }
+
+/// The message of corrupt state, without the key (which may be a secret).
+pub(super) const CORRUPT_STATE: &str = "redis holds state quotad cannot read";
 
 /// How long one call may wait for its reply: until the store's own timeout
 /// or the caller's deadline, whichever comes first.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Bound {
     /// When the call began.
-    pub(super) started: Instant,
-    /// Local wall-clock ms since the epoch, read just before `started`.
-    pub(super) started_ms: u64,
+    started: Instant,
     /// When quotad stops waiting and answers the call as failed.
-    pub(super) until: Instant,
-    /// The store's own timeout, unless the caller's deadline is earlier.
+    until: Instant,
+    /// The store's own timeout.
     timeout: Duration,
-    /// Whether `until` is the store's own timeout (not a caller's deadline):
-    /// only those timeouts count towards replacing the connection.
+    /// Whether `until` is the store's own timeout (not a caller's deadline).
     own: bool,
 }
 
 impl Bound {
     fn new(timeout: Duration, deadline: Deadline) -> Self {
-        let started_ms = local_ms();
         let started = Instant::now();
         let own = started.checked_add(timeout);
         let (until, is_own) = match (deadline.instant(), own) {
+            // Equal: the store's own timeout, for the message.
             (Some(d), Some(o)) if d < o => (d, false),
             (Some(d), None) => (d, false),
             (_, Some(o)) => (o, true),
@@ -124,19 +163,16 @@ impl Bound {
         };
         Bound {
             started,
-            started_ms,
             until,
             timeout,
             own: is_own,
         }
     }
 
-    /// The wall-clock ms at which quotad gives up: never later than the
-    /// moment it does, as `started_ms` was read first and ms are floored.
+    /// The local monotonic ms at which quotad gives up, rounded down: never
+    /// later than the moment it does.
     pub(super) fn give_up_ms(&self) -> u64 {
-        let span =
-            u64::try_from(self.until.duration_since(self.started).as_millis()).unwrap_or(u64::MAX);
-        self.started_ms.saturating_add(span)
+        floor_ms(self.until)
     }
 
     fn left(&self) -> Duration {
@@ -158,79 +194,328 @@ impl Bound {
 /// What the background wait learns from a reply that came too late.
 pub(super) type LateReply = Box<dyn FnOnce(&RedisResult<Value>) + Send>;
 
-pub(super) struct Connections {
-    kind: Kind,
-    timeout: Duration,
-    replace_after: u32,
-    consecutive_timeouts: AtomicU32,
+/// Whether requests wait on a connection with no reply coming back.
+#[derive(Debug, Default)]
+struct Health {
+    state: Mutex<Silence>,
+}
+
+#[derive(Debug, Default)]
+struct Silence {
+    /// Requests sent and neither answered nor given up.
+    in_flight: u64,
+    /// Local ms of the last reply, or of the first request sent after the
+    /// connection was idle: the oldest request has waited since then.
+    since: u64,
+}
+
+impl Health {
+    fn sent(&self) {
+        let now = floor_ms(Instant::now());
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.in_flight == 0 {
+            s.since = now;
+        }
+        s.in_flight += 1;
+    }
+
+    fn answered(&self) {
+        let now = floor_ms(Instant::now());
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.in_flight = s.in_flight.saturating_sub(1);
+        s.since = now;
+    }
+
+    fn abandoned(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.in_flight = s.in_flight.saturating_sub(1);
+    }
+
+    /// How long requests have waited with no reply; `None` when none waits.
+    fn silent_for(&self) -> Option<Duration> {
+        let now = floor_ms(Instant::now());
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (s.in_flight > 0).then(|| Duration::from_millis(now.saturating_sub(s.since)))
+    }
+}
+
+/// Keeps [`Health`] right when a request is dropped unanswered.
+struct InFlight(Option<Arc<Health>>);
+
+impl InFlight {
+    fn start(health: Option<Arc<Health>>) -> Self {
+        if let Some(h) = &health {
+            h.sent();
+        }
+        InFlight(health)
+    }
+
+    fn finish(mut self, result: &RedisResult<Value>) {
+        if let Some(h) = self.0.take() {
+            match result {
+                // No reply: the connection failed or the library gave up.
+                Err(e) if e.is_io_error() || e.is_timeout() => h.abandoned(),
+                _ => h.answered(),
+            }
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.abandoned();
+        }
+    }
+}
+
+/// Which primary serves which slot, as `CLUSTER SLOTS` said.
+#[derive(Debug, Default)]
+struct SlotMap {
+    /// (first slot, last slot, primary `host:port`), by first slot.
+    ranges: Vec<(u16, u16, Arc<str>)>,
+}
+
+impl SlotMap {
+    fn parse(reply: &Value) -> Option<SlotMap> {
+        let Value::Array(entries) = reply else {
+            return None;
+        };
+        let int = |v: &Value| match v {
+            Value::Int(i) => u16::try_from(*i).ok(),
+            _ => None,
+        };
+        let mut ranges = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let Value::Array(parts) = entry else {
+                return None;
+            };
+            let (Some(start), Some(end), Some(Value::Array(node))) = (
+                parts.first().and_then(int),
+                parts.get(1).and_then(int),
+                parts.get(2),
+            ) else {
+                return None;
+            };
+            let host = match node.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => return None,
+            };
+            let port = match node.get(1) {
+                Some(Value::Int(p)) => *p,
+                _ => return None,
+            };
+            ranges.push((start, end, Arc::from(format!("{host}:{port}"))));
+        }
+        ranges.sort_by_key(|r| r.0);
+        Some(SlotMap { ranges })
+    }
+
+    fn node(&self, slot: u16) -> Option<&Arc<str>> {
+        let i = self
+            .ranges
+            .partition_point(|r| r.0 <= slot)
+            .checked_sub(1)?;
+        let (_, end, node) = &self.ranges[i];
+        (slot <= *end).then_some(node)
+    }
+
+    /// Every primary, with the first slot it serves.
+    fn primaries(&self) -> Vec<(u16, Arc<str>)> {
+        let mut seen: Vec<(u16, Arc<str>)> = Vec::new();
+        for (start, _, node) in &self.ranges {
+            if !seen.iter().any(|(_, n)| n == node) {
+                seen.push((*start, node.clone()));
+            }
+        }
+        seen
+    }
+}
+
+/// One connection and what was learnt through it.
+pub(super) struct Link {
+    generation: u64,
+    conn: Conn,
+    /// Bounds on Redis's clock from this connection's replies.
     pub(super) offsets: Offsets,
-    pub(super) counts: std::sync::Arc<Counts>,
 }
 
-enum Kind {
-    Standalone(Box<Standalone>),
-    Cluster(ClusterConnection),
+enum Conn {
+    Standalone {
+        conn: MultiplexedConnection,
+        health: Arc<Health>,
+    },
+    Cluster {
+        conn: ClusterConnection,
+        map: SlotMap,
+        health: HashMap<Arc<str>, Arc<Health>>,
+    },
 }
 
-struct Standalone {
-    client: redis::Client,
-    config: AsyncConnectionConfig,
-    link: Mutex<Link>,
-    /// Held while connecting, so one attempt runs at a time.
-    connecting: tokio::sync::Mutex<()>,
+impl Link {
+    /// The primary serving `slot` (`None` on a standalone server, or for a
+    /// slot the map does not cover), with its health.
+    fn node(&self, slot: u16) -> Option<(&Arc<str>, &Arc<Health>)> {
+        match &self.conn {
+            Conn::Standalone { .. } => None,
+            Conn::Cluster { map, health, .. } => {
+                let node = map.node(slot)?;
+                Some((node, health.get(node)?))
+            }
+        }
+    }
+
+    fn health(&self, slot: u16) -> Option<&Arc<Health>> {
+        match &self.conn {
+            Conn::Standalone { health, .. } => Some(health),
+            Conn::Cluster { .. } => self.node(slot).map(|(_, h)| h),
+        }
+    }
+
+    /// One request as an owned future, so that it can outlive the caller;
+    /// on a Cluster, sent to the primary serving `slot`.
+    fn request(&self, slot: u16, cmd: Cmd) -> BoxFuture<'static, RedisResult<Value>> {
+        let health = self.health(slot).cloned();
+        match &self.conn {
+            Conn::Standalone { conn, .. } => {
+                let mut conn = conn.clone();
+                Box::pin(async move {
+                    let in_flight = InFlight::start(health);
+                    let result = match conn.req_packed_command(&cmd).await {
+                        Ok(v) => v.extract_error(),
+                        Err(e) => Err(e),
+                    };
+                    in_flight.finish(&result);
+                    result
+                })
+            }
+            Conn::Cluster { conn, .. } => {
+                let mut conn = conn.clone();
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::new(slot, SlotAddr::Master),
+                ));
+                Box::pin(async move {
+                    let in_flight = InFlight::start(health);
+                    let result = match conn.route_command(cmd, routing).await {
+                        Ok(v) => v.extract_error(),
+                        Err(e) => Err(e),
+                    };
+                    in_flight.finish(&result);
+                    result
+                })
+            }
+        }
+    }
 }
 
-enum Link {
-    Up(MultiplexedConnection),
+/// A connection attempt in progress, shared by every call waiting for it.
+type Attempt = Shared<BoxFuture<'static, Result<Arc<Link>, BackendError>>>;
+
+enum State {
+    Up(Arc<Link>),
     Down {
         error: BackendError,
         at: Option<Instant>,
     },
 }
 
+enum Target {
+    Standalone {
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+    },
+    Cluster(ClusterClient),
+}
+
+struct Inner {
+    target: Target,
+    timeout: Duration,
+    /// The bound of one connection attempt.
+    connect_within: Duration,
+    /// Silence after which a connection is replaced.
+    silence: Duration,
+    generations: AtomicU64,
+    state: Mutex<State>,
+    /// The attempt running now; locked before `state` when both are.
+    attempt: Mutex<Option<Attempt>>,
+    /// A Cluster's last failed attempt: the next waits for the timeout.
+    failed_at: Mutex<Option<Instant>>,
+    late_waits: AtomicUsize,
+    counts: Arc<Counts>,
+}
+
+pub(super) struct Connections {
+    inner: Arc<Inner>,
+    pub(super) counts: Arc<Counts>,
+}
+
 impl std::fmt::Debug for Connections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.kind {
-            Kind::Standalone(_) => "standalone",
-            Kind::Cluster(_) => "cluster",
+        let kind = match self.inner.target {
+            Target::Standalone { .. } => "standalone",
+            Target::Cluster(_) => "cluster",
         };
         f.debug_struct("Connections")
             .field("kind", &kind)
-            .field("timeout", &self.timeout)
+            .field("timeout", &self.inner.timeout)
             .finish_non_exhaustive()
     }
 }
 
-fn tcp_settings() -> TcpSettings {
-    TcpSettings::default().set_nodelay(true).set_keepalive(
-        TcpKeepalive::new()
-            .with_time(KEEPALIVE_IDLE)
-            .with_interval(KEEPALIVE_INTERVAL)
-            .with_retries(3),
-    )
+/// `TCP_USER_TIMEOUT`: sent data unacknowledged this long ends the
+/// connection in the kernel (a dead host, a partition), whether or not a
+/// call is waiting. The silence that replaces a connection, and never less
+/// than [`MIN_USER_TIMEOUT`].
+pub(super) fn user_timeout(settings: &RedisSettings) -> Duration {
+    silence(settings).max(MIN_USER_TIMEOUT)
+}
+
+/// The Cluster library's bound on one request: the silence, and one
+/// timeout more.
+fn library_timeout(settings: &RedisSettings) -> Duration {
+    silence(settings).saturating_add(settings.timeout)
+}
+
+fn silence(settings: &RedisSettings) -> Duration {
+    settings
+        .timeout
+        .saturating_mul(settings.reconnect_after_timeouts.max(1))
+}
+
+fn tcp_settings(settings: &RedisSettings) -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(
+            TcpKeepalive::new()
+                .with_time(KEEPALIVE_IDLE)
+                .with_interval(KEEPALIVE_INTERVAL)
+                .with_retries(3),
+        )
+        .set_user_timeout(user_timeout(settings))
 }
 
 fn unavailable(e: &RedisError) -> BackendError {
     BackendError::Unavailable(redact(&format!("redis: {e}")))
 }
 
-/// Local wall-clock milliseconds since the epoch.
+/// The arrival of a reply, in local monotonic ms rounded up: never earlier
+/// than the moment it arrived.
 pub(super) fn local_ms() -> u64 {
-    use quotad_core::Clock as _;
-    quotad_core::SystemClock.now_ms()
+    ceil_ms(Instant::now())
 }
 
 impl Connections {
     /// Connects and reads the time of every primary.
     pub(super) async fn connect(settings: &RedisSettings) -> Result<Self, BackendError> {
         let timeout = settings.timeout;
-        let kind = match &settings.target {
+        let target = match &settings.target {
             RedisTarget::Standalone(url) => {
                 let info = url
                     .as_str()
                     .into_connection_info()
                     .map_err(|e| unavailable(&e))?
-                    .set_tcp_settings(tcp_settings());
+                    .set_tcp_settings(tcp_settings(settings));
                 let client = if settings.tls.is_set() {
                     redis::Client::build_with_tls(info, settings.tls.load()?)
                 } else {
@@ -241,257 +526,158 @@ impl Connections {
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(None)
                     .set_pipeline_buffer_size(1024);
-                Kind::Standalone(Box::new(Standalone {
-                    client,
-                    config,
-                    link: Mutex::new(Link::Down {
-                        error: BackendError::Unavailable("redis: not connected yet".to_owned()),
-                        at: None,
-                    }),
-                    connecting: tokio::sync::Mutex::new(()),
-                }))
+                Target::Standalone { client, config }
             }
             RedisTarget::Cluster(nodes) => {
+                // The library's own bound on a request outlives the silence
+                // that replaces a node by one timeout, so that a silent
+                // node's requests are still waiting when it is judged.
                 let mut builder = ClusterClient::builder(nodes.clone())
                     .connection_timeout(timeout)
-                    .response_timeout(timeout)
+                    .response_timeout(library_timeout(settings))
                     .retries(0)
-                    .tcp_settings(tcp_settings());
+                    .tcp_settings(tcp_settings(settings));
                 if settings.tls.is_set() {
                     builder = builder.certs(settings.tls.load()?);
                 }
-                let client = builder.build().map_err(|e| unavailable(&e))?;
-                let connect = client.get_async_connection();
-                let connection = tokio::time::timeout(timeout, connect)
-                    .await
-                    .map_err(|_| timed_out(timeout))?
-                    .map_err(|e| unavailable(&e))?;
-                Kind::Cluster(connection)
+                Target::Cluster(builder.build().map_err(|e| unavailable(&e))?)
             }
         };
-        let connections = Connections {
-            kind,
+        let counts = Arc::new(Counts::default());
+        let connect_within = match target {
+            Target::Standalone { .. } => timeout,
+            // Every seed node, the slot map, every primary: each step may
+            // wait out the library's bound on a silent node, and the last
+            // two the timeout.
+            Target::Cluster(_) => timeout
+                .saturating_add(library_timeout(settings))
+                .saturating_mul(2)
+                .saturating_add(timeout.saturating_mul(2)),
+        };
+        let inner = Arc::new(Inner {
+            target,
             timeout,
-            replace_after: settings.reconnect_after_timeouts,
-            consecutive_timeouts: AtomicU32::new(0),
-            offsets: Offsets::default(),
-            counts: std::sync::Arc::default(),
-        };
-        let started = Instant::now();
-        match &connections.kind {
-            Kind::Standalone(s) => {
-                connections.standalone(s, started).await?;
-            }
-            Kind::Cluster(c) => {
-                connections.probe_all(c.clone()).await?;
-            }
-        }
-        Ok(connections)
+            connect_within,
+            silence: silence(settings),
+            generations: AtomicU64::new(0),
+            state: Mutex::new(State::Down {
+                error: BackendError::Unavailable("redis: not connected yet".to_owned()),
+                at: None,
+            }),
+            attempt: Mutex::new(None),
+            failed_at: Mutex::new(None),
+            late_waits: AtomicUsize::new(0),
+            counts: Arc::clone(&counts),
+        });
+        let first = Arc::clone(&inner).attempt_now().await?;
+        drop(first);
+        Ok(Connections { inner, counts })
     }
 
     /// The bound of a call starting now, for a caller whose deadline is
     /// `deadline`.
     pub(super) fn bound(&self, deadline: Deadline) -> Bound {
-        Bound::new(self.timeout, deadline)
+        Bound::new(self.inner.timeout, deadline)
     }
 
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self.kind, Kind::Cluster(_))
+        matches!(self.inner.target, Target::Cluster(_))
     }
 
-    /// The standalone connection, connecting first if there is none (and a
-    /// recent attempt has not just failed).
-    async fn standalone(
+    /// The link a call to `slot` goes over: the current one, or (with none
+    /// up) the one the running connection attempt makes, waited for until
+    /// `bound`. A link whose connection has gone silent is replaced first.
+    pub(super) async fn link(&self, slot: u16, bound: &Bound) -> Result<Arc<Link>, CallError> {
+        // The common case, without the attempt's lock: a link up and
+        // answering.
+        if let State::Up(link) = &*self.inner.state.lock().unwrap_or_else(|p| p.into_inner()) {
+            let silent = link
+                .health(slot)
+                .and_then(|h| h.silent_for())
+                .is_some_and(|s| s >= self.inner.silence);
+            if !silent {
+                return Ok(Arc::clone(link));
+            }
+        }
+        let attempt = {
+            let mut attempt = self.inner.attempt.lock().unwrap_or_else(|p| p.into_inner());
+            let current = {
+                let state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+                match &*state {
+                    State::Up(link) => Some(Arc::clone(link)),
+                    State::Down {
+                        error,
+                        at: Some(at),
+                    } if at.elapsed() < RETRY_CONNECT_AFTER => {
+                        return Err(CallError::Failed(error.clone()));
+                    }
+                    State::Down { .. } => None,
+                }
+            };
+            match current {
+                Some(link) if !self.inner.judge(&link, slot, &mut attempt) => return Ok(link),
+                // A Cluster keeps its old connection while a new one is
+                // made: only the silent node's calls fail meanwhile.
+                Some(link) if self.is_cluster() => return Ok(link),
+                _ => {}
+            }
+            match &*attempt {
+                Some(running) => running.clone(),
+                None => Arc::clone(&self.inner).start_attempt(&mut attempt),
+            }
+        };
+        match tokio::time::timeout(bound.left(), attempt).await {
+            Ok(Ok(link)) => Ok(link),
+            Ok(Err(e)) => Err(CallError::Failed(e)),
+            Err(_) => Err(CallError::TimedOut),
+        }
+    }
+
+    /// The deadline, in Redis's clock, for a call to `slot` over `link`
+    /// bounded by `bound`; reads the node's clock first if none is known.
+    /// One millisecond early: the script compares whole milliseconds of a
+    /// microsecond clock, so it may run until just before the next one.
+    pub(super) async fn deadline(
         &self,
-        s: &Standalone,
-        started: Instant,
-    ) -> Result<MultiplexedConnection, BackendError> {
-        if let Some(conn) = s.up() {
-            return Ok(conn);
-        }
-        let left = self.timeout.saturating_sub(started.elapsed());
-        let _guard = tokio::time::timeout(left, s.connecting.lock())
-            .await
-            .map_err(|_| timed_out(self.timeout))?;
-        // Someone else may have connected, or failed, while we waited.
-        {
-            let link = s.link.lock().unwrap_or_else(|p| p.into_inner());
-            match &*link {
-                Link::Up(conn) => return Ok(conn.clone()),
-                Link::Down {
-                    error,
-                    at: Some(at),
-                } if at.elapsed() < RETRY_CONNECT_AFTER => return Err(error.clone()),
-                Link::Down { .. } => {}
-            }
-        }
-        self.counts.connects.fetch_add(1, Ordering::Relaxed);
-        let left = self.timeout.saturating_sub(started.elapsed());
-        let attempt = async {
-            let mut conn = s
-                .client
-                .get_multiplexed_async_connection_with_config(&s.config)
-                .await
-                .map_err(|e| to_backend_error(classify(&e), &e))?;
-            // The first reply's clock: every script after it carries a
-            // deadline in this server's time.
-            let sent = local_ms();
-            let time: (u64, u64) = redis::cmd("TIME")
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| to_backend_error(classify(&e), &e))?;
-            self.offsets.clear();
-            self.offsets.record(0, redis_ms(time), local_ms().max(sent));
-            Ok::<_, BackendError>(conn)
-        };
-        let result = match tokio::time::timeout(left, attempt).await {
-            Ok(result) => result,
-            Err(_) => Err(timed_out(self.timeout)),
-        };
-        let mut link = s.link.lock().unwrap_or_else(|p| p.into_inner());
-        match result {
-            Ok(conn) => {
-                tracing::info!("connected to redis");
-                self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                *link = Link::Up(conn.clone());
-                Ok(conn)
-            }
-            Err(error) => {
-                self.counts.connect_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, "cannot connect to redis");
-                *link = Link::Down {
-                    error: error.clone(),
-                    at: Some(Instant::now()),
-                };
-                Err(error)
-            }
-        }
-    }
-
-    /// Reads `TIME` from every primary of a Cluster, as the bound for slots
-    /// that have not answered yet.
-    async fn probe_all(&self, mut c: ClusterConnection) -> Result<(), BackendError> {
-        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let reply =
-            tokio::time::timeout(self.timeout, c.route_command(redis::cmd("TIME"), routing))
-                .await
-                .map_err(|_| timed_out(self.timeout))?
-                .map_err(|e| to_backend_error(classify(&e), &e))?;
-        let received = local_ms();
-        let mut times = Vec::new();
-        collect_times(&reply, &mut times);
-        if times.is_empty() {
-            return Err(BackendError::Internal(format!(
-                "redis cluster answered TIME with {reply:?}"
-            )));
-        }
-        for (i, t) in times.into_iter().enumerate() {
-            // Pseudo-slots past the last real one: they stand only for slots
-            // with no reply of their own.
-            let probe = 16_384 + u16::try_from(i).unwrap_or(0);
-            self.offsets.record(probe, t, received);
-        }
-        Ok(())
-    }
-
-    /// Reads `TIME` from the node serving `slot`.
-    async fn probe_slot(&self, slot: u16, bound: &Bound) -> Result<(), CallError> {
-        let sent = local_ms();
-        let reply = match &self.kind {
-            Kind::Standalone(_) => self.call(redis::cmd("TIME"), bound, None).await?,
-            Kind::Cluster(c) => {
-                let mut c = c.clone();
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::new(slot, SlotAddr::Master),
-                ));
-                tokio::time::timeout(bound.left(), c.route_command(redis::cmd("TIME"), routing))
-                    .await
-                    .map_err(|_| CallError::TimedOut)?
-                    .map_err(|e| CallError::Failed(to_backend_error(classify(&e), &e)))?
-            }
-        };
-        let mut times = Vec::new();
-        collect_times(&reply, &mut times);
-        let t = times.first().copied().ok_or_else(|| {
-            CallError::Failed(BackendError::Internal(format!(
-                "redis answered TIME with {reply:?}"
-            )))
-        })?;
-        self.offsets.record(slot, t, local_ms().max(sent));
-        Ok(())
-    }
-
-    /// The deadline, in Redis's clock, for a call to `slot` bounded by
-    /// `bound`; reads the node's clock first if none is known.
-    pub(super) async fn deadline(&self, slot: u16, bound: &Bound) -> Result<u64, CallError> {
+        link: &Arc<Link>,
+        slot: u16,
+        bound: &Bound,
+    ) -> Result<u64, CallError> {
         let give_up_ms = bound.give_up_ms();
-        if let Some(d) = self.offsets.deadline(slot, give_up_ms) {
+        if let Some(d) = link.offsets.deadline(slot, give_up_ms) {
             return Ok(d);
         }
-        self.probe_slot(slot, bound).await?;
-        self.offsets
+        let reply = self
+            .call(link, slot, redis::cmd("TIME"), bound, None)
+            .await?;
+        let t = first_time(&reply).map_err(CallError::Failed)?;
+        link.offsets.record(slot, t, local_ms());
+        link.offsets
             .deadline(slot, give_up_ms)
             .ok_or(CallError::TimedOut)
     }
 
-    /// Sends `cmd` and waits for its reply until `bound.until`. On a
-    /// timeout the reply is awaited in the background and handed to `late`.
-    ///
-    /// Connecting, when no connection is up, is bounded by the store's own
-    /// timeout alone: a caller's short deadline must not fail an attempt
-    /// that other calls then reuse.
+    /// Sends `cmd` over `link` (on a Cluster, to the primary serving
+    /// `slot`) and waits for its reply until `bound.until`. On a timeout the
+    /// reply is awaited in the background and handed to `late`.
     pub(super) async fn call(
         &self,
+        link: &Arc<Link>,
+        slot: u16,
         cmd: Cmd,
         bound: &Bound,
         late: Option<LateReply>,
     ) -> Result<Value, CallError> {
-        let mut request = match &self.kind {
-            Kind::Standalone(s) => {
-                let conn = self
-                    .standalone(s, bound.started)
-                    .await
-                    .map_err(CallError::Failed)?;
-                send(conn, cmd)
-            }
-            Kind::Cluster(c) => send(c.clone(), cmd),
-        };
+        let mut request = link.request(slot, cmd);
         match tokio::time::timeout(bound.left(), &mut request).await {
-            Ok(Ok(value)) => {
-                self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                Ok(value)
-            }
-            Ok(Err(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                Err(CallError::NoScript(BackendError::Internal(format!(
-                    "redis: {e}"
-                ))))
-            }
-            Ok(Err(e)) => {
-                let class = classify(&e);
-                if let Class::Outage { replace: true } = class {
-                    self.replace(&e.to_string());
-                }
-                if class == Class::Corrupt {
-                    self.counts.corrupt.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(CallError::Failed(to_backend_error(class, &e)))
-            }
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.inner.failed(link, &e)),
             Err(_) => {
-                // A caller's deadline says nothing of the connection.
-                if bound.own {
-                    let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-                    if timeouts >= self.replace_after {
-                        self.replace(&format!("{timeouts} calls in a row timed out"));
-                    }
+                {
+                    let mut attempt = self.inner.attempt.lock().unwrap_or_else(|p| p.into_inner());
+                    self.inner.judge(link, slot, &mut attempt);
                 }
-                if let Some(late) = late {
-                    tokio::spawn(async move {
-                        if let Ok(reply) = tokio::time::timeout(LATE_REPLY_WAIT, request).await {
-                            late(&reply);
-                        }
-                    });
-                }
+                Arc::clone(&self.inner).wait_late(Arc::clone(link), request, late);
                 Err(CallError::TimedOut)
             }
         }
@@ -504,57 +690,317 @@ impl Connections {
     /// undecidable.
     pub(super) async fn ping(&self) -> Result<(), BackendError> {
         let bound = self.bound(Deadline::NONE);
-        match &self.kind {
-            Kind::Standalone(_) => self
-                .call(redis::cmd("PING"), &bound, None)
+        let failed = |e: CallError| e.into_backend(&bound);
+        let link = self.link(0, &bound).await.map_err(failed)?;
+        match &link.conn {
+            Conn::Standalone { .. } => self
+                .call(&link, 0, redis::cmd("PING"), &bound, None)
                 .await
                 .map(drop)
-                .map_err(|e| e.into_backend(&bound)),
-            Kind::Cluster(c) => {
+                .map_err(failed),
+            Conn::Cluster { conn, .. } => {
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 tokio::time::timeout(
-                    self.timeout,
-                    c.clone().route_command(redis::cmd("PING"), routing),
+                    bound.left(),
+                    conn.clone().route_command(redis::cmd("PING"), routing),
                 )
                 .await
-                .map_err(|_| timed_out(self.timeout))?
+                .map_err(|_| timed_out(self.inner.timeout))?
                 .map(drop)
                 .map_err(|e| to_backend_error(classify(&e), &e))
             }
         }
     }
+}
 
-    /// Drops the standalone connection so the next call makes a new one.
-    fn replace(&self, why: &str) {
-        if let Kind::Standalone(s) = &self.kind {
-            let mut link = s.link.lock().unwrap_or_else(|p| p.into_inner());
-            if matches!(*link, Link::Up(_)) {
+impl Inner {
+    /// Whether `link` must be replaced because the connection serving
+    /// `slot` has gone silent; if so, replaces it (a standalone link at
+    /// once, a Cluster by a new connection made in the background).
+    fn judge(self: &Arc<Self>, link: &Arc<Link>, slot: u16, attempt: &mut Option<Attempt>) -> bool {
+        let Some(silent) = link.health(slot).and_then(|h| h.silent_for()) else {
+            return false;
+        };
+        if silent < self.silence {
+            return false;
+        }
+        let node = link.node(slot).map(|(n, _)| n.to_string());
+        let why = format!("no reply for {silent:?} with requests waiting");
+        self.replace(link, &why, node.as_deref(), attempt);
+        true
+    }
+
+    /// Replaces `link`, when it is still the current one (a failure seen on
+    /// an older connection says nothing of the new one).
+    fn replace(
+        self: &Arc<Self>,
+        link: &Arc<Link>,
+        why: &str,
+        node: Option<&str>,
+        attempt: &mut Option<Attempt>,
+    ) {
+        let current = {
+            let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            matches!(&*state, State::Up(l) if l.generation == link.generation)
+        };
+        if !current {
+            return;
+        }
+        match self.target {
+            Target::Standalone { .. } => {
                 tracing::warn!(reason = %redact(why), "replacing the redis connection");
-                *link = Link::Down {
+                *self.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Down {
                     error: BackendError::Unavailable("redis: reconnecting".to_owned()),
                     at: None,
                 };
-                self.consecutive_timeouts.store(0, Ordering::Relaxed);
+            }
+            Target::Cluster(_) => {
+                let recent = self
+                    .failed_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some_and(|at| at.elapsed() < self.timeout);
+                if attempt.is_none() && !recent {
+                    tracing::warn!(
+                        node = node.unwrap_or("?"),
+                        reason = %redact(why),
+                        "redis cluster node silent: making the cluster connection again"
+                    );
+                    drop(Arc::clone(self).start_attempt(attempt));
+                }
             }
         }
     }
-}
 
-impl Standalone {
-    fn up(&self) -> Option<MultiplexedConnection> {
-        match &*self.link.lock().unwrap_or_else(|p| p.into_inner()) {
-            Link::Up(conn) => Some(conn.clone()),
-            Link::Down { .. } => None,
+    /// What a failed request means: the error to answer, the connection
+    /// replaced when the error says it is broken.
+    fn failed(self: &Arc<Self>, link: &Arc<Link>, e: &RedisError) -> CallError {
+        if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+            return CallError::NoScript(BackendError::Internal(format!("redis: {e}")));
+        }
+        let class = classify(e);
+        match class {
+            // The library follows a Cluster's topology on these itself.
+            Class::Outage { replace: true } if !self.is_cluster() => {
+                let mut attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
+                self.replace(link, &e.to_string(), None, &mut attempt);
+            }
+            Class::Corrupt => {
+                self.counts.corrupt.fetch_add(1, Ordering::Relaxed);
+                return CallError::Corrupt(e.detail().unwrap_or_default().to_owned());
+            }
+            _ => {}
+        }
+        CallError::Failed(to_backend_error(class, e))
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    /// Awaits the reply to a request whose caller gave up, for at most
+    /// [`LATE_REPLY_WAIT`]; hands it to `late`. A reply that is an error
+    /// judges the request's own link (never a newer one).
+    fn wait_late(
+        self: Arc<Self>,
+        link: Arc<Link>,
+        request: BoxFuture<'static, RedisResult<Value>>,
+        late: Option<LateReply>,
+    ) {
+        if self.late_waits.fetch_add(1, Ordering::Relaxed) >= MAX_LATE_WAITS {
+            self.late_waits.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        tokio::spawn(async move {
+            if let Ok(reply) = tokio::time::timeout(LATE_REPLY_WAIT, request).await {
+                if let Err(e) = &reply {
+                    drop(self.failed(&link, e));
+                }
+                if let Some(late) = late {
+                    late(&reply);
+                }
+            }
+            self.late_waits.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Starts a connection attempt as a task of its own, bounded by the
+    /// store timeout, and records it as the running one.
+    fn start_attempt(self: Arc<Self>, running: &mut Option<Attempt>) -> Attempt {
+        let inner = Arc::clone(&self);
+        let task = tokio::spawn(async move { inner.attempt_now().await });
+        let attempt = async move {
+            task.await.unwrap_or_else(|e| {
+                Err(BackendError::Internal(format!(
+                    "redis connection attempt: {e}"
+                )))
+            })
+        }
+        .boxed()
+        .shared();
+        *running = Some(attempt.clone());
+        attempt
+    }
+
+    /// One connection attempt, counted, its outcome made the state.
+    async fn attempt_now(self: Arc<Self>) -> Result<Arc<Link>, BackendError> {
+        self.counts.connects.fetch_add(1, Ordering::Relaxed);
+        let within = self.connect_within;
+        let result = match tokio::time::timeout(within, self.open()).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(within)),
+        };
+        let mut attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(link) => {
+                self.counts.connected.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(generation = link.generation, "connected to redis");
+                *state = State::Up(Arc::clone(link));
+            }
+            Err(error) => {
+                self.counts.connect_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, "cannot connect to redis");
+                match self.target {
+                    Target::Standalone { .. } => {
+                        *state = State::Down {
+                            error: error.clone(),
+                            at: Some(Instant::now()),
+                        };
+                    }
+                    Target::Cluster(_) => {
+                        *self.failed_at.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(Instant::now());
+                    }
+                }
+            }
+        }
+        *attempt = None;
+        result
+    }
+
+    /// Makes a connection and reads the clock through it.
+    async fn open(&self) -> Result<Arc<Link>, BackendError> {
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let error = |e: RedisError| to_backend_error(classify(&e), &e);
+        match &self.target {
+            Target::Standalone { client, config } => {
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+                    .map_err(error)?;
+                // The first reply's clock: every script after it carries a
+                // deadline in this server's time.
+                let time = redis::cmd("TIME")
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(error)?;
+                let received = local_ms();
+                let offsets = Offsets::default();
+                offsets.record(0, first_time(&time)?, received);
+                Ok(Arc::new(Link {
+                    generation,
+                    conn: Conn::Standalone {
+                        conn,
+                        health: Arc::default(),
+                    },
+                    offsets,
+                }))
+            }
+            Target::Cluster(client) => {
+                let mut conn = client.get_async_connection().await.map_err(error)?;
+                let map = self.slot_map(&mut conn).await?;
+                let offsets = self.primaries_time(&conn, &map).await?;
+                let health = map
+                    .primaries()
+                    .into_iter()
+                    .map(|(_, node)| (node, Arc::default()))
+                    .collect();
+                Ok(Arc::new(Link {
+                    generation,
+                    conn: Conn::Cluster { conn, map, health },
+                    offsets,
+                }))
+            }
         }
     }
-}
 
-/// One request as an owned future, so that it can outlive the caller.
-fn send<C: ConnectionLike + Send + 'static>(
-    mut conn: C,
-    cmd: Cmd,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = RedisResult<Value>> + Send>> {
-    Box::pin(async move { conn.req_packed_command(&cmd).await?.extract_error() })
+    /// `CLUSTER SLOTS` from whichever primary answers first.
+    async fn slot_map(&self, conn: &mut ClusterConnection) -> Result<SlotMap, BackendError> {
+        let routing = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::OneSucceeded),
+        ));
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let reply = tokio::time::timeout(self.timeout, conn.route_command(slots, routing))
+            .await
+            .map_err(|_| timed_out(self.timeout))?
+            .map_err(|e| to_backend_error(classify(&e), &e))?;
+        SlotMap::parse(&reply).ok_or_else(|| {
+            BackendError::Internal(format!(
+                "redis cluster answered CLUSTER SLOTS with {reply:?}"
+            ))
+        })
+    }
+
+    /// Reads `TIME` from every primary at once, each bounded by the
+    /// timeout: the bound for slots that have not answered yet. Primaries
+    /// that do not answer are logged; one answer is enough to serve.
+    async fn primaries_time(
+        &self,
+        conn: &ClusterConnection,
+        map: &SlotMap,
+    ) -> Result<Offsets, BackendError> {
+        let primaries = map.primaries();
+        let reads = primaries.iter().map(|(slot, _)| {
+            let mut conn = conn.clone();
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                *slot,
+                SlotAddr::Master,
+            )));
+            async move {
+                let reply = tokio::time::timeout(
+                    self.timeout,
+                    conn.route_command(redis::cmd("TIME"), routing),
+                )
+                .await
+                .map_err(|_| timed_out(self.timeout))?
+                .map_err(|e| to_backend_error(classify(&e), &e))?;
+                let received = local_ms();
+                Ok::<_, BackendError>((first_time(&reply)?, received))
+            }
+        });
+        let replies = futures_util::future::join_all(reads).await;
+        let offsets = Offsets::default();
+        let mut missing = Vec::new();
+        let mut last_error = None;
+        for (i, ((_, node), reply)) in primaries.iter().zip(replies).enumerate() {
+            match reply {
+                // Pseudo-slots past the last real one: they stand only for
+                // slots with no reply of their own.
+                Ok((t, received)) => {
+                    offsets.record(16_384 + u16::try_from(i).unwrap_or(0), t, received);
+                }
+                Err(e) => {
+                    missing.push(node.to_string());
+                    last_error = Some(e);
+                }
+            }
+        }
+        if missing.len() == primaries.len() {
+            return Err(last_error.unwrap_or_else(|| {
+                BackendError::Unavailable("redis cluster: no primary in the slot map".to_owned())
+            }));
+        }
+        if !missing.is_empty() {
+            tracing::warn!(
+                nodes = %missing.join(","),
+                "redis cluster primaries did not answer TIME: their keys fail until they do, and their first scripts use the smallest clock bound of the others"
+            );
+        }
+        Ok(offsets)
+    }
 }
 
 fn timed_out(after: Duration) -> BackendError {
@@ -564,6 +1010,16 @@ fn timed_out(after: Duration) -> BackendError {
 /// `TIME`'s seconds and microseconds, as milliseconds.
 pub(super) fn redis_ms((secs, micros): (u64, u64)) -> u64 {
     secs * 1_000 + micros / 1_000
+}
+
+/// The `TIME` in a reply, as milliseconds.
+fn first_time(reply: &Value) -> Result<u64, BackendError> {
+    let mut times = Vec::new();
+    collect_times(reply, &mut times);
+    times
+        .first()
+        .copied()
+        .ok_or_else(|| BackendError::Internal(format!("redis answered TIME with {reply:?}")))
 }
 
 /// Every `TIME` reply in `value` (one, or one per node), as milliseconds.
@@ -584,5 +1040,96 @@ fn collect_times(value: &Value, out: &mut Vec<u64>) {
         Value::Array(items) => items.iter().for_each(|v| collect_times(v, out)),
         Value::Map(pairs) => pairs.iter().for_each(|(_, v)| collect_times(v, out)),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_slot_map_finds_the_primary_of_every_slot_it_covers() {
+        let node =
+            |host: &str, port: i64| Value::Array(vec![bulk(host), Value::Int(port), bulk("id")]);
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(5_461),
+                Value::Int(10_922),
+                node("10.0.0.2", 7001),
+                node("10.0.0.9", 7009),
+            ]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5_460),
+                node("10.0.0.1", 7000),
+            ]),
+            Value::Array(vec![
+                Value::Int(12_000),
+                Value::Int(16_383),
+                node("10.0.0.1", 7000),
+            ]),
+        ]);
+        let map = SlotMap::parse(&reply).expect("a slot map");
+        assert_eq!(map.node(0).map(|n| &**n), Some("10.0.0.1:7000"));
+        assert_eq!(map.node(5_461).map(|n| &**n), Some("10.0.0.2:7001"));
+        assert_eq!(map.node(10_922).map(|n| &**n), Some("10.0.0.2:7001"));
+        assert_eq!(map.node(11_000), None, "an uncovered slot");
+        assert_eq!(map.node(16_383).map(|n| &**n), Some("10.0.0.1:7000"));
+        let primaries: Vec<_> = map
+            .primaries()
+            .into_iter()
+            .map(|(s, n)| (s, n.to_string()))
+            .collect();
+        assert_eq!(
+            primaries,
+            [
+                (0, "10.0.0.1:7000".to_owned()),
+                (5_461, "10.0.0.2:7001".to_owned())
+            ]
+        );
+        assert!(SlotMap::parse(&bulk("no")).is_none());
+    }
+
+    #[test]
+    fn a_connection_is_silent_only_while_requests_wait_unanswered() {
+        let health = Health::default();
+        assert_eq!(health.silent_for(), None);
+        health.sent();
+        health.sent();
+        assert!(health.silent_for().is_some());
+        health.answered();
+        assert!(health.silent_for().is_some(), "one still waits");
+        health.abandoned();
+        assert_eq!(health.silent_for(), None);
+        // A request dropped before its reply stops counting as waiting.
+        let dropped = InFlight::start(Some(Arc::new(Health::default())));
+        let h = dropped.0.clone().expect("health");
+        assert!(h.silent_for().is_some());
+        drop(dropped);
+        assert_eq!(h.silent_for(), None);
+    }
+
+    #[test]
+    fn the_user_timeout_is_the_silence_that_replaces_a_connection_and_at_least_two_seconds() {
+        let mut settings = RedisSettings::new(
+            RedisTarget::Standalone("redis://127.0.0.1/".to_owned()),
+            Duration::from_millis(100),
+        );
+        assert_eq!(user_timeout(&settings), MIN_USER_TIMEOUT);
+        settings.timeout = Duration::from_secs(1);
+        assert_eq!(user_timeout(&settings), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_callers_deadline_equal_to_the_timeout_is_the_stores_own() {
+        let timeout = Duration::from_millis(100);
+        let b = Bound::new(timeout, Deadline::after(Duration::from_secs(60)));
+        assert!(b.own);
+        let b = Bound::new(timeout, Deadline::after(Duration::from_millis(10)));
+        assert!(!b.own);
     }
 }

@@ -3,24 +3,61 @@
 //!
 //! quotad gives up on a call at local time `s + allowed`, where `s` is when
 //! the call began and `allowed` the store's timeout or, if it ends sooner,
-//! the caller's deadline (see `connection::Bound`). The script compares Redis `TIME` against a deadline, so
-//! that instant must be translated into Redis's clock without trusting the
-//! two clocks to agree. Each reply carries the `TIME` the script read,
-//! `t`; the reply arrived at local `r`, after Redis read `t`, so the true
-//! offset `redis - local` is at least `t - r`. The deadline sent is
-//! `s + allowed + L`, where `L` is the largest such lower bound over recent
-//! replies: never later, in Redis's clock, than the moment quotad gives up.
-//! Any error in the estimate makes a refusal earlier, never later.
+//! the caller's deadline (see `connection::Bound`). The script compares
+//! Redis `TIME` against a deadline, so that instant must be translated into
+//! Redis's clock without trusting the two clocks to agree. Each reply
+//! carries the `TIME` the script read, `t`; the reply arrived at local `r`,
+//! after Redis read `t`, so the true offset `redis - local` is at least
+//! `t - r`. The deadline sent is `s + allowed + L - 1 ms`, where `L` is the
+//! largest such lower bound over recent replies: never later, in Redis's
+//! clock, than the moment quotad gives up. Any error in the estimate makes
+//! a refusal earlier, never later.
 //!
-//! Bounds are kept per Cluster slot (nodes have clocks of their own; a
-//! standalone server is slot 0) and age out after [`FRESH_MS`], so a Redis
-//! clock stepped back, or a failover to a node whose clock is behind, stops
-//! counting within that time. A slot with no reply yet uses the smallest
-//! bound known for any slot, which starts with the `TIME` read from every
-//! primary when quotad connects.
+//! The local side is a **monotonic** clock (milliseconds since an
+//! [`Instant`] taken once per process), never the wall clock: a step of the
+//! quotad host's clock moves neither `s` nor `r`. Rounding is always
+//! towards an earlier refusal: `r` is rounded up, `s + allowed` down, and
+//! the millisecond taken off covers the script's own rounding (it compares
+//! whole milliseconds of Redis's microsecond clock, so it runs until just
+//! before the millisecond after the deadline).
+//!
+//! Bounds belong to one connection (its `Link`: a new connection starts
+//! with none of the old one's), are kept per Cluster slot (nodes have
+//! clocks of their own; a standalone server is slot 0) and age out after
+//! [`FRESH_MS`], so a Redis clock stepped back stops counting within that
+//! time. A slot with no reply yet uses the smallest bound known for any
+//! slot, which starts with the `TIME` read from every primary when quotad
+//! connects.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The origin of the local monotonic clock.
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+fn since_origin(at: Instant) -> Duration {
+    at.saturating_duration_since(origin())
+}
+
+/// `at` in local monotonic milliseconds, rounded down.
+pub(super) fn floor_ms(at: Instant) -> u64 {
+    u64::try_from(since_origin(at).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `at` in local monotonic milliseconds, rounded up.
+pub(super) fn ceil_ms(at: Instant) -> u64 {
+    let d = since_origin(at);
+    let whole = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
+        whole
+    } else {
+        whole.saturating_add(1)
+    }
+}
 
 /// How long a bound counts: the larger of the bounds from the last two
 /// periods of this length is used.
@@ -87,16 +124,13 @@ impl Offsets {
         }
     }
 
-    /// Forgets every bound (the connection now reaches another server).
-    pub(super) fn clear(&self) {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
     /// The deadline in Redis's clock for a call that quotad gives up on at
-    /// local `give_up_ms`; `None` before any reply (the caller probes first).
+    /// local `give_up_ms`, a millisecond early for the script's rounding;
+    /// `None` before any reply (the caller probes first).
     pub(super) fn deadline(&self, slot: u16, give_up_ms: u64) -> Option<u64> {
         let offset = self.lower_bound(slot)?;
-        Some(u64::try_from((i128::from(give_up_ms) + i128::from(offset)).max(0)).unwrap_or(0))
+        let d = i128::from(give_up_ms) + i128::from(offset) - 1;
+        Some(u64::try_from(d.max(0)).unwrap_or(0))
     }
 }
 
@@ -131,7 +165,9 @@ mod tests {
         offsets.record(0, 10_500, 10_003);
         offsets.record(0, 10_600, 10_140);
         assert_eq!(offsets.lower_bound(0), Some(497));
-        assert_eq!(offsets.deadline(0, 11_000), Some(11_497));
+        // A millisecond early: the script runs while Redis's whole
+        // milliseconds are at most the deadline.
+        assert_eq!(offsets.deadline(0, 11_000), Some(11_496));
     }
 
     #[test]
@@ -156,8 +192,21 @@ mod tests {
         offsets.record(2, 1_100, 1_000);
         assert_eq!(offsets.lower_bound(3), Some(100));
         assert_eq!(offsets.lower_bound(1), Some(1_000));
-        offsets.clear();
-        assert_eq!(offsets.lower_bound(1), None);
+    }
+
+    #[test]
+    fn the_local_clock_is_monotonic_and_rounds_each_way_on_purpose() {
+        let now = Instant::now();
+        let later = now + Duration::from_micros(1_500);
+        assert!(floor_ms(later) > floor_ms(now));
+        assert!(ceil_ms(later) >= floor_ms(later));
+        assert!(ceil_ms(later) - floor_ms(later) <= 1);
+        // The local side never reads the wall clock: one instant, one value.
+        assert_eq!(floor_ms(later), floor_ms(later));
+        let exact = origin() + Duration::from_millis(7);
+        assert_eq!((floor_ms(exact), ceil_ms(exact)), (7, 7));
+        let inside = origin() + Duration::from_micros(7_001);
+        assert_eq!((floor_ms(inside), ceil_ms(inside)), (7, 8));
     }
 
     #[test]

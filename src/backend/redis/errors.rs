@@ -10,6 +10,12 @@
 //!   it would hide it forever.
 //! - Anything else (a script error, a reply of the wrong shape) is a bug:
 //!   [`BackendError::Internal`].
+//!
+//! Redis before 7.0 wraps an error that a command raised inside a script:
+//! `ERR Error running script (call to f_...): @user_script:1:
+//! @user_script: 1: -READONLY You can't write against a read only
+//! replica.` The code inside is read out and sorted as if Redis had answered
+//! it directly, so a failover or a full disk is an outage on every version.
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -44,7 +50,23 @@ pub(super) fn classify(e: &RedisError) -> Class {
             std::io::ErrorKind::Other
         }
     });
-    classify_parts(e.kind(), e.code(), io_kind)
+    let code = match (e.code(), e.detail()) {
+        (Some("ERR"), Some(detail)) => wrapped_code(detail).or(e.code()),
+        (code, _) => code,
+    };
+    classify_parts(e.kind(), code, io_kind)
+}
+
+/// The code of an error a command raised inside a script, as Redis before
+/// 7.0 reports it (after `ERR`): `Error running script (...): @user_script:1:
+/// @user_script: 1: -READONLY ...` or `...: @user_script:1: WRONGTYPE ...`.
+pub(super) fn wrapped_code(detail: &str) -> Option<&str> {
+    let rest = detail.strip_prefix("Error running script")?;
+    rest.split(": ").skip(1).find_map(|part| {
+        let part = part.strip_prefix('-').unwrap_or(part);
+        let code = part.split(' ').next()?;
+        (code.len() >= 2 && code.bytes().all(|b| b.is_ascii_uppercase())).then_some(code)
+    })
 }
 
 /// The table itself: `kind` and `code` as the client reports them.
@@ -63,9 +85,13 @@ pub(super) fn classify_parts(
             // Credentials refused or missing: a new connection authenticates
             // again (the password may have been set since we connected).
             "NOAUTH" | "WRONGPASS" => return Class::Outage { replace: true },
-            // The server is there but cannot serve this call now.
-            "OOM" | "NOPERM" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "BUSY"
-            | "MOVED" | "ASK" => return Class::Outage { replace: false },
+            // The server is there but cannot serve this call now: out of
+            // memory, without the replicas min-replicas-to-write asks for,
+            // unable to persist (a failed RDB or AOF write), ...
+            "OOM" | "NOREPLICAS" | "MISCONF" | "NOPERM" | "LOADING" | "MASTERDOWN"
+            | "CLUSTERDOWN" | "TRYAGAIN" | "BUSY" | "MOVED" | "ASK" => {
+                return Class::Outage { replace: false };
+            }
             _ => {}
         }
     }
@@ -116,6 +142,18 @@ mod tests {
             (
                 response,
                 Some("OOM"),
+                None,
+                Class::Outage { replace: false },
+            ),
+            (
+                extension,
+                Some("NOREPLICAS"),
+                None,
+                Class::Outage { replace: false },
+            ),
+            (
+                extension,
+                Some("MISCONF"),
                 None,
                 Class::Outage { replace: false },
             ),
@@ -228,6 +266,63 @@ mod tests {
                 expected,
                 "{kind:?} {code:?} {io:?}"
             );
+        }
+    }
+
+    #[test]
+    fn codes_wrapped_by_redis_before_7_are_sorted_as_the_codes_themselves() {
+        let wrapped = |inner: &str| {
+            format!(
+                "Error running script (call to f_1e84a64d649a247ba53ce64b0be7bbedd64fe1b4): @user_script:28: {inner}"
+            )
+        };
+        let cases = [
+            (
+                "@user_script: 28: -READONLY You can't write against a read only replica.",
+                Some("READONLY"),
+            ),
+            (
+                "@user_script: 28: -OOM command not allowed when used memory > 'maxmemory'.",
+                Some("OOM"),
+            ),
+            (
+                "@user_script: 28: -MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+                Some("MISCONF"),
+            ),
+            (
+                "@user_script: 28: -NOREPLICAS Not enough good replicas to write.",
+                Some("NOREPLICAS"),
+            ),
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                Some("WRONGTYPE"),
+            ),
+            ("attempt to compare nil with number", None),
+        ];
+        for (inner, code) in cases {
+            assert_eq!(wrapped_code(&wrapped(inner)), code, "{inner}");
+        }
+        assert_eq!(
+            wrapped_code("READONLY You can't write"),
+            None,
+            "not wrapped"
+        );
+        let response = ErrorKind::Server(ServerErrorKind::ResponseError);
+        for (inner, class) in [
+            (cases[0].0, Class::Outage { replace: true }),
+            (cases[1].0, Class::Outage { replace: false }),
+            (cases[2].0, Class::Outage { replace: false }),
+            (cases[3].0, Class::Outage { replace: false }),
+            (cases[4].0, Class::Corrupt),
+            (cases[5].0, Class::Internal),
+        ] {
+            let e = RedisError::from((
+                response,
+                "An error was signalled by the server",
+                wrapped(inner),
+            ));
+            let code = e.detail().and_then(wrapped_code).or(e.code());
+            assert_eq!(classify_parts(e.kind(), code, None), class, "{inner}");
         }
     }
 

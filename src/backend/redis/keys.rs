@@ -1,7 +1,7 @@
 //! The names of quotad's keys in Redis.
 //!
 //! `<prefix>:<policy>|{<key>}|<format><algorithm><window_ms>`, e.g.
-//! `quotad:per_day|{alice}|1F86400000`:
+//! `quotad:per_day|{alice}|2F86400000`:
 //!
 //! - the braces make the rate-limit key the Redis Cluster hash tag, so one
 //!   key under several policies lives in one slot and an all-or-nothing
@@ -21,8 +21,8 @@ use std::fmt::Write as _;
 use quotad_core::{Algorithm, Policy};
 
 /// The version of the state format, part of every key. Bump it with any
-/// change to what the script stores.
-pub(super) const FORMAT: u32 = 1;
+/// change to what the script stores. (2: fixed windows are hashes.)
+pub(super) const FORMAT: u32 = 2;
 
 /// The letter of each algorithm in a key.
 fn letter(algorithm: Algorithm) -> char {
@@ -75,11 +75,11 @@ mod tests {
         let day = policy(Algorithm::FixedWindow, 10, 86_400_000);
         assert_eq!(
             state_key("quotad", "per_day", &day, "alice"),
-            "quotad:per_day|{alice}|1F86400000"
+            "quotad:per_day|{alice}|2F86400000"
         );
         assert_eq!(
             state_key("q", "per_day", &day, "}x"),
-            "q:per_day|h{7d78}|1F86400000"
+            "q:per_day|h{7d78}|2F86400000"
         );
         assert_ne!(
             state_key("q", "p", &day, "}x"),
@@ -87,7 +87,7 @@ mod tests {
         );
         assert_eq!(
             state_key("quotad", "p", &day, "{team}bob"),
-            "quotad:p|{{team}bob}|1F86400000"
+            "quotad:p|{{team}bob}|2F86400000"
         );
     }
 

@@ -17,9 +17,11 @@
 //! rollout count apart instead of overwriting each other.
 //!
 //! Faults (see `connection.rs`, `deadline.rs`, `errors.rs`): every script
-//! carries a deadline in Redis's clock and refuses to run past it; the
-//! standalone connection is replaced in bounded time; every error is
-//! classified on purpose; passwords never reach errors or logs ([`redact`]).
+//! carries a deadline in Redis's clock and refuses to run past it; a
+//! connection that falls silent is replaced in bounded time (a Cluster's
+//! made again, following failovers); every error is classified on
+//! purpose; unreadable state fails only its own key's items; passwords and
+//! keys never reach errors or logs ([`redact`]).
 
 mod connection;
 mod deadline;
@@ -27,7 +29,7 @@ mod errors;
 mod keys;
 mod tls;
 
-pub use self::tls::{RedisTls, TlsFileError};
+pub use self::tls::RedisTls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,13 +40,22 @@ use quotad_proto::convert;
 use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
 
-use self::connection::{CallError, Connections, Counts, LateReply, local_ms};
+use self::connection::{
+    Bound, CORRUPT_STATE, CallError, Connections, Counts, LateReply, Link, local_ms,
+};
 use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
-/// Consecutive timed-out calls after which the connection to a standalone
-/// Redis is replaced, unless `store.redis.reconnect_after_timeouts` says.
+/// `Reset`: refuses past its deadline (`ARGV[1]`, ms in Redis's clock) as
+/// the checks' script does; 1 done, 0 refused.
+const RESET_SCRIPT: &str = "local t = redis.call('TIME') \
+if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then return 0 end \
+redis.call('UNLINK', KEYS[1]) return 1";
+
+/// Timeouts of silence (requests waiting, no reply) after which a
+/// connection is replaced, unless `store.redis.reconnect_after_timeouts`
+/// says.
 pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
 
 /// Where Redis is and how long a call may take.
@@ -57,8 +68,10 @@ pub struct RedisSettings {
     /// The longest one call may take, reconnecting included; past it the
     /// policy's `on_error` applies.
     pub timeout: Duration,
-    /// Consecutive timed-out calls after which the connection to a
-    /// standalone Redis is dropped and made again.
+    /// How many timeouts requests may wait on a connection with no reply
+    /// before it is dropped and made again (a standalone server's; a
+    /// Cluster makes its whole connection again for a silent primary). The
+    /// connection's `TCP_USER_TIMEOUT` is that silence, at least 2 s.
     pub reconnect_after_timeouts: u32,
     /// The first part of every key quotad writes.
     pub key_prefix: String,
@@ -118,31 +131,39 @@ impl std::fmt::Debug for RedisTarget {
 
 /// `text` with the password of every URL in it replaced by `***`
 /// (`redis://user:secret@host` becomes `redis://user:***@host`).
+///
+/// Everything from `://` to the last `@` before the next URL or the end
+/// of the line is the user information: a password may hold `#`, `/`, `?`,
+/// `"`, `@` or spaces, written as they are (an invalid URL, then, whose
+/// error must not show it either). Text without an `@` after `://` is kept.
 pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
         let (head, tail) = rest.split_at(at + 3);
         out.push_str(head);
-        let end = tail
-            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace() || c == '"')
+        let end = [tail.find("://"), tail.find('\n')]
+            .into_iter()
+            .flatten()
+            .min()
             .unwrap_or(tail.len());
-        let authority = &tail[..end];
-        match authority.rfind('@') {
+        let segment = &tail[..end];
+        match segment.rfind('@') {
             Some(userinfo_end) => {
-                let userinfo = &authority[..userinfo_end];
+                let userinfo = &segment[..userinfo_end];
                 match userinfo.find(':') {
-                    Some(colon) => {
+                    // A user name has no ':' (and no '/', or it was a path).
+                    Some(colon) if !userinfo[..colon].contains('/') => {
                         out.push_str(&userinfo[..colon]);
                         out.push_str(":***");
                     }
                     // `redis://secret@host`: a password alone.
-                    None if !userinfo.is_empty() => out.push_str("***"),
-                    None => {}
+                    _ if !userinfo.is_empty() => out.push_str("***"),
+                    _ => {}
                 }
-                out.push_str(&authority[userinfo_end..]);
+                out.push_str(&segment[userinfo_end..]);
             }
-            None => out.push_str(authority),
+            None => out.push_str(segment),
         }
         rest = &tail[end..];
     }
@@ -153,8 +174,10 @@ pub fn redact(text: &str) -> String {
 /// What the Redis backend has counted since start, for the metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RedisCounts {
-    /// Connection attempts to a standalone Redis.
+    /// Connection attempts (to a standalone Redis, or a whole Cluster).
     pub connects: u64,
+    /// Of those, attempts that connected.
+    pub connected: u64,
     /// Of those, attempts that failed.
     pub connect_failures: u64,
     /// Scripts Redis refused to run because quotad had given up on them.
@@ -208,9 +231,18 @@ impl Mode {
 /// under a millisecond of Redis time (BENCHMARKS.md).
 const CHUNK: usize = 64;
 
-/// The script's status word: decided, or refused past its deadline.
-const DECIDED: i64 = 1;
-const REFUSED_LATE: i64 = 0;
+/// Numbers the script answers per item: remaining, retry_after_ms,
+/// reset_after_ms, reason.
+const PER_ITEM: usize = 4;
+
+/// Numbers the fixed window's short path answers for a lone check it
+/// admitted: remaining, reset_after_ms (the least a reply can carry; each
+/// number costs Redis time).
+const ADMITTED: usize = 2;
+
+/// The reason the script answers for an item whose key holds state it
+/// cannot read (quotad.v1's REASON_UNSPECIFIED, never a decision's).
+const UNREADABLE: i64 = 0;
 
 impl RedisBackend {
     /// Connects to Redis and reads its clock.
@@ -242,6 +274,7 @@ impl RedisBackend {
         let c = &self.connections.counts;
         RedisCounts {
             connects: c.connects.load(Ordering::Relaxed),
+            connected: c.connected.load(Ordering::Relaxed),
             connect_failures: c.connect_failures.load(Ordering::Relaxed),
             late_refused: c.late_refused.load(Ordering::Relaxed),
             late_counted: c.late_counted.load(Ordering::Relaxed),
@@ -258,25 +291,59 @@ impl RedisBackend {
         mode: Mode,
         items: &[CheckItem<'_>],
         deadline: Deadline,
-    ) -> Result<Vec<Decision>, BackendError> {
+    ) -> Result<Vec<ItemResult>, BackendError> {
         let bound = self.connections.bound(deadline);
-        let keys: Vec<String> = items
-            .iter()
-            .map(|item| keys::state_key(&self.prefix, item.name(), item.policy(), item.key()))
-            .collect();
+        let keys = self.keys(items);
         let slot = match (self.connections.is_cluster(), keys.first()) {
             (true, Some(key)) => deadline::slot(key.as_bytes()),
             _ => 0,
         };
-        let failed = |e: CallError| e.into_backend(&bound);
+        let call = self.start(slot, &bound).await?;
+        self.eval_on(&call, mode, items, &keys).await
+    }
+
+    fn keys(&self, items: &[CheckItem<'_>]) -> Vec<String> {
+        items
+            .iter()
+            .map(|item| keys::state_key(&self.prefix, item.name(), item.policy(), item.key()))
+            .collect()
+    }
+
+    /// The link a call to `slot` goes over and its deadline in Redis's
+    /// clock, both from one connection.
+    async fn start<'b>(&self, slot: u16, bound: &'b Bound) -> Result<Call<'b>, BackendError> {
+        let failed = |e: CallError| e.into_backend(bound);
+        let link = self.connections.link(slot, bound).await.map_err(failed)?;
         let deadline = self
             .connections
-            .deadline(slot, &bound)
+            .deadline(&link, slot, bound)
             .await
             .map_err(failed)?;
+        Ok(Call {
+            link,
+            bound,
+            slot,
+            deadline,
+        })
+    }
+
+    /// Runs the script over `items` as one call over `call`'s link. The
+    /// request is sent at the first poll, before anything is awaited, so
+    /// calls started in order reach Redis in order.
+    async fn eval_on(
+        &self,
+        call: &Call<'_>,
+        mode: Mode,
+        items: &[CheckItem<'_>],
+        keys: &[String],
+    ) -> Result<Vec<ItemResult>, BackendError> {
+        let failed = |e: CallError| match e {
+            CallError::Corrupt(detail) => unreadable(items, keys, &detail),
+            other => other.into_backend(call.bound),
+        };
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + items.len() * 5);
         args.push(mode.as_arg().into());
-        args.push(deadline.to_string().into());
+        args.push(call.deadline.to_string().into());
         args.push(match &self.clock {
             Some(clock) => clock.now_ms().to_string().into(),
             None => Vec::new(),
@@ -298,7 +365,7 @@ impl RedisBackend {
             cmd.arg(name)
                 .arg(script)
                 .arg(keys.len())
-                .arg(&keys)
+                .arg(keys)
                 .arg(&args);
             cmd
         };
@@ -307,19 +374,22 @@ impl RedisBackend {
             let counts = Arc::clone(&counts);
             Box::new(move |reply| late_reply(&counts, reply))
         };
-        let reply = match self
-            .connections
+        let connections = &self.connections;
+        let (link, bound, slot) = (&call.link, call.bound, call.slot);
+        let reply = match connections
             .call(
+                link,
+                slot,
                 command("EVALSHA", self.script.get_hash()),
-                &bound,
+                bound,
                 Some(late()),
             )
             .await
         {
             // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
             Err(CallError::NoScript(_)) => {
-                self.connections
-                    .call(command("EVAL", SCRIPT), &bound, Some(late()))
+                connections
+                    .call(link, slot, command("EVAL", SCRIPT), bound, Some(late()))
                     .await
             }
             other => other,
@@ -328,15 +398,8 @@ impl RedisBackend {
         let received = local_ms();
         let numbers = integers(&reply)?;
         match numbers.as_slice() {
-            [DECIDED, time, rest @ ..] => {
-                self.connections
-                    .offsets
-                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
-                decisions(rest, items.len())
-            }
-            [REFUSED_LATE, time, ..] => {
-                self.connections
-                    .offsets
+            [time] => {
+                link.offsets
                     .record(slot, u64::try_from(*time).unwrap_or(0), received);
                 self.connections
                     .counts
@@ -346,7 +409,25 @@ impl RedisBackend {
                     "redis ran the script past its deadline and refused it".to_owned(),
                 ))
             }
-            _ => Err(BackendError::Internal(format!(
+            [time, rest @ ..] => {
+                link.offsets
+                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                let decided = decisions(rest, items)?;
+                Ok(decided
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        d.ok_or_else(|| {
+                            self.connections
+                                .counts
+                                .corrupt
+                                .fetch_add(1, Ordering::Relaxed);
+                            unreadable_item(items[i].name(), &keys[i])
+                        })
+                    })
+                    .collect())
+            }
+            [] => Err(BackendError::Internal(format!(
                 "the script answered {reply:?}"
             ))),
         }
@@ -361,7 +442,7 @@ impl RedisBackend {
         deadline: Deadline,
     ) -> Vec<ItemResult> {
         match self.eval(mode, items, deadline).await {
-            Ok(decisions) => decisions.into_iter().map(Ok).collect(),
+            Ok(results) => results,
             Err(error) => vec![Err(error); items.len()],
         }
     }
@@ -377,10 +458,26 @@ impl RedisBackend {
         } else if items.len() <= CHUNK {
             self.eval_each(Mode::Check, items, deadline).await
         } else {
-            // Pipelined chunks: Redis serves other clients between them.
-            let calls = items
-                .chunks(CHUNK)
-                .map(|c| self.eval_each(Mode::Check, c, deadline));
+            // Pipelined chunks over one link with one deadline: Redis serves
+            // other clients between them. Each chunk's script is sent at its
+            // first poll, and join_all polls them first in order, so the
+            // chunks reach Redis, and a key's items are decided, in the
+            // batch's order.
+            let bound = self.connections.bound(deadline);
+            let call = match self.start(0, &bound).await {
+                Ok(call) => call,
+                Err(error) => return vec![Err(error); items.len()],
+            };
+            let calls = items.chunks(CHUNK).map(|c| {
+                let keys = self.keys(c);
+                let call = &call;
+                async move {
+                    match self.eval_on(call, Mode::Check, c, &keys).await {
+                        Ok(results) => results,
+                        Err(error) => vec![Err(error); c.len()],
+                    }
+                }
+            });
             futures_util::future::join_all(calls)
                 .await
                 .into_iter()
@@ -390,19 +487,74 @@ impl RedisBackend {
     }
 }
 
-/// Counts what Redis did with a script quotad had stopped waiting for.
+/// One call's link, bound, slot and deadline in Redis's clock.
+struct Call<'b> {
+    link: Arc<Link>,
+    bound: &'b Bound,
+    slot: u16,
+    deadline: u64,
+}
+
+/// The error of an item whose key holds state the script cannot read:
+/// named by its policy and the SHA-256 of its Redis key (the key itself
+/// may be a credential, and errors are logged).
+fn unreadable_item(name: &str, redis_key: &str) -> BackendError {
+    BackendError::Internal(unreadable_message(name, redis_key))
+}
+
+fn unreadable_message(name: &str, redis_key: &str) -> String {
+    format!(
+        "{CORRUPT_STATE} under policy {name:?} (redis key sha256 {})",
+        fingerprint(redis_key)
+    )
+}
+
+/// The first 16 hex digits of the SHA-256 of `redis_key`: what an operator
+/// matches with `printf %s KEY | sha256sum`.
+fn fingerprint(redis_key: &str) -> String {
+    use std::fmt::Write as _;
+    let digest = ring::digest::digest(&ring::digest::SHA256, redis_key.as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .fold(String::with_capacity(16), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// The error of a call the script refused whole for unreadable state:
+/// `detail` is Redis's (`<key>: why`, or a `WRONGTYPE` message).
+fn unreadable(items: &[CheckItem<'_>], keys: &[String], detail: &str) -> BackendError {
+    let named = keys.iter().enumerate().find_map(|(i, key)| {
+        let why = detail.strip_prefix(key.as_str())?.strip_prefix(": ")?;
+        Some((i, why))
+    });
+    match (named, items) {
+        (Some((i, why)), _) => BackendError::Internal(format!(
+            "{}: {why}",
+            unreadable_message(items[i].name(), &keys[i])
+        )),
+        (None, [item]) => unreadable_item(item.name(), &keys[0]),
+        (None, _) => BackendError::Internal(CORRUPT_STATE.to_owned()),
+    }
+}
+
+/// Counts what Redis did with a script quotad had stopped waiting for: its
+/// `TIME` alone (refused), or decisions too (it ran).
 fn late_reply(counts: &Counts, reply: &RedisResult<Value>) {
-    let status = match reply {
-        Ok(Value::Array(values)) => values.first(),
-        _ => None,
-    };
-    match status {
-        Some(Value::Int(DECIDED)) => {
-            counts.late_counted.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("a script quotad had given up on ran in time: its reply came late");
-        }
-        Some(Value::Int(REFUSED_LATE)) => {
+    match reply {
+        Ok(Value::Array(values)) if values.len() == 1 => {
             counts.late_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Value::Array(values)) if values.len() > 1 => {
+            counts.late_counted.fetch_add(1, Ordering::Relaxed);
+            static LOG: std::sync::OnceLock<crate::log::Throttled> = std::sync::OnceLock::new();
+            if let Some(suppressed) = LOG.get_or_init(crate::log::Throttled::default).record() {
+                tracing::warn!(
+                    suppressed,
+                    "a script quotad had given up on ran in time: its reply came late (one line per interval: suppressed counts the others)"
+                );
+            }
         }
         _ => {}
     }
@@ -428,10 +580,9 @@ impl Backend for RedisBackend {
     }
 
     async fn check_one(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
-        let mut d = self
-            .eval(Mode::Check, std::slice::from_ref(item), deadline)
-            .await?;
-        Ok(d.remove(0))
+        self.eval(Mode::Check, std::slice::from_ref(item), deadline)
+            .await?
+            .remove(0)
     }
 
     async fn check(
@@ -447,21 +598,46 @@ impl Backend for RedisBackend {
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
-        let mut d = self
-            .eval(Mode::Peek, std::slice::from_ref(item), deadline)
-            .await?;
-        Ok(d.remove(0))
+        self.eval(Mode::Peek, std::slice::from_ref(item), deadline)
+            .await?
+            .remove(0)
     }
 
-    async fn reset(&self, name: &str, policy: &Policy, key: &str) -> Result<(), BackendError> {
-        let mut del = redis::cmd("DEL");
-        del.arg(keys::state_key(&self.prefix, name, policy, key));
-        let bound = self.connections.bound(Deadline::NONE);
-        self.connections
-            .call(del, &bound, None)
+    /// Forgets the key by a script with the same deadline as a check's (the
+    /// store timeout or the caller's earlier `deadline`): a reset queued in
+    /// a stalled Redis that quotad answered as failed does not happen
+    /// later. `UNLINK`: a long sliding log is freed off Redis's thread.
+    async fn reset(
+        &self,
+        name: &str,
+        policy: &Policy,
+        key: &str,
+        deadline: Deadline,
+    ) -> Result<(), BackendError> {
+        let key = keys::state_key(&self.prefix, name, policy, key);
+        let slot = if self.connections.is_cluster() {
+            deadline::slot(key.as_bytes())
+        } else {
+            0
+        };
+        let bound = self.connections.bound(deadline);
+        let call = self.start(slot, &bound).await?;
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(RESET_SCRIPT).arg(1).arg(&key).arg(call.deadline);
+        let reply = self
+            .connections
+            .call(&call.link, slot, eval, &bound, None)
             .await
-            .map(drop)
-            .map_err(|e| e.into_backend(&bound))
+            .map_err(|e| e.into_backend(&bound))?;
+        match reply {
+            Value::Int(1) => Ok(()),
+            Value::Int(0) => Err(BackendError::Unavailable(
+                "redis ran the reset past its deadline and refused it".to_owned(),
+            )),
+            other => Err(BackendError::Internal(format!(
+                "the reset script answered {other:?}"
+            ))),
+        }
     }
 
     /// A `PING` within `store.redis.timeout`; on a Cluster, every primary
@@ -479,35 +655,64 @@ impl Backend for RedisBackend {
     }
 }
 
-fn decisions(reply: &[i64], items: usize) -> Result<Vec<Decision>, BackendError> {
-    if reply.len() != items * 6 {
+/// The decisions in the script's reply: four numbers per item, its limit
+/// the capacity quotad sent, allowed exactly when within the limit; or,
+/// for a lone check admitted on the fixed window's short path, two
+/// ([`ADMITTED`]). `None` for an item whose key holds state the script
+/// cannot read ([`UNREADABLE`]).
+fn decisions(
+    reply: &[i64],
+    items: &[CheckItem<'_>],
+) -> Result<Vec<Option<Decision>>, BackendError> {
+    if let ([remaining, reset], [item]) = (reply, items)
+        && reply.len() == ADMITTED
+    {
+        let n = |v: i64| {
+            u64::try_from(v)
+                .map_err(|_| BackendError::Internal(format!("the script answered {reply:?}")))
+        };
+        return Ok(vec![Some(Decision {
+            allowed: true,
+            limit: item.policy().capacity(),
+            remaining: n(*remaining)?,
+            retry_after_ms: 0,
+            reset_after_ms: n(*reset)?,
+            reason: quotad_core::Reason::WithinLimit,
+        })]);
+    }
+    if reply.len() != items.len() * PER_ITEM {
         return Err(BackendError::Internal(format!(
-            "the script answered {} numbers for {items} items",
-            reply.len()
+            "the script answered {} numbers for {} items",
+            reply.len(),
+            items.len()
         )));
     }
     reply
-        .chunks_exact(6)
-        .map(|d| {
-            let reason = i32::try_from(d[5])
+        .chunks_exact(PER_ITEM)
+        .zip(items)
+        .map(|(d, item)| {
+            if d[3] == UNREADABLE {
+                return Ok(None);
+            }
+            let reason = i32::try_from(d[3])
                 .ok()
                 .and_then(|code| convert::reason(code).ok())
                 .ok_or_else(|| {
-                    BackendError::Internal(format!("the script answered reason {}", d[5]))
+                    BackendError::Internal(format!("the script answered reason {}", d[3]))
                 })?;
             let n = |i: usize| {
                 u64::try_from(d[i]).map_err(|_| {
                     BackendError::Internal(format!("the script answered {} at {i}", d[i]))
                 })
             };
-            Ok(Decision {
-                allowed: d[0] == 1,
-                limit: n(1)?,
-                remaining: n(2)?,
-                retry_after_ms: n(3)?,
-                reset_after_ms: n(4)?,
+            Ok(Some(Decision {
+                allowed: reason == quotad_core::Reason::WithinLimit,
+                limit: item.policy().capacity(),
+                remaining: n(0)?,
+                retry_after_ms: n(1)?,
+                reset_after_ms: n(2)?,
                 reason,
-            })
+            }))
         })
         .collect()
 }
@@ -563,11 +768,39 @@ mod tests {
                 "{algorithm}"
             );
         }
-        // Status and TIME, then six numbers per item.
-        assert!(SCRIPT.contains("local out = { 1, time }"));
-        assert!(SCRIPT.contains("for j = 1, 6 do"));
-        assert_eq!((DECIDED, REFUSED_LATE), (1, 0));
-        assert!(SCRIPT.contains("return { 0, time }"));
+        // TIME, then four numbers per item; TIME alone when refused.
+        assert!(SCRIPT.contains("local out = { time }"));
+        assert_eq!(PER_ITEM, 4);
+        assert_eq!(
+            SCRIPT.matches("out[#out + 1] = d[").count(),
+            PER_ITEM,
+            "the general reply"
+        );
+        assert!(SCRIPT.contains("return { time }"));
+        // The fast path's replies have the same shape.
+        for reply in SCRIPT
+            .lines()
+            .filter(|l| l.trim_start().starts_with("return { time, "))
+        {
+            let mut depth = 0;
+            let commas = reply
+                .chars()
+                .filter(|&c| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    c == ',' && depth == 0
+                })
+                .count();
+            assert!(commas == PER_ITEM || commas == ADMITTED, "{reply}");
+        }
+        assert!(SCRIPT.contains(&format!("local UNREADABLE = {UNREADABLE}")));
+        assert_eq!(
+            i32::try_from(UNREADABLE),
+            Ok(pb::Reason::Unspecified as i32)
+        );
     }
 
     #[test]
@@ -583,16 +816,50 @@ mod tests {
             "a redis://h:1/ b redis://u:***@h2/ c"
         );
         assert_eq!(redact("no url here"), "no url here");
+        // Characters that end a URL's authority when written unencoded in a
+        // password still leave nothing of it.
+        for c in ['#', '/', '?', '"', '@', ' ', ':'] {
+            let url = format!("redis://user:s3cr{c}et@h:6379/0");
+            let shown = redact(&format!("store.redis.url: {url:?}: bad"));
+            assert!(
+                !shown.contains("s3cr") && !shown.contains("et@"),
+                "{c:?}: {shown}"
+            );
+            assert!(shown.contains("@h:6379/0"), "{c:?}: {shown}");
+        }
         let target = RedisTarget::Cluster(vec!["redis://:p4ss@a:1".to_owned()]);
         assert!(!format!("{target:?}").contains("p4ss"));
     }
 
     #[test]
     fn a_reply_of_the_wrong_length_is_an_error_not_a_decision() {
-        assert!(decisions(&[1, 10, 9, 0, 100], 1).is_err());
-        assert!(decisions(&[1, 10, 9, 0, 100, 9], 1).is_err());
-        let d = decisions(&[0, 10, 0, 30, 30, 2], 1).expect("well formed");
-        assert_eq!(d[0].reason, quotad_core::Reason::LimitExceeded);
-        assert!(!d[0].allowed);
+        let policy = Policy::try_new(
+            quotad_core::Algorithm::FixedWindow,
+            10,
+            Duration::from_secs(1),
+            None,
+        )
+        .expect("valid");
+        let item = CheckItem::new("p", policy, "k", 1).expect("valid");
+        let one = std::slice::from_ref(&item);
+        assert!(decisions(&[9, 0, 100], one).is_err());
+        assert!(decisions(&[9, 0, 100, 1, 4], one).is_err());
+        assert!(decisions(&[9, 0, 100, 99], one).is_err(), "no such reason");
+        let d = decisions(&[0, 30, 30, 2], one).expect("well formed");
+        let d = d[0].expect("decided");
+        assert_eq!(d.reason, quotad_core::Reason::LimitExceeded);
+        assert!(!d.allowed);
+        assert_eq!(d.limit, 10);
+        let d = decisions(&[9, 0, 100, 1], one).expect("well formed");
+        assert!(d[0].is_some_and(|d| d.allowed && d.remaining == 9));
+        let admitted = decisions(&[9, 100], one).expect("the short path's reply");
+        assert_eq!(admitted, d);
+        assert!(decisions(&[9, 100], &[item, item]).is_err());
+        let two =
+            decisions(&[0, 30, 30, 2, 0, 0, 0, UNREADABLE], &[item, item]).expect("well formed");
+        assert!(
+            two[0].is_some() && two[1].is_none(),
+            "the second key is unreadable"
+        );
     }
 }

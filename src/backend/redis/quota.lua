@@ -4,8 +4,13 @@
 -- every value stays below 2^53, so a Lua double holds it exactly, and every
 -- division is an exact floor or ceiling (math.fmod is exact; a plain a / b
 -- can round up). One script serves all five algorithms so that a mixed
--- ALL_OR_NOTHING batch (say per-second and per-day) is one atomic call; a
--- lone fixed-window check takes a short path of its own.
+-- ALL_OR_NOTHING batch (say per-second and per-day) is one atomic call.
+-- A lone check takes a short path of its algorithm first, which does the
+-- same arithmetic without the general path's tables and closures (their
+-- building costs more Redis time than the decision): the fixed window's
+-- whenever it can count in place, the others' when they admit with
+-- nothing unusual in the state. Everything else falls through to the
+-- general path, which decides every case.
 --
 -- KEYS[i]   the state key of item i (a key may appear more than once). The
 --           key names the algorithm, the window and the state format
@@ -20,14 +25,19 @@
 -- ARGV[4..] per item: algorithm (1-5), limit, window_ms, capacity (burst for
 --           the buckets, limit otherwise), cost
 --
--- Returns the status (1 decided, 0 refused: past the deadline, nothing read
--- or written), the TIME read (ms), then six integers per item: allowed
--- (0/1), limit, remaining, retry_after_ms, reset_after_ms, reason (the
--- quotad.v1.Reason number). A key holding state that cannot be read is an
--- error reply QUOTAD_CORRUPT naming the key.
+-- Returns the TIME read (ms), then four integers per item: remaining,
+-- retry_after_ms, reset_after_ms, reason (the quotad.v1.Reason number; the
+-- item is allowed exactly when it is WITHIN, and its limit is the
+-- capacity quotad sent). The TIME alone means refused: past the deadline,
+-- nothing read or written. A key holding state that cannot be read is an
+-- error reply QUOTAD_CORRUPT naming the key in an all-or-nothing batch (or
+-- an error raised on a lone check's short path); in "check" and "peek" it
+-- fails only its own items, answered with reason 0 (UNREADABLE), and is
+-- neither read further nor written.
 --
 -- State, with a TTL equal to the time until it is fresh again:
---   fixed window    string "start:count"
+--   fixed window    hash: one field, the window's start (ms), whose value
+--                   is the count (HINCRBY counts in place)
 --   sliding window  string "start:previous:current"
 --   token bucket    string "tokens:at" (tokens x window_ms)
 --   leaky bucket    string "level:at" (level x window_ms)
@@ -35,10 +45,29 @@
 --                   score = the units admitted before it (a running total)
 
 local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
+local UNREADABLE = 0
 local FIXED_ID, LOG_ID = 1, 5
+local MAX_EXACT = 9007199254740992
 
 local fmod = math.fmod
 local tonumber = tonumber
+
+-- The clock, and the deadline -----------------------------------------------
+
+local t = redis.call('TIME')
+local micros = tonumber(t[2])
+local time = tonumber(t[1]) * 1000 + (micros - fmod(micros, 1000)) / 1000
+-- The caller has given up: its answer was "failed", so nothing may count.
+if time > tonumber(ARGV[2]) then
+  return { time }
+end
+
+local mode = ARGV[1]
+-- With an injected clock (tests), real time runs ahead of it, so a TTL
+-- measured on the injected clock would expire state early; a minute of
+-- slack keeps it. Stale state is harmless: it reads as fresh.
+local now, ttl_slack = time, 0
+if ARGV[3] ~= '' then now, ttl_slack = tonumber(ARGV[3]), 60000 end
 
 local function fdiv(a, b)
   return (a - fmod(a, b)) / b
@@ -51,6 +80,153 @@ local function cdiv(a, b)
     q = q + 1
   end
   return q
+end
+
+-- Short paths for a lone check ---------------------------------------------
+--
+-- The same arithmetic as the general path below, before anything of it is
+-- built: its tables and closures cost more Redis time than the decision.
+-- Each path answers only what it is sure of, and writes nothing otherwise;
+-- everything else falls through to the general path.
+
+if #KEYS == 1 and mode == 'check' then
+  local key, alg = KEYS[1], ARGV[4]
+  local limit, w, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
+  if alg == '1' then
+    -- Fixed window: the count is a hash field named by its window's start,
+    -- so HINCRBY counts in place; the hash's other fields are looked at
+    -- only when a window's first count is made. Too big a cost, or another
+    -- window's count, take the general path.
+    -- The sum stays exact in a double: count <= limit after the check.
+    if cost <= limit and limit <= MAX_EXACT - cost then
+      local start = now - fmod(now, w)
+      -- A key of another type answers WRONGTYPE: corrupt state, for quotad.
+      local n = redis.call('HINCRBY', key, start, cost)
+      local wait = start + w - now
+      local alone = true
+      if n == cost then
+        -- This window's first count: another window's may be there, a
+        -- later one (Redis's clock stepped back) or one gone by.
+        if redis.call('HLEN', key) > 1 then
+          redis.call('HDEL', key, start)
+          alone = false
+        else
+          redis.call('PEXPIRE', key, wait + ttl_slack)
+        end
+      end
+      if alone then
+        if n <= limit then
+          -- Admitted: remaining and reset_after_ms; no wait, within the limit.
+          return { time, limit - n, wait }
+        end
+        redis.call('HINCRBY', key, start, -cost)
+        local before = n - cost
+        if before > limit then before = limit end
+        return { time, limit - before, wait, wait, EXCEEDED }
+      end
+    end
+  elseif alg == '2' then
+    -- Sliding window, admitted: GET, then SET. A denial, too big a cost or
+    -- a later window take the general path.
+    local start = now - fmod(now, w)
+    -- A key of another type answers a table: the general path reports it.
+    local raw = redis.pcall('GET', key)
+    local prev, curr, here = 0, 0, cost <= limit and type(raw) ~= 'table'
+    if here and raw then
+      local s, p, c = string.match(raw, '^(%d+):(%d+):(%d+)$')
+      s = tonumber(s)
+      if not s or s > start then
+        here = false
+      elseif s == start then
+        prev, curr = tonumber(p), tonumber(c)
+      elseif start - s <= w then
+        prev = tonumber(c)
+      end
+    end
+    if here then
+      local elapsed = now - start
+      -- round(prev x (w - elapsed) / w), halves up
+      local x = prev * (w - elapsed)
+      local r = fmod(x, w)
+      local estimate = (x - r) / w + curr
+      if 2 * r >= w then estimate = estimate + 1 end
+      if estimate <= limit - cost then
+        local reset = w - elapsed + w
+        redis.call('SET', key, string.format('%d:%d:%d', start, prev, curr + cost), 'PX', reset + ttl_slack)
+        return { time, limit - estimate - cost, reset }
+      end
+    end
+  elseif alg == '3' or alg == '4' then
+    -- Buckets, admitted. Token and leaky buckets are duals (tokens =
+    -- capacity - level), so one computation in levels serves both; the
+    -- token bucket stores its tokens.
+    local cap = tonumber(ARGV[7]) * w
+    local tokens = alg == '3'
+    local raw = redis.pcall('GET', key)
+    local level, here = 0, type(raw) ~= 'table'
+    if here and raw then
+      local saved, at = string.match(raw, '^(%d+):(%d+)$')
+      saved, at = tonumber(saved), tonumber(at)
+      -- A state from later (the clock stepped back) takes the general path.
+      if not at or at > now then
+        here = false
+      else
+        if tokens then saved = cap - saved end
+        if now - at < cdiv(saved, limit) then level = saved - limit * (now - at) end
+      end
+    end
+    if here and level <= cap - cost * w then
+      level = level + cost * w
+      local reset = cdiv(level, limit)
+      local stored = level
+      if tokens then stored = cap - level end
+      redis.call('SET', key, string.format('%d:%d', stored, now), 'PX', reset + ttl_slack)
+      return { time, fdiv(cap - level, w), reset }
+    end
+  elseif alg == '5' then
+    -- Sliding log, while no entry has left the window: admitted, or denied
+    -- with nothing written. Entries that have left, a later entry or
+    -- anything unexpected take the general path.
+    local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if not last.err and cost <= limit then
+      if #last == 0 then
+        redis.call('ZADD', key, 0, string.format('%d:%d', now, cost))
+        redis.call('PEXPIRE', key, w + ttl_slack)
+        return { time, limit - cost, w }
+      end
+      local ms, c = string.match(last[1], '^(%d+):(%d+)$')
+      ms, c = tonumber(ms), tonumber(c)
+      local score = tonumber(last[2])
+      if ms and ms <= now and ms + w > now then
+        local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        local fms = tonumber(string.match(first[1], '^(%d+):'))
+        local total = score + c - tonumber(first[2])
+        if fms and fms + w > now then
+          if total <= limit - cost then
+            if ms == now then
+              redis.call('ZADD', key, score, string.format('%d:%d', ms, c + cost))
+              redis.call('ZREM', key, last[1])
+            else
+              redis.call('ZADD', key, score + c, string.format('%d:%d', now, cost))
+            end
+            redis.call('PEXPIRE', key, w + ttl_slack)
+            return { time, limit - total - cost, w }
+          end
+          -- Denied, nothing written: the wait is until the oldest entries
+          -- whose leaving frees the excess have left, the last entry scored
+          -- below first + excess (a score is the units before the entry).
+          local target = tonumber(first[2]) + total - (limit - cost)
+          local found = redis.call('ZREVRANGEBYSCORE', key, '(' .. string.format('%d', target), '-inf', 'LIMIT', 0, 1)
+          local fm = tonumber(string.match(found[1] or '', '^(%d+):'))
+          if fm then
+            local remaining = limit - total
+            if remaining < 0 then remaining = 0 end
+            return { time, remaining, fm + w - now, ms + w - now, EXCEEDED }
+          end
+        end
+      end
+    end
+  end
 end
 
 local function min(a, b)
@@ -67,62 +243,43 @@ local function corrupt(key, why)
   return redis.error_reply('QUOTAD_CORRUPT ' .. key .. ': ' .. why)
 end
 
--- The clock, and the deadline -----------------------------------------------
+-- Loading and storing state ---------------------------------------------
 
-local t = redis.call('TIME')
-local time = tonumber(t[1]) * 1000 + fdiv(tonumber(t[2]), 1000)
--- The caller has given up: its answer was "failed", so nothing may count.
-if time > tonumber(ARGV[2]) then
-  return { 0, time }
-end
-
-local mode = ARGV[1]
-
--- A lone fixed-window check: the least work (GET, then SET when admitted).
-if #KEYS == 1 and mode == 'check' and ARGV[4] == '1' then
-  local key = KEYS[1]
-  local limit, window, cost = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[8])
-  local now, slack = time, 0
-  if ARGV[3] ~= '' then now, slack = tonumber(ARGV[3]), 60000 end
-  local start = now - fmod(now, window)
-  local at, count = now, 0
-  local raw = redis.pcall('GET', key)
-  if raw then
-    if type(raw) == 'table' then return corrupt(key, tostring(raw.err)) end
-    local s, c = string.match(raw, '^(%d+):(%d+)$')
-    if not s then return corrupt(key, 'not fixed-window state') end
-    s = tonumber(s)
-    -- A count from this window, or a later one (Redis's clock stepped
-    -- back: time never runs backwards for a key).
-    if s >= start then
-      start, count = s, tonumber(c)
-      if s > now then at = s end
+-- The fixed window stored under `key`, { start, count }, nil when there is
+-- none, or an error reply. Of several windows (a call that found another
+-- window's count left it for this path), the latest counts.
+local function load_fixed(key)
+  local raw = redis.pcall('HGETALL', key)
+  if raw.err then return nil, corrupt(key, raw.err) end
+  local st
+  for i = 1, #raw, 2 do
+    if not (string.match(raw[i], '^%d+$') and string.match(raw[i + 1], '^%d+$')) then
+      return nil, corrupt(key, 'not fixed-window state')
     end
+    local s = tonumber(raw[i])
+    if not st or s > st[1] then st = { s, tonumber(raw[i + 1]) } end
   end
-  local wait = (start + window - at) + (at - now)
-  if cost > limit then
-    -- A count of a window gone by is dropped, as any call that finds it.
-    if raw and count == 0 then redis.call('DEL', key) end
-    return { 1, time, 0, limit, max(limit - count, 0), 0, count > 0 and wait or 0, TOO_BIG }
-  end
-  if count <= limit - cost then
-    count = count + cost
-    redis.call('SET', key, string.format('%d:%d', start, count), 'PX', wait + slack)
-    return { 1, time, 1, limit, limit - count, 0, wait, WITHIN }
-  end
-  return { 1, time, 0, limit, max(limit - count, 0), wait, wait, EXCEEDED }
+  return st
 end
 
--- Loading and storing string state ---------------------------------------
+-- Writes a fixed window's count as the hash's one field.
+local function store_fixed(key, st, loaded, ttl)
+  if loaded and not (st and loaded[1] == st[1] and redis.call('HLEN', key) == 1) then
+    redis.call('DEL', key)
+  end
+  if st then
+    redis.call('HSET', key, st[1], string.format('%d', st[2]))
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
 
 local PATTERNS = {
-  [1] = '^(%d+):(%d+)$',
   [2] = '^(%d+):(%d+):(%d+)$',
   [3] = '^(%d+):(%d+)$',
   [4] = '^(%d+):(%d+)$',
 }
 -- '%d', not tostring or '..': those write 2^53 as 9.007199254741e+15.
-local FORMATS = { '%d:%d', '%d:%d:%d', '%d:%d', '%d:%d' }
+local FORMATS = { [2] = '%d:%d:%d', [3] = '%d:%d', [4] = '%d:%d' }
 
 -- The numbers stored under `key`, nil when there is none, or an error reply.
 local function load_string(key, alg)
@@ -489,19 +646,11 @@ local function evaluate(p, st, now, cost, consume)
   return m, { allowed, p.cap, M.remaining(m), retry, reset, reason }
 end
 
-local now = time
--- With an injected clock (tests), real time runs ahead of it, so a TTL
--- measured on the injected clock would expire state early; a minute of
--- slack keeps it. Stale state is harmless: it reads as fresh.
-local ttl_slack = 0
-if ARGV[3] ~= '' then
-  now = tonumber(ARGV[3])
-  ttl_slack = 60000
-end
 
 -- Each key's state as loaded (for an all-or-nothing batch that is
 -- refused), as it stands after the items so far, and its new TTL.
 local loaded, states, resets, order, algs, stale = {}, {}, {}, {}, {}, {}
+local unreadable = {}
 local items, decisions = {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
@@ -518,22 +667,33 @@ for i = 1, #KEYS do
     local st, err
     if p.alg == LOG_ID then
       st, err = METERS[LOG_ID].load(key, p.window, now)
+    elseif p.alg == FIXED_ID then
+      st, err = load_fixed(key)
     else
       st, err = load_string(key, p.alg)
     end
-    if err then return err end
+    if err then
+      -- An all-or-nothing batch is decided whole.
+      if mode == 'all' then return err end
+      unreadable[key] = true
+    end
     -- A log whose every entry has left reads as fresh; its key goes when
     -- the state is written.
     if st and st.stale then st, stale[key] = nil, true end
     loaded[key] = st or false
     states[key] = st
-    order[#order + 1] = key
+    -- An unreadable key is not written.
+    if not unreadable[key] then order[#order + 1] = key end
     algs[key] = p.alg
   end
-  local m, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
-  if mode ~= 'peek' then
-    states[key] = METERS[p.alg].into(m)
-    resets[key] = d[5]
+  local d = { 0, 0, 0, 0, 0, UNREADABLE }
+  if not unreadable[key] then
+    local m
+    m, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
+    if mode ~= 'peek' then
+      states[key] = METERS[p.alg].into(m)
+      resets[key] = d[5]
+    end
   end
   items[i] = { p = p, cost = cost }
   decisions[i] = d
@@ -556,8 +716,11 @@ elseif mode ~= 'peek' then
     local st = states[key]
     local ttl = max(resets[key], 1) + ttl_slack
     if algs[key] == LOG_ID then
-      if stale[key] then redis.call('DEL', key) end
+      -- UNLINK: a log of thousands of entries is freed off Redis's thread.
+      if stale[key] then redis.call('UNLINK', key) end
       if st then METERS[LOG_ID].store(key, st, ttl) end
+    elseif algs[key] == FIXED_ID then
+      store_fixed(key, st, loaded[key] or nil, ttl)
     elseif st then
       redis.call('SET', key, string.format(FORMATS[algs[key]], unpack(st)), 'PX', ttl)
     elseif loaded[key] then
@@ -566,10 +729,12 @@ elseif mode ~= 'peek' then
   end
 end
 
-local out = { 1, time }
+local out = { time }
 for i = 1, #decisions do
-  for j = 1, 6 do
-    out[#out + 1] = decisions[i][j]
-  end
+  local d = decisions[i]
+  out[#out + 1] = d[3]
+  out[#out + 1] = d[4]
+  out[#out + 1] = d[5]
+  out[#out + 1] = d[6]
 end
 return out

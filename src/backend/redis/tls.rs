@@ -5,13 +5,11 @@
 //! replaces those roots with a CA of one's own, and `tls_cert` + `tls_key`
 //! give quotad a client certificate for a Redis that requires one
 //! (`tls-auth-clients yes`). rustls does the TLS, with the process-wide
-//! ring provider the gRPC port uses too.
+//! ring provider the gRPC port uses too. The configuration checks the
+//! files when it loads; they are read again when quotad connects.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
-
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::PathBuf;
 
 use crate::backend::BackendError;
 
@@ -37,90 +35,34 @@ impl fmt::Debug for RedisTls {
     }
 }
 
-/// A TLS file that cannot be used: its setting (`tls_ca`, `tls_cert`,
-/// `tls_key`) and why.
-#[derive(Debug, PartialEq, Eq)]
-pub struct TlsFileError {
-    /// The setting under `[store.redis]`.
-    pub field: &'static str,
-    /// What is wrong with the file.
-    pub message: String,
-}
-
-fn read(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsFileError> {
-    std::fs::read(path).map_err(|e| TlsFileError {
-        field,
-        message: format!("cannot read {}: {e}", path.display()),
-    })
-}
-
-fn certificates(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsFileError> {
-    let pem = read(path, field)?;
-    let count = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsFileError {
-            field,
-            message: format!("{}: not PEM certificates: {e}", path.display()),
-        })?
-        .len();
-    if count == 0 {
-        return Err(TlsFileError {
-            field,
-            message: format!("{}: holds no PEM certificate", path.display()),
-        });
-    }
-    Ok(pem)
-}
-
 impl RedisTls {
     /// Whether any file is set.
     pub fn is_set(&self) -> bool {
         self.ca.is_some() || self.client.is_some()
     }
 
-    /// Reads the files and checks that each holds what it should: at least
-    /// one certificate, a private key.
-    ///
-    /// # Errors
-    ///
-    /// [`TlsFileError`] naming the setting whose file cannot be used.
-    pub fn check(&self) -> Result<(), TlsFileError> {
-        self.certificates().map(drop)
-    }
-
-    /// The files' contents, as the client library takes them.
-    fn certificates(&self) -> Result<redis::TlsCertificates, TlsFileError> {
-        let root_cert = self
-            .ca
-            .as_deref()
-            .map(|p| certificates(p, "tls_ca"))
-            .transpose()?;
+    /// The files' contents, as the client library takes them, read now (so
+    /// a certificate rotated since the configuration loaded is the one
+    /// used).
+    pub(super) fn load(&self) -> Result<redis::TlsCertificates, BackendError> {
+        let read = |path: &PathBuf, field: &str| {
+            std::fs::read(path).map_err(|e| {
+                BackendError::Unavailable(format!(
+                    "store.redis.{field}: cannot read {}: {e}",
+                    path.display()
+                ))
+            })
+        };
         let client_tls = match &self.client {
-            Some((cert, key)) => {
-                let client_cert = certificates(cert, "tls_cert")?;
-                let client_key = read(key, "tls_key")?;
-                PrivateKeyDer::from_pem_slice(&client_key).map_err(|e| TlsFileError {
-                    field: "tls_key",
-                    message: format!("{}: not a PEM private key: {e}", key.display()),
-                })?;
-                Some(redis::ClientTlsConfig {
-                    client_cert,
-                    client_key,
-                })
-            }
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read(cert, "tls_cert")?,
+                client_key: read(key, "tls_key")?,
+            }),
             None => None,
         };
         Ok(redis::TlsCertificates {
             client_tls,
-            root_cert,
-        })
-    }
-
-    /// The files' contents for connecting, read now (so a certificate
-    /// rotated since the configuration loaded is the one used).
-    pub(super) fn load(&self) -> Result<redis::TlsCertificates, BackendError> {
-        self.certificates().map_err(|e| {
-            BackendError::Unavailable(format!("store.redis.{}: {}", e.field, e.message))
+            root_cert: self.ca.as_ref().map(|p| read(p, "tls_ca")).transpose()?,
         })
     }
 }

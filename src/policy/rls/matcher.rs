@@ -225,8 +225,7 @@ impl RlsRules {
     ///
     /// [`RequestError`] naming the field: an empty domain or descriptor
     /// list (the reference refuses both), a `limit` override with an
-    /// unknown unit, more requests per unit than quotad counts exactly, or
-    /// no entries.
+    /// unknown unit or no entries.
     pub fn resolve<'r>(&'r self, request: &Request<'_>) -> Result<Resolutions<'r>, RequestError> {
         if request.domain.is_empty() {
             return Err(error("domain", "must not be empty"));
@@ -368,7 +367,7 @@ fn override_limit(
     Limit::try_new(limit.requests_per_unit, unit, Algorithm::FixedWindow, None).map_err(|e| {
         error(
             &field("limit.requests_per_unit"),
-            &policy_message(&e, limit.requests_per_unit, unit),
+            &policy_message(&e, limit.requests_per_unit, unit, Algorithm::FixedWindow),
         )
     })
 }

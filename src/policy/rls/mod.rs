@@ -48,6 +48,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # Layout
+//!
+//! - `rules.rs`: the model, one descriptor tree per domain with its
+//!   [`Rule`]s and [`Limit`]s, and the lookups matching makes in it.
+//! - `load.rs`: the loader, from files to that model; what is an error
+//!   and where. `yaml.rs` reads the YAML as the reference does; `unit.rs`
+//!   holds the time units.
+//! - `matcher.rs`: a [`Request`] resolved against the rules; `state.rs`:
+//!   the namespace and key each hit counts under.
+//! - `registry.rs`, `reload.rs`: the rules in force and their hot reload.
+//!
 //! # Matching (as the reference)
 //!
 //! A descriptor's entries are matched level by level from the domain's
@@ -90,6 +101,7 @@
 //!
 //! [`Policy`]: quotad_core::Policy
 
+mod load;
 mod matcher;
 mod registry;
 mod reload;
@@ -101,13 +113,14 @@ mod yaml;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use load::{LoadOptions, MAX_FILE_BYTES};
 pub use matcher::{
     Applied, Charge, Descriptor, Descriptors, Entries, Entry, LimitOverride, NoLimit, Request,
     RequestError, Resolution, Resolutions,
 };
 pub(crate) use registry::{RlsRegistry, RlsSet};
 pub(crate) use reload::start;
-pub use rules::{Limit, LoadOptions, RlsRules, Rule};
+pub use rules::{Limit, RlsRules, Rule};
 pub use state::NAMESPACE_PREFIX;
 pub use unit::Unit;
 

@@ -86,13 +86,22 @@ impl RlsReloader {
             async move { read_sources(path).await }
         };
         let label = format!("RLS rules from {}", self.path.display());
-        watch(&label, initial, read, |now| self.reload(now), poll, stop).await;
+        let this = &self;
+        let reload = move |now: &Sources| {
+            let now = now.clone();
+            async move { this.reload(&now).await }
+        };
+        watch(&label, initial, read, reload, poll, stop).await;
     }
 
     /// Loads `sources` and, if every file is valid, swaps the rules in;
     /// logs and counts the outcome.
-    fn reload(&self, sources: &Sources) {
-        match self.apply(sources) {
+    async fn reload(&self, sources: &Sources) {
+        match self.apply(sources).await {
+            Ok(0) => {
+                tracing::warn!(path = %self.path.display(), "RLS rules reloaded, and there are none: every descriptor answers OK");
+                self.metrics.rls_reload(true, 0);
+            }
             Ok(rules) => {
                 tracing::info!(path = %self.path.display(), rules, "RLS rules reloaded");
                 self.metrics.rls_reload(true, rules);
@@ -112,14 +121,20 @@ impl RlsReloader {
         }
     }
 
-    /// Loads `sources` and swaps them in: the number of rules now in force,
-    /// or why nothing changed.
-    fn apply(&self, sources: &Sources) -> Result<usize, RlsConfigError> {
-        let texts = sources.as_ref().map_err(Clone::clone)?;
-        let rules = RlsRules::from_sources(
-            texts.iter().map(|(f, t)| (f.as_path(), t.as_str())),
-            self.options,
-        )?;
+    /// Loads `sources` (off the async workers: a large file takes a while
+    /// to parse) and swaps them in: the number of rules now in force, or
+    /// why nothing changed.
+    async fn apply(&self, sources: &Sources) -> Result<usize, RlsConfigError> {
+        let texts = sources.as_ref().map_err(Clone::clone)?.clone();
+        let options = self.options;
+        let rules = tokio::task::spawn_blocking(move || {
+            RlsRules::from_sources(
+                texts.iter().map(|(f, t)| (f.as_path(), t.as_str())),
+                options,
+            )
+        })
+        .await
+        .map_err(|join| failed("loading", &join))??;
         let count = rules.rule_count();
         self.registry
             .replace(RlsSet::new(Arc::new(rules), &self.metrics));
@@ -127,14 +142,19 @@ impl RlsReloader {
     }
 }
 
+/// A reload whose blocking task failed.
+fn failed(doing: &str, join: &tokio::task::JoinError) -> RlsConfigError {
+    RlsConfigError::new(
+        std::path::Path::new(""),
+        "",
+        format!("{doing} the rules failed: {join}"),
+    )
+}
+
 async fn read_sources(path: PathBuf) -> Sources {
     match tokio::task::spawn_blocking(move || RlsRules::read_sources(&path)).await {
         Ok(sources) => sources,
-        Err(join) => Err(RlsConfigError::new(
-            std::path::Path::new(""),
-            "",
-            format!("reading the rules failed: {join}"),
-        )),
+        Err(join) => Err(failed("reading", &join)),
     }
 }
 
@@ -144,8 +164,8 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn an_invalid_version_names_its_file_and_line_and_keeps_the_rules_in_force() {
+    #[tokio::test]
+    async fn an_invalid_version_names_its_file_and_line_and_keeps_the_rules_in_force() {
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let source = |text: &str| vec![(PathBuf::from("rules/edge.yaml"), text.to_owned())];
         let valid = "domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
@@ -166,13 +186,14 @@ mod tests {
         let broken = valid.replace("second", "fortnight");
         let error = reloader
             .apply(&Ok(source(&broken)))
+            .await
             .expect_err("invalid unit");
         assert_eq!(error.file(), Path::new("rules/edge.yaml"));
         assert_eq!(
             (error.field(), error.line()),
             ("descriptors[0].rate_limit.unit", Some(4))
         );
-        reloader.reload(&Ok(source(&broken)));
+        reloader.reload(&Ok(source(&broken))).await;
         assert!(
             metrics
                 .render()
@@ -183,7 +204,7 @@ mod tests {
         let two = format!(
             "{valid}  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 1}}\n"
         );
-        assert_eq!(reloader.apply(&Ok(source(&two))), Ok(2));
+        assert_eq!(reloader.apply(&Ok(source(&two))).await, Ok(2));
         assert_eq!(registry.snapshot().rules().rules("edge").len(), 2);
     }
 }

@@ -1,38 +1,14 @@
-//! The rules of the loaded files: one tree of descriptors per domain, and
-//! its loader.
-//!
-//! What is an error follows the reference's loader (src/config/
-//! config_impl.go): an empty or missing `domain` or `key`, a domain in two
-//! files (unless [`LoadOptions::merge_domains`]), a key and value twice at
-//! one level, a unit other than second..year, a unit beside
-//! `unlimited: true`, an empty `replaces` name or one naming its own rule,
-//! `share_threshold` without a wildcard value, unknown keys, lists of
-//! anything but mappings, and values of the wrong type. Beyond the
-//! reference, quotad refuses keys the reference knows but ignores where
-//! they stand (a `unit` beside `key` instead of inside `rate_limit`, which
-//! there silently leaves the descriptor without a limit), a second YAML
-//! document in a file, and limits quotad cannot count exactly.
+//! The rules of the loaded files: one tree of descriptors per domain, its
+//! rules and limits, and the queries the matcher and the registry ask of
+//! it. The loader (`load.rs`) builds it from the files.
 
-use std::path::{Path, PathBuf};
-use std::str::FromStr as _;
+use std::path::Path;
 use std::sync::Arc;
 
 use foldhash::HashMap;
 use quotad_core::{Algorithm, MAX_EXACT, Policy, PolicyError};
 
-use super::state::{domain_namespace, push_level};
-use super::yaml::{self, Ctx, Node};
-use super::{RlsConfigError, Unit};
-use crate::policy::{PolicyField, policy_error_field};
-
-/// How files are combined.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoadOptions {
-    /// Whether files naming the same domain are merged into one descriptor
-    /// list (the reference's `MERGE_DOMAIN_CONFIG`); otherwise a domain in
-    /// two files is an error.
-    pub merge_domains: bool,
-}
+use super::Unit;
 
 /// The RLS rules of every loaded file, by domain.
 ///
@@ -70,7 +46,7 @@ struct Branch {
 #[derive(Debug)]
 pub(super) struct TreeNode {
     pub(super) rule: Option<Rule>,
-    share_threshold: bool,
+    pub(super) share_threshold: bool,
     pub(super) children: Level,
 }
 
@@ -108,17 +84,17 @@ impl Wildcard {
 /// A descriptor with a `rate_limit`: what the reference calls a limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
-    index: usize,
-    namespace: String,
-    file: Arc<Path>,
-    line: usize,
-    name: String,
-    replaces: Vec<String>,
-    limit: Option<Limit>,
-    shadow_mode: bool,
-    quota_mode: bool,
-    detailed_metric: bool,
-    value_to_metric: bool,
+    pub(super) index: usize,
+    pub(super) namespace: String,
+    pub(super) file: Arc<Path>,
+    pub(super) line: usize,
+    pub(super) name: String,
+    pub(super) replaces: Vec<String>,
+    pub(super) limit: Option<Limit>,
+    pub(super) shadow_mode: bool,
+    pub(super) quota_mode: bool,
+    pub(super) detailed_metric: bool,
+    pub(super) value_to_metric: bool,
 }
 
 impl Rule {
@@ -199,9 +175,9 @@ impl Limit {
     ///
     /// # Errors
     ///
-    /// The [`PolicyError`] of a limit quotad cannot count: above 2^53 /
-    /// window_ms per window (see [`Limit::max_requests_per_unit`]), a burst
-    /// on a non-bucket algorithm, a sliding log above 10,000.
+    /// The [`PolicyError`] of a limit quotad cannot count: above
+    /// [`Limit::max_requests_per_unit`], a burst on a non-bucket algorithm,
+    /// a sliding log above 10,000.
     pub fn try_new(
         requests_per_unit: u32,
         unit: Unit,
@@ -223,12 +199,19 @@ impl Limit {
         })
     }
 
-    /// The most requests per unit quotad counts exactly (limit x window_ms
-    /// <= 2^53): 285,616 a year, 3,474,999 a month, 14,892,855 a week,
-    /// 104,249,991 a day, 2,501,999,792 an hour; a minute or a second
-    /// holds any 32-bit number.
-    pub fn max_requests_per_unit(unit: Unit) -> u64 {
-        MAX_EXACT / unit.window_ms()
+    /// The most requests per unit quotad counts exactly with `algorithm`:
+    /// any 32-bit number for a fixed window (the reference's counting, and
+    /// the default), which only adds; for the others, which multiply the
+    /// limit by the time, `limit x window_ms <= 2^53`: 285,616 a year,
+    /// 3,474,999 a month, 14,892,855 a week, 104,249,991 a day,
+    /// 2,501,999,792 an hour, and any 32-bit number a minute or a second.
+    pub fn max_requests_per_unit(unit: Unit, algorithm: Algorithm) -> u64 {
+        let most = if algorithm == Algorithm::FixedWindow {
+            MAX_EXACT
+        } else {
+            MAX_EXACT / unit.window_ms()
+        };
+        most.min(u64::from(u32::MAX))
     }
 
     /// `requests_per_unit`.
@@ -250,70 +233,6 @@ impl Limit {
 }
 
 impl RlsRules {
-    /// Loads `path`: every `*.yaml` and `*.yml` file directly in it, in
-    /// name order, or the one file it names.
-    ///
-    /// Subdirectories and names starting with `.` are skipped (a Kubernetes
-    /// ConfigMap volume keeps its files twice, under `..data/` and as links
-    /// beside it); symbolic links are followed.
-    ///
-    /// # Errors
-    ///
-    /// The first [`RlsConfigError`]: a file that cannot be read, or a rule
-    /// that breaks the format.
-    pub fn load(path: &Path, options: LoadOptions) -> Result<RlsRules, RlsConfigError> {
-        let texts = RlsRules::read_sources(path)?;
-        RlsRules::from_sources(
-            texts.iter().map(|(f, t)| (f.as_path(), t.as_str())),
-            options,
-        )
-    }
-
-    /// Reads the files [`RlsRules::load`] would load from `path`, as
-    /// `(file, text)` in load order, without loading them (to tell whether
-    /// they changed).
-    ///
-    /// # Errors
-    ///
-    /// An [`RlsConfigError`] naming the folder or file that cannot be read
-    /// (or is not UTF-8).
-    pub fn read_sources(path: &Path) -> Result<Vec<(PathBuf, String)>, RlsConfigError> {
-        let io_error =
-            |file: &Path, e: std::io::Error| RlsConfigError::new(file, "", e.to_string());
-        let files = if path.is_dir() {
-            rule_files(path).map_err(|e| io_error(path, e))?
-        } else {
-            vec![path.to_owned()]
-        };
-        let mut texts = Vec::with_capacity(files.len());
-        for file in files {
-            let text = std::fs::read_to_string(&file).map_err(|e| io_error(&file, e))?;
-            texts.push((file, text));
-        }
-        Ok(texts)
-    }
-
-    /// Loads files already read, as `(name, text)`, in the order given.
-    ///
-    /// # Errors
-    ///
-    /// The first [`RlsConfigError`].
-    pub fn from_sources<'a>(
-        sources: impl IntoIterator<Item = (&'a Path, &'a str)>,
-        options: LoadOptions,
-    ) -> Result<RlsRules, RlsConfigError> {
-        let mut rules = RlsRules::default();
-        for (file, text) in sources {
-            rules.load_file(file, text, options)?;
-        }
-        let mut count = 0;
-        for domain in rules.domains.values_mut() {
-            domain.root.number_rules(&mut count);
-        }
-        rules.rule_count = count;
-        Ok(rules)
-    }
-
     /// How many rules every domain holds together, unlimited ones included.
     pub fn rule_count(&self) -> usize {
         self.rule_count
@@ -340,479 +259,27 @@ impl RlsRules {
         rules
     }
 
-    fn load_file(
-        &mut self,
-        file: &Path,
-        text: &str,
-        options: LoadOptions,
-    ) -> Result<(), RlsConfigError> {
-        let ctx = Ctx { file };
-        let Some(doc) = yaml::parse(ctx, text)? else {
-            return Err(RlsConfigError::new(
-                file,
-                "domain",
-                "missing: every file names its domain",
-            ));
-        };
-        let mut domain = None;
-        let mut descriptors = None;
-        for (k, v) in yaml::mapping(ctx, "", &doc).map_err(|_| {
-            ctx.error(
-                "",
-                &doc,
-                format!(
-                    "must be a mapping with domain and descriptors, not {}",
-                    yaml::kind(&doc)
-                ),
-            )
-        })? {
-            match yaml::key(ctx, "", k)? {
-                "domain" => domain = Some((yaml::string(ctx, "domain", v)?, v)),
-                "descriptors" => descriptors = Some(v),
-                other => return Err(misplaced(ctx, "", k, other, "the top of a file")),
-            }
+    /// Numbers every rule from 0 on and counts them, once the files are in.
+    pub(super) fn number_rules(&mut self) {
+        let mut count = 0;
+        for domain in self.domains.values_mut() {
+            domain.root.number_rules(&mut count);
         }
-        let (name, name_node) = match domain {
-            Some((name, node)) if !name.is_empty() => (name, node),
-            Some((_, node)) => return Err(ctx.error("domain", node, "must not be empty")),
-            None => return Err(ctx.error("domain", &doc, "missing: every file names its domain")),
-        };
-        let file_arc: Arc<Path> = Arc::from(file);
-        let entry = match self.domains.get_mut(&name) {
-            Some(existing) if !options.merge_domains => {
-                return Err(ctx.error(
-                    "domain",
-                    name_node,
-                    format!(
-                        "duplicate domain {name:?}, already in {} (merging files of one domain is off)",
-                        existing.file.display()
-                    ),
-                ));
-            }
-            Some(existing) => existing,
-            None => self.domains.entry(name.clone()).or_insert(Domain {
-                root: Level::default(),
-                file: file_arc.clone(),
-            }),
-        };
-        if let Some(list) = descriptors {
-            let loader = Loader {
-                ctx,
-                file: &file_arc,
-            };
-            loader.descriptors(
-                &mut entry.root,
-                "descriptors",
-                list,
-                &domain_namespace(&name),
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// The rule files directly in `dir`, sorted by name.
-fn rule_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        let yaml = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-        if yaml && !name.starts_with('.') && path.is_file() {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// An unknown key, or a key of the format in the wrong place (the
-/// reference accepts its keys anywhere and ignores them out of place).
-fn misplaced(ctx: Ctx<'_>, parent: &str, node: &Node<'_>, key: &str, here: &str) -> RlsConfigError {
-    let home = match key {
-        "domain" => Some("the top of a file"),
-        "descriptors" => Some("the top of a file or a descriptor"),
-        "key" | "value" | "rate_limit" | "shadow_mode" | "quota_mode" | "detailed_metric"
-        | "value_to_metric" | "share_threshold" | "metadata" => Some("a descriptor"),
-        "unit" | "requests_per_unit" | "unlimited" | "replaces" => Some("rate_limit"),
-        "name" => Some("rate_limit or a replaces entry"),
-        _ => None,
-    };
-    let path = join(parent, key);
-    match home {
-        Some(home) => ctx.error(
-            &path,
-            node,
-            format!("{key} is not a field of {here}; it belongs in {home}"),
-        ),
-        None => ctx.error(&path, node, format!("unknown key {key:?} in {here}")),
-    }
-}
-
-fn join(parent: &str, field: &str) -> String {
-    if parent.is_empty() {
-        field.to_owned()
-    } else {
-        format!("{parent}.{field}")
-    }
-}
-
-/// Reads descriptor lists of one file into a domain's tree.
-struct Loader<'a> {
-    ctx: Ctx<'a>,
-    file: &'a Arc<Path>,
-}
-
-/// A descriptor's fields as read, before it joins the tree.
-#[derive(Default)]
-struct Fields<'n, 'i> {
-    key: Option<(String, &'n Node<'i>)>,
-    value: String,
-    /// The `rate_limit` key (for the rule's line) and its value.
-    rate_limit: Option<(&'n Node<'i>, &'n Node<'i>)>,
-    descriptors: Option<&'n Node<'i>>,
-    metadata: Option<&'n Node<'i>>,
-    shadow_mode: bool,
-    quota_mode: bool,
-    detailed_metric: bool,
-    value_to_metric: bool,
-    share_threshold: Option<&'n Node<'i>>,
-}
-
-/// quotad's settings from `metadata.quotad`.
-#[derive(Default)]
-struct Extension<'n, 'i> {
-    node: Option<&'n Node<'i>>,
-    algorithm: Option<(Algorithm, &'n Node<'i>)>,
-    burst: Option<(u64, &'n Node<'i>)>,
-}
-
-impl Loader<'_> {
-    fn descriptors(
-        &self,
-        level: &mut Level,
-        path: &str,
-        list: &Node<'_>,
-        namespace: &str,
-    ) -> Result<(), RlsConfigError> {
-        let ctx = self.ctx;
-        for (i, item) in yaml::sequence(ctx, path, list)?.iter().enumerate() {
-            let here = format!("{path}[{i}]");
-            let fields = self.fields(&here, item)?;
-            let Some((key, key_node)) = fields.key.clone().filter(|(k, _)| !k.is_empty()) else {
-                let at = fields.key.as_ref().map_or(item, |(_, node)| *node);
-                return Err(ctx.error(
-                    &join(&here, "key"),
-                    at,
-                    "a descriptor must have a non-empty key",
-                ));
-            };
-            let value = fields.value.clone();
-            let mut node_namespace = namespace.to_owned();
-            push_level(&mut node_namespace, &key, &value);
-            if let Some(at) = fields.share_threshold
-                && !value.contains('*')
-            {
-                return Err(ctx.error(
-                    &join(&here, "share_threshold"),
-                    at,
-                    format!("share_threshold needs a wildcard value (containing '*'); {key}'s value is {value:?}"),
-                ));
-            }
-            let extension = self.extension(&here, fields.metadata)?;
-            let rule = match fields.rate_limit.filter(|(_, v)| !yaml::is_null(v)) {
-                Some((key, node)) => {
-                    let line = key.span.start.line();
-                    Some(self.rule(
-                        &here,
-                        node,
-                        line,
-                        &fields,
-                        &extension,
-                        node_namespace.clone(),
-                    )?)
-                }
-                None => {
-                    if let Some(at) = extension.node {
-                        return Err(ctx.error(
-                            &join(&here, "metadata.quotad"),
-                            at,
-                            "applies to a descriptor with a rate_limit",
-                        ));
-                    }
-                    None
-                }
-            };
-            let mut node = TreeNode {
-                rule,
-                share_threshold: fields.share_threshold.is_some(),
-                children: Level::default(),
-            };
-            if let Some(children) = fields.descriptors {
-                self.descriptors(
-                    &mut node.children,
-                    &join(&here, "descriptors"),
-                    children,
-                    &node_namespace,
-                )?;
-            }
-            level.insert(key, value, node).map_err(|(key, value)| {
-                let what = if value.is_empty() {
-                    format!("key {key:?} without a value")
-                } else {
-                    format!("key {key:?} with value {value:?}")
-                };
-                ctx.error(
-                    &here,
-                    key_node,
-                    format!("duplicate descriptor: {what} is already defined at this level"),
-                )
-            })?;
-        }
-        Ok(())
-    }
-
-    fn fields<'n, 'i>(
-        &self,
-        here: &str,
-        item: &'n Node<'i>,
-    ) -> Result<Fields<'n, 'i>, RlsConfigError> {
-        let ctx = self.ctx;
-        let entries = yaml::mapping(ctx, here, item).map_err(|_| {
-            ctx.error(
-                here,
-                item,
-                format!("a descriptor must be a mapping, not {}", yaml::kind(item)),
-            )
-        })?;
-        let mut f = Fields::default();
-        for (k, v) in entries {
-            let name = yaml::key(ctx, here, k)?;
-            let path = join(here, name);
-            match name {
-                "key" => f.key = Some((yaml::string(ctx, &path, v)?, v)),
-                "value" => f.value = yaml::string(ctx, &path, v)?,
-                "rate_limit" => f.rate_limit = Some((k, v)),
-                "descriptors" => f.descriptors = Some(v),
-                "metadata" => f.metadata = Some(v),
-                "shadow_mode" => f.shadow_mode = yaml::boolean(ctx, &path, v)?,
-                "quota_mode" => f.quota_mode = yaml::boolean(ctx, &path, v)?,
-                "detailed_metric" => f.detailed_metric = yaml::boolean(ctx, &path, v)?,
-                "value_to_metric" => f.value_to_metric = yaml::boolean(ctx, &path, v)?,
-                "share_threshold" => f.share_threshold = yaml::boolean(ctx, &path, v)?.then_some(v),
-                other => return Err(misplaced(ctx, here, k, other, "a descriptor")),
-            }
-        }
-        Ok(f)
-    }
-
-    fn extension<'n, 'i>(
-        &self,
-        here: &str,
-        metadata: Option<&'n Node<'i>>,
-    ) -> Result<Extension<'n, 'i>, RlsConfigError> {
-        let ctx = self.ctx;
-        let mut ext = Extension::default();
-        let Some(metadata) = metadata else {
-            return Ok(ext);
-        };
-        let path = join(here, "metadata");
-        let Some((_, node)) = yaml::mapping(ctx, &path, metadata)?
-            .into_iter()
-            .find(|(k, _)| yaml::key(ctx, &path, k).is_ok_and(|k| k == "quotad"))
-        else {
-            return Ok(ext);
-        };
-        ext.node = Some(node);
-        let path = join(&path, "quotad");
-        for (k, v) in yaml::mapping(ctx, &path, node)? {
-            let name = yaml::key(ctx, &path, k)?;
-            let field = join(&path, name);
-            match name {
-                "algorithm" => {
-                    let text = yaml::string(ctx, &field, v)?;
-                    let algorithm = Algorithm::from_str(&text)
-                        .map_err(|e| ctx.error(&field, v, e.to_string()))?;
-                    ext.algorithm = Some((algorithm, v));
-                }
-                "burst" => {
-                    let burst = yaml::unsigned(ctx, &field, v, MAX_EXACT)?;
-                    ext.burst = Some((burst, v));
-                }
-                other => {
-                    return Err(ctx.error(
-                        &field,
-                        k,
-                        format!(
-                            "unknown key {other:?} in metadata.quotad (expected algorithm or burst)"
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(ext)
-    }
-
-    fn rule(
-        &self,
-        here: &str,
-        node: &Node<'_>,
-        line: usize,
-        fields: &Fields<'_, '_>,
-        ext: &Extension<'_, '_>,
-        namespace: String,
-    ) -> Result<Rule, RlsConfigError> {
-        let ctx = self.ctx;
-        let path = join(here, "rate_limit");
-        let mut unit = None;
-        let mut requests_per_unit = None;
-        let mut unlimited = false;
-        let mut name = String::new();
-        let mut replaces = Vec::new();
-        for (k, v) in yaml::mapping(ctx, &path, node)? {
-            let key = yaml::key(ctx, &path, k)?;
-            let field = join(&path, key);
-            match key {
-                "unit" => unit = Some((yaml::string(ctx, &field, v)?, v)),
-                "requests_per_unit" => {
-                    let n = yaml::unsigned(ctx, &field, v, u64::from(u32::MAX))?;
-                    let n = u32::try_from(n).expect("read with u32::MAX as the bound");
-                    requests_per_unit = Some((n, v));
-                }
-                "unlimited" => unlimited = yaml::boolean(ctx, &field, v)?,
-                "name" => name = yaml::string(ctx, &field, v)?,
-                "replaces" => replaces = self.replaces(&field, v)?,
-                other => return Err(misplaced(ctx, &path, k, other, "rate_limit")),
-            }
-        }
-        // replaces names are never empty, so an unnamed rule cannot match.
-        if let Some(i) = replaces.iter().position(|(r, _)| *r == name) {
-            return Err(ctx.error(
-                &format!("{path}.replaces[{i}].name"),
-                replaces[i].1,
-                format!("a rule cannot replace itself ({name:?})"),
-            ));
-        }
-        let replaces = replaces.into_iter().map(|(r, _)| r).collect();
-        let unit_text = unit
-            .as_ref()
-            .map(|(text, _)| text.as_str())
-            .unwrap_or_default();
-        let limit = if unlimited {
-            if let Some((text, at)) = unit.as_ref().filter(|(text, _)| !text.is_empty()) {
-                return Err(ctx.error(
-                    &join(&path, "unit"),
-                    at,
-                    format!("an unlimited rate_limit takes no unit (got {text:?})"),
-                ));
-            }
-            if let Some(at) = ext.node {
-                return Err(ctx.error(
-                    &join(here, "metadata.quotad"),
-                    at,
-                    "does not apply to an unlimited rate_limit",
-                ));
-            }
-            None
-        } else {
-            let Some(unit_value) = Unit::from_name(unit_text) else {
-                let at = unit.as_ref().map_or(node, |(_, at)| *at);
-                return Err(ctx.error(
-                    &join(&path, "unit"),
-                    at,
-                    format!(
-                        "invalid rate limit unit {unit_text:?} (expected second, minute, hour, day, week, month or year)"
-                    ),
-                ));
-            };
-            let rpu = requests_per_unit.map_or(0, |(n, _)| n);
-            let algorithm = ext.algorithm.map_or(Algorithm::FixedWindow, |(a, _)| a);
-            let burst = ext.burst.map(|(b, _)| b);
-            let limit = Limit::try_new(rpu, unit_value, algorithm, burst).map_err(|e| {
-                let (field, at) = match policy_error_field(&e) {
-                    PolicyField::Limit => {
-                        ("requests_per_unit", requests_per_unit.map(|(_, at)| at))
-                    }
-                    PolicyField::Window => ("unit", unit.as_ref().map(|(_, at)| *at)),
-                    PolicyField::Burst => ("burst", ext.burst.map(|(_, at)| at)),
-                    PolicyField::Algorithm => ("algorithm", ext.algorithm.map(|(_, at)| at)),
-                };
-                let full = match field {
-                    "burst" | "algorithm" => format!("{here}.metadata.quotad.{field}"),
-                    _ => join(&path, field),
-                };
-                ctx.error(
-                    &full,
-                    at.unwrap_or(node),
-                    policy_message(&e, rpu, unit_value),
-                )
-            })?;
-            Some(limit)
-        };
-        Ok(Rule {
-            index: 0,
-            namespace,
-            file: self.file.clone(),
-            line,
-            name,
-            replaces,
-            limit,
-            shadow_mode: fields.shadow_mode,
-            quota_mode: fields.quota_mode,
-            detailed_metric: fields.detailed_metric,
-            value_to_metric: fields.value_to_metric,
-        })
-    }
-
-    fn replaces<'n, 'i>(
-        &self,
-        path: &str,
-        list: &'n Node<'i>,
-    ) -> Result<Vec<(String, &'n Node<'i>)>, RlsConfigError> {
-        let ctx = self.ctx;
-        let mut names = Vec::new();
-        for (i, item) in yaml::sequence(ctx, path, list)?.iter().enumerate() {
-            let here = format!("{path}[{i}]");
-            let mut name = None;
-            for (k, v) in yaml::mapping(ctx, &here, item).map_err(|_| {
-                ctx.error(
-                    &here,
-                    item,
-                    format!("must be a mapping with a name, not {}", yaml::kind(item)),
-                )
-            })? {
-                match yaml::key(ctx, &here, k)? {
-                    "name" => name = Some(yaml::string(ctx, &join(&here, "name"), v)?),
-                    other => return Err(misplaced(ctx, &here, k, other, "a replaces entry")),
-                }
-            }
-            match name.filter(|n| !n.is_empty()) {
-                Some(name) => names.push((name, item)),
-                None => {
-                    return Err(ctx.error(
-                        &join(&here, "name"),
-                        item,
-                        "a replaces entry needs a non-empty name",
-                    ));
-                }
-            }
-        }
-        Ok(names)
+        self.rule_count = count;
     }
 }
 
 /// The message for a limit quotad cannot count, in the file's terms.
-pub(super) fn policy_message(error: &PolicyError, requests_per_unit: u32, unit: Unit) -> String {
+pub(super) fn policy_message(
+    error: &PolicyError,
+    requests_per_unit: u32,
+    unit: Unit,
+    algorithm: Algorithm,
+) -> String {
     match error {
         PolicyError::LimitWindowTooLarge { .. } => format!(
-            "{requests_per_unit} per {unit} is more than quotad counts exactly: at most {} per {unit} (requests_per_unit x window in ms <= 2^53)",
-            Limit::max_requests_per_unit(unit)
+            "{requests_per_unit} per {unit} is more than {algorithm} counts exactly: at most {} per {unit} (requests_per_unit x window in ms <= 2^53; the default fixed_window has no such bound)",
+            Limit::max_requests_per_unit(unit, algorithm)
         ),
         other => other.to_string(),
     }
@@ -820,7 +287,7 @@ pub(super) fn policy_message(error: &PolicyError, requests_per_unit: u32, unit: 
 
 impl Level {
     /// Adds a descriptor; `Err((key, value))` when the level has it.
-    fn insert(
+    pub(super) fn insert(
         &mut self,
         key: String,
         value: String,

@@ -81,6 +81,16 @@ impl TestServer {
         http_get(self.admin_addr, path).await
     }
 
+    /// Waits (at most 10 s) until the server has started: `/readyz`
+    /// answers 200. Start contacts the store, so a test that stops the
+    /// store must wait for this first.
+    pub(crate) async fn ready(&self) {
+        eventually(Duration::from_secs(10), "/readyz answers 200", || async {
+            self.get("/readyz").await.0 == 200
+        })
+        .await;
+    }
+
     /// The current `/metrics`, parsed.
     pub(crate) async fn metrics(&self) -> Metrics {
         let (status, body) = self.get("/metrics").await;

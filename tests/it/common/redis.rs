@@ -162,6 +162,26 @@ impl RedisServer {
         );
     }
 
+    /// Makes the server unable to persist: its folder goes, and a
+    /// background save fails, after which Redis refuses writes (MISCONF).
+    pub(crate) fn fail_persistence(&self) {
+        std::fs::remove_dir_all(&self.dir).expect("remove the Redis folder");
+        // Redis refuses writes after a failed save only when saves are on.
+        assert_eq!(self.cli(&["config", "set", "save", "3600 1"]).trim(), "OK");
+        let _ = self.cli(&["bgsave"]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self
+            .cli(&["info", "persistence"])
+            .contains("rdb_last_bgsave_status:err")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the background save did not fail within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops the server (SIGKILL: as abrupt as a crash).
     pub(crate) fn stop(&mut self) {
         if self.paused {
@@ -250,8 +270,54 @@ pub(crate) struct RedisCluster {
 
 impl RedisCluster {
     pub(crate) fn start() -> RedisCluster {
+        Self::start_with(&[])
+    }
+
+    /// Three masters and a replica of the last one (`nodes[3]`), with a
+    /// cluster node timeout of one second, so that the replica takes over
+    /// within a few seconds of its master stopping.
+    pub(crate) fn start_with_replica() -> RedisCluster {
+        let mut cluster = Self::start_with(&["--cluster-node-timeout", "1000"]);
+        let replica =
+            RedisServer::spawn(free_port(true), true, &["--cluster-node-timeout", "1000"]);
+        let master = &cluster.nodes[2];
+        let id = master.cli(&["cluster", "myid"]).trim().to_owned();
+        let out = Command::new(binary("redis-cli", "QUOTAD_REDIS_CLI"))
+            .args([
+                "--cluster",
+                "add-node",
+                &format!("127.0.0.1:{}", replica.port),
+                &format!("127.0.0.1:{}", master.port),
+                "--cluster-slave",
+                "--cluster-master-id",
+                &id,
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): {HOW_TO_GET_REDIS}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster add-node failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info = replica.cli(&["info", "replication"]);
+            if info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica did not sync with its master within 30 s: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster.nodes.push(replica);
+        cluster
+    }
+
+    fn start_with(extra: &[&str]) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::spawn(free_port(true), true, &[]))
+            .map(|_| RedisServer::spawn(free_port(true), true, extra))
             .collect();
         let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
         create.extend(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
@@ -292,6 +358,7 @@ impl RedisCluster {
     pub(crate) fn node_of(&self, key: &str) -> usize {
         self.nodes
             .iter()
+            .take(3)
             .position(|n| !n.cli(&["exists", key]).contains("MOVED"))
             .expect("one master serves every slot")
     }
@@ -315,6 +382,11 @@ pub(crate) struct BlackholeProxy {
     /// Bumped by [`BlackholeProxy::blackhole`]; a connection accepted in an
     /// earlier generation stops forwarding.
     generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Connections accepted in a generation before this one are closed.
+    closing: tokio::sync::watch::Sender<u64>,
+    /// How long a new connection waits before anything passes (a slow
+    /// handshake, a far region), in ms.
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Where new connections go.
     upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
     task: tokio::task::JoinHandle<()>,
@@ -329,30 +401,46 @@ impl BlackholeProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream));
+        let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (closing, closed) = tokio::sync::watch::channel(0u64);
         let gen_ = generation.clone();
         let target_ = target.clone();
+        let delay_ = delay_ms.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let born = gen_.load(Ordering::SeqCst);
                 let live = gen_.clone();
                 let upstream = target_.load(Ordering::SeqCst);
+                let delay = Duration::from_millis(delay_.load(Ordering::SeqCst));
+                let mut closed = closed.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
-                    else {
-                        return;
+                    let forward = async move {
+                        tokio::time::sleep(delay).await;
+                        let Ok(server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                        else {
+                            return;
+                        };
+                        let (cr, cw) = client.into_split();
+                        let (sr, sw) = server.into_split();
+                        let alive = move || live.load(Ordering::SeqCst) == born;
+                        let up = pump(cr, sw, alive.clone());
+                        let down = pump(sr, cw, alive);
+                        let _ = tokio::join!(up, down);
                     };
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    let alive = move || live.load(Ordering::SeqCst) == born;
-                    let up = pump(cr, sw, alive.clone());
-                    let down = pump(sr, cw, alive);
-                    let _ = tokio::join!(up, down);
+                    // Dropping `forward` closes both sockets.
+                    tokio::select! {
+                        () = forward => {}
+                        _ = closed.wait_for(|before| born < *before) => {}
+                    }
                 });
             }
         });
         BlackholeProxy {
             port,
             generation,
+            closing,
+            delay_ms,
             upstream: target,
             task,
         }
@@ -367,6 +455,26 @@ impl BlackholeProxy {
 
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Closes every connection open now; later ones pass as usual.
+    pub(crate) fn close_all(&self) {
+        self.blackhole();
+        self.close_blackholed();
+    }
+
+    /// Closes the connections that [`BlackholeProxy::blackhole`] stopped
+    /// (a peer that gives up on them at last), keeping the later ones.
+    pub(crate) fn close_blackholed(&self) {
+        let now = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        self.closing.send_replace(now);
+    }
+
+    /// Makes each connection accepted from now on wait `delay` before
+    /// anything passes.
+    pub(crate) fn delay_new_connections(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).expect("a short delay");
+        self.delay_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Stops forwarding on every connection open now, keeping them open.

@@ -88,3 +88,33 @@ fn a_password_in_a_redis_url_never_reaches_errors_or_logs() {
     assert!(error.starts_with("store.redis.cluster_nodes: "), "{error}");
     assert!(!error.contains("pw-in-bad-url"), "{error}");
 }
+
+#[test]
+fn validate_config_never_prints_a_redis_url_whose_password_breaks_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Characters that end a URL's authority, written unencoded in the
+    // password: the URL no longer parses, and its error must not show it.
+    for c in ['#', '?'] {
+        let url = format!("redis://user:s3cr{c}et@h:6379/0");
+        let path = dir.path().join("quotad.toml");
+        std::fs::write(
+            &path,
+            format!("[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = {url:?}\n"),
+        )
+        .expect("write the config");
+        let output = crate::common::binary::quotad(&["validate-config", &path.to_string_lossy()])
+            .output()
+            .expect("run quotad validate-config");
+        assert_eq!(output.status.code(), Some(2), "{c:?}");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(shown.contains("store.redis.url"), "{c:?}: {shown}");
+        assert!(
+            !shown.contains("s3cr") && !shown.contains("et@"),
+            "{c:?}: {shown}"
+        );
+    }
+}

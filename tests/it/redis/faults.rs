@@ -5,6 +5,10 @@
 //! answered as failed is counted later, every decided call counts once,
 //! and one broken thing fails only its own calls.
 
+mod cluster;
+mod recovery;
+mod refusals;
+
 use std::time::{Duration, Instant};
 
 use quotad::Config;
@@ -24,7 +28,11 @@ fn stall_config(target: &str, timeout: &str) -> Config {
 /// Policies `err`, `open` (limit `open_limit`) and `closed`, fixed windows
 /// of a day, each with the `on_error` of its name.
 fn three_policies(target: &str, timeout: &str, open_limit: u64) -> Config {
-    let toml = format!(
+    Config::from_toml(&three_policies_toml(target, timeout, open_limit)).expect("valid config")
+}
+
+fn three_policies_toml(target: &str, timeout: &str, open_limit: u64) -> String {
+    format!(
         r#"
 [store]
 backend = "redis"
@@ -51,8 +59,7 @@ limit = 10
 window = "1d"
 on_error = "fail_closed"
 "#
-    );
-    Config::from_toml(&toml).expect("valid config")
+    )
 }
 
 const POLICIES: [&str; 3] = ["err", "open", "closed"];
@@ -65,7 +72,22 @@ enum Answer {
 }
 
 async fn ask(client: &mut QuotaClient<Channel>, key: &str, policy: &str) -> Answer {
-    let call = client.check(named(key, policy, None));
+    ask_within(client, key, policy, None).await
+}
+
+/// [`ask`], with the client's deadline `deadline` (sent as `grpc-timeout`,
+/// as Envoy sends its 20 ms).
+async fn ask_within(
+    client: &mut QuotaClient<Channel>,
+    key: &str,
+    policy: &str,
+    deadline: Option<Duration>,
+) -> Answer {
+    let mut request = tonic::Request::new(named(key, policy, None));
+    if let Some(deadline) = deadline {
+        request.set_timeout(deadline);
+    }
+    let call = client.check(request);
     match tokio::time::timeout(Duration::from_secs(10), call).await {
         Ok(Ok(r)) => {
             let d = r.into_inner().decision.expect("a decision");
@@ -440,26 +462,10 @@ async fn corrupt_state_is_internal_counted_and_never_failed_open() {
 /// Policies `err`, `open` and `closed` on Redis with a 2 s timeout, and
 /// `[transport]` as given.
 fn long_timeout_config(url: &str, transport: &str) -> Config {
-    let mut toml = String::from(transport);
-    toml.push_str(&format!(
-        r#"
-[store]
-backend = "redis"
-
-[store.redis]
-url = {url:?}
-timeout = "2s"
-"#
-    ));
-    for (name, on_error) in [
-        ("err", "error"),
-        ("open", "fail_open"),
-        ("closed", "fail_closed"),
-    ] {
-        toml.push_str(&format!(
-            "\n[policies.{name}]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1d\"\non_error = \"{on_error}\"\n"
-        ));
-    }
+    let toml = format!(
+        "{transport}\n{}",
+        three_policies_toml(&format!("url = {url:?}"), "2s", 10)
+    );
     Config::from_toml(&toml).expect("valid config")
 }
 
@@ -574,4 +580,34 @@ async fn a_request_timeout_shorter_than_the_redis_timeout_is_the_scripts_deadlin
     ))
     .await;
     nothing_failed_by_a_deadline_counts_after_a_stall(&mut redis, &server, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_answered_as_failed_in_a_stall_does_not_happen_later() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start(long_timeout_config(&redis.url(), "")).await;
+    let mut client = server.client().await;
+    assert!(matches!(ask(&mut client, "kept", "err").await, Answer::Decided(d) if d.allowed));
+
+    redis.pause();
+    let stalled = Instant::now();
+    let mut reset = tonic::Request::new(pb::ResetRequest {
+        key: "kept".to_owned(),
+        policy: Some(pb::reset_request::Policy::PolicyName("err".to_owned())),
+    });
+    reset.set_timeout(Duration::from_millis(50));
+    let answer = tokio::time::timeout(Duration::from_secs(1), client.reset(reset))
+        .await
+        .expect("answered well within the store's 2 s timeout");
+    assert!(answer.is_err(), "the deadline ends the reset: {answer:?}");
+    // Resumed before the store's own timeout: a reset bounded by it alone
+    // would run now.
+    let left = Duration::from_millis(600).saturating_sub(stalled.elapsed());
+    tokio::time::sleep(left).await;
+    redis.resume();
+    let d = peek(&mut client, named("kept", "err", None)).await;
+    assert_eq!(
+        d.remaining, 9,
+        "the reset answered as failed did not happen"
+    );
 }

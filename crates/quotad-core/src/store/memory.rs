@@ -214,6 +214,11 @@ pub struct MemoryStore {
     config: StoreConfig,
     hasher: KeyHasher,
     clock: Arc<dyn Clock>,
+    /// The latest instant the store dropped state at because it was fresh:
+    /// the store's time never goes back past it. A key keeps its own floor in its state;
+    /// once its state is dropped, this keeps a clock stepped back from
+    /// judging it younger than it was judged fresh.
+    floor: AtomicU64,
     evictions: AtomicU64,
     reclaimed: AtomicU64,
     sweep_cursor: AtomicUsize,
@@ -247,6 +252,7 @@ impl MemoryStore {
             config,
             hasher,
             clock,
+            floor: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
             sweep_cursor: AtomicUsize::new(0),
@@ -261,7 +267,7 @@ impl MemoryStore {
     /// Decides one item: reads the clock once, locks the key's shard,
     /// decides, writes back.
     pub fn check_one(&self, item: &CheckItem<'_>) -> Decision {
-        self.check_at(item, self.clock.now_ms())
+        self.check_at(item, self.now())
     }
 
     /// Decides a batch at one instant. `Independent` decides each item alone;
@@ -271,7 +277,7 @@ impl MemoryStore {
     /// admitted. Otherwise nothing changes: denied items keep their decision
     /// and the others are denied with [`Reason::BatchRejected`].
     pub fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<Decision> {
-        let now = self.clock.now_ms();
+        let now = self.now();
         match mode {
             BatchMode::Independent => items.iter().map(|i| self.check_at(i, now)).collect(),
             BatchMode::AllOrNothing => self.check_all_or_nothing(items, now),
@@ -281,7 +287,7 @@ impl MemoryStore {
     /// What [`MemoryStore::check_one`] would decide, consuming nothing and
     /// creating nothing.
     pub fn peek(&self, item: &CheckItem<'_>) -> Decision {
-        let now = self.clock.now_ms();
+        let now = self.now();
         let hash = key_hash(&self.hasher, item.name(), item.key());
         let mut shard = self.lock(self.shard_of(hash));
         let decision = self.peek_in(&shard, item, hash, now);
@@ -290,8 +296,7 @@ impl MemoryStore {
         }
         // A check would first drop fresh-equivalent state; so does peek, to
         // find out, which changes no decision.
-        let dropped = shard.purge_expired(now);
-        self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+        self.reclaim(shard.purge_expired(now), now);
         self.peek_in(&shard, item, hash, now)
     }
 
@@ -302,7 +307,7 @@ impl MemoryStore {
         let evict = self.config.on_full() == OnFull::Evict;
         if let Some(i) = shard.find(hash, name, key) {
             let room = shard.room_for_state(i, evict);
-            return algorithm::peek_within(policy, shard.state(i), now, cost, room);
+            return algorithm::peek_within(policy, shard.state(i, now), now, cost, room);
         }
         let decision = algorithm::peek(policy, None, now, cost);
         if !decision.allowed {
@@ -368,10 +373,31 @@ impl MemoryStore {
     /// that every shard is visited regularly; returns the keys dropped.
     pub fn sweep_step(&self) -> usize {
         let index = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) % self.shards.len();
-        let now = self.clock.now_ms();
+        let now = self.now();
         let dropped = self.lock(index).purge_expired(now);
-        self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+        self.reclaim(dropped, now);
         dropped
+    }
+
+    /// The store's time, which every decision is made at: its clock, but
+    /// never before the latest instant the store dropped state at because
+    /// it was fresh (a clock stepped back after that cannot judge a dropped
+    /// key younger than it was found fresh).
+    pub fn now_ms(&self) -> u64 {
+        self.now()
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms().max(self.floor.load(Ordering::Relaxed))
+    }
+
+    /// Counts `dropped` keys let go at `now` as fresh, and keeps the
+    /// store's time from going back before `now`.
+    fn reclaim(&self, dropped: usize, now: u64) {
+        if dropped > 0 {
+            self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+            self.floor.fetch_max(now, Ordering::Relaxed);
+        }
     }
 
     fn check_at(&self, item: &CheckItem<'_>, now: u64) -> Decision {
@@ -386,7 +412,7 @@ impl MemoryStore {
             let Some(i) = shard.find(hash, name, key) else {
                 break;
             };
-            let state = shard.take(i);
+            let state = shard.take(i, now);
             // The state is not counted while taken: what is free is its room.
             let room = shard.free_bytes();
             let (state, decision, wanted) =
@@ -445,7 +471,7 @@ impl MemoryStore {
                 let guard = &guards[guard_of(shard)];
                 let original = guard
                     .find(hash, name, key)
-                    .and_then(|i| guard.state(i))
+                    .and_then(|i| guard.state(i, now))
                     .cloned();
                 pending.push(Pending {
                     name,
@@ -562,8 +588,7 @@ impl MemoryStore {
         // Neither dropping fresh-equivalent state nor unused slots changes
         // a decision. `needed` is counted again after each step, as a purge
         // may have dropped a key about to be written.
-        let dropped = shard.purge_expired(now);
-        self.reclaimed.fetch_add(dropped as u64, Ordering::Relaxed);
+        self.reclaim(shard.purge_expired(now), now);
         let evict = self.config.on_full() == OnFull::Evict;
         if evict && !shard.can_evict_for(needed(shard), protect) {
             return false;
@@ -591,10 +616,10 @@ impl MemoryStore {
         &self.shards
     }
 
-    /// The store's clock.
+    /// The store's time ([`MemoryStore::now`]), for a snapshot.
     #[cfg(feature = "snapshot")]
-    pub(super) fn clock(&self) -> &dyn Clock {
-        &*self.clock
+    pub(super) fn snapshot_now(&self) -> u64 {
+        self.now()
     }
 
     /// The hasher keys are placed with.

@@ -275,22 +275,34 @@ impl Shard {
             .index_from_hash(hash, |k| k.is(name, key))
     }
 
-    /// The state at `index`, taken out for one transition; until it is
-    /// written back, its bytes are not counted.
-    pub(super) fn take(&mut self, index: usize) -> Option<State> {
+    /// The state at `index`, taken out for one transition at `now`; until
+    /// it is written back, its bytes are not counted. State fresh by `now`
+    /// (as of the policy that wrote it) is none, swept or not.
+    pub(super) fn take(&mut self, index: usize, now: u64) -> Option<State> {
         let state = self
             .map
             .get_index_mut(index)
             .and_then(|(_, slot)| slot.state.take());
         self.bytes -= state.as_ref().map_or(0, State::heap_bytes);
-        state
+        state.filter(|_| !self.fresh_by(index, now))
     }
 
-    /// The state at `index`, to read.
-    pub(super) fn state(&self, index: usize) -> Option<&State> {
+    /// The state at `index`, to read at `now`: none once fresh, as
+    /// [`Shard::take`].
+    pub(super) fn state(&self, index: usize, now: u64) -> Option<&State> {
         self.map
             .get_index(index)
             .and_then(|(_, slot)| slot.state.as_ref())
+            .filter(|_| !self.fresh_by(index, now))
+    }
+
+    /// Whether the entry at `index` is fresh by `now`: the store drops it
+    /// then (the sweep, or room being made), and until it does, reads it as
+    /// none, so that no decision depends on when the sweep came by.
+    fn fresh_by(&self, index: usize, now: u64) -> bool {
+        self.map
+            .get_index(index)
+            .is_some_and(|(_, slot)| slot.fresh_at <= now)
     }
 
     /// Writes `state` back at `index`, or removes the entry when `state` is

@@ -7,7 +7,7 @@ use std::time::Duration;
 use quotad_core::Algorithm;
 
 use super::{load_error, rules};
-use crate::policy::rls::{Limit, LoadOptions, RlsRules, Unit};
+use crate::policy::rls::{Limit, LoadOptions, MAX_FILE_BYTES, RlsRules, Unit};
 
 #[test]
 fn loads_nested_descriptors_with_every_field_of_the_format() {
@@ -314,16 +314,19 @@ fn errors_name_file_field_line_and_column() {
 }
 
 #[test]
-fn the_most_requests_per_unit_are_2_pow_53_over_the_window() {
-    let most: Vec<u64> = Unit::ALL
-        .into_iter()
-        .map(Limit::max_requests_per_unit)
-        .collect();
+fn the_most_requests_per_unit_are_2_pow_53_over_the_window_but_for_a_fixed_window() {
+    let most = |algorithm| -> Vec<u64> {
+        Unit::ALL
+            .into_iter()
+            .map(|unit| Limit::max_requests_per_unit(unit, algorithm))
+            .collect()
+    };
+    let u32_max = u64::from(u32::MAX);
     assert_eq!(
-        most,
+        most(Algorithm::SlidingWindow),
         [
-            9_007_199_254_740,
-            150_119_987_579,
+            u32_max,
+            u32_max,
             2_501_999_792,
             104_249_991,
             14_892_855,
@@ -331,21 +334,25 @@ fn the_most_requests_per_unit_are_2_pow_53_over_the_window() {
             285_616
         ]
     );
+    assert_eq!(most(Algorithm::FixedWindow), [u32_max; 7]);
 }
 
 #[test]
 fn limits_beyond_exact_counting_are_refused_with_the_most_per_unit() {
-    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 285617}\n";
+    let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 285617}\n    metadata: {quotad: {algorithm: sliding_window}}\n";
     assert_eq!(
         load_error(text),
-        "rules.yaml: descriptors[0].rate_limit.requests_per_unit: 285617 per year is more than quotad counts exactly: at most 285616 per year (requests_per_unit x window in ms <= 2^53) (line 4, column 49)"
+        "rules.yaml: descriptors[0].rate_limit.requests_per_unit: 285617 per year is more than sliding_window counts exactly: at most 285616 per year (requests_per_unit x window in ms <= 2^53; the default fixed_window has no such bound) (line 4, column 49)"
     );
     let at_most = text.replace("285617", "285616");
     assert_eq!(rules(&at_most).rules("d").len(), 1);
-    // A second or a minute holds every 32-bit limit.
+    // A fixed window (the default), in any unit, and any algorithm for a
+    // second or a minute, hold every 32-bit limit.
+    let fixed = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 4294967295}\n";
+    assert_eq!(rules(fixed).rules("d").len(), 1);
     for unit in ["second", "minute"] {
         let text = format!(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 4294967295}}\n"
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 4294967295}}\n    metadata: {{quotad: {{algorithm: token_bucket}}}}\n"
         );
         assert_eq!(rules(&text).rules("d").len(), 1, "{unit}");
     }
@@ -444,4 +451,55 @@ fn an_empty_directory_loads_no_domains() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let loaded = RlsRules::load(dir.path(), LoadOptions::default()).expect("loaded");
     assert!(loaded.is_empty());
+}
+
+#[test]
+fn a_file_larger_than_the_most_is_refused_naming_it_and_one_at_the_most_loads() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let head = "domain: big\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let most = usize::try_from(MAX_FILE_BYTES).expect("fits");
+    // A comment pads the file to exactly the most, then one byte past it.
+    let padded = |len: usize| format!("{head}#{}\n", "x".repeat(len - head.len() - 2));
+    let file = dir.path().join("big.yaml");
+    std::fs::write(&file, padded(most)).expect("write");
+    assert!(RlsRules::load(dir.path(), LoadOptions::default()).is_ok());
+    std::fs::write(&file, padded(most + 1)).expect("write");
+    let err = RlsRules::load(dir.path(), LoadOptions::default()).expect_err("too big");
+    assert_eq!(err.file(), file);
+    assert!(err.to_string().contains("larger than 4 MiB"), "{err}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_rules_path_that_is_not_a_regular_file_is_refused_without_waiting() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let fifo = dir.path().join("rules.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success());
+    // Named directly: opening a FIFO would wait for a writer forever.
+    let err = RlsRules::load(&fifo, LoadOptions::default()).expect_err("a FIFO");
+    assert_eq!(err.file(), fifo);
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+    // In a folder, it is not a rules file.
+    assert!(RlsRules::load(dir.path(), LoadOptions::default()).is_ok());
+    let err = RlsRules::load(Path::new("/dev/null"), LoadOptions::default()).expect_err("a device");
+    assert!(err.to_string().contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn yaml_merge_keys_share_a_rate_limit_as_in_the_reference() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &per_second {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit:\n      <<: *per_second\n      requests_per_unit: 9\n";
+    let loaded = rules(text);
+    let limits: Vec<(u32, Unit)> = loaded
+        .rules("d")
+        .iter()
+        .map(|r| {
+            let l = r.limit().expect("a limit");
+            (l.requests_per_unit(), l.unit())
+        })
+        .collect();
+    assert_eq!(limits, [(5, Unit::Second), (9, Unit::Second)]);
 }

@@ -1,0 +1,4 @@
+//! libFuzzer entry point of [`quotad_fuzz::decide::run`]; see scripts/fuzz.sh.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| quotad_fuzz::decide::run(data));

@@ -1,0 +1,155 @@
+//! Redis refusing a call: a server that cannot replicate or persist its
+//! writes is an outage for `on_error`, and unreadable state under one key
+//! fails only that key's items.
+
+use std::time::Duration;
+
+use quotad_proto::v1 as pb;
+use tonic::Code;
+
+use super::{Answer, POLICIES, ask, stall_config};
+use crate::common::redis::RedisServer;
+use crate::common::{TestServer, eventually, named};
+
+/// Each policy's answer once Redis refuses writes: its `on_error`.
+async fn every_policy_gets_its_on_error(server: &TestServer, key: &str) {
+    let mut client = server.client().await;
+    for (policy, answer) in POLICIES
+        .iter()
+        .zip(["Unavailable", "FailOpen", "FailClosed"])
+    {
+        assert_eq!(
+            ask(&mut client, key, policy).await,
+            Answer::Failed(answer.to_owned()),
+            "{policy}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_the_replicas_it_requires_is_an_outage() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(stall_config(&format!("url = {:?}", redis.url()), "1s")).await;
+    let mut client = server.client().await;
+    assert!(matches!(
+        ask(&mut client, "norep", "err").await,
+        Answer::Decided(_)
+    ));
+    assert_eq!(
+        redis
+            .cli(&["config", "set", "min-replicas-to-write", "1"])
+            .trim(),
+        "OK"
+    );
+    every_policy_gets_its_on_error(&server, "norep").await;
+    assert_eq!(
+        redis
+            .cli(&["config", "set", "min-replicas-to-write", "0"])
+            .trim(),
+        "OK"
+    );
+    assert!(matches!(
+        ask(&mut client, "norep", "err").await,
+        Answer::Decided(_)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_cannot_persist_is_an_outage() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(stall_config(&format!("url = {:?}", redis.url()), "1s")).await;
+    let mut client = server.client().await;
+    assert!(matches!(
+        ask(&mut client, "misconf", "err").await,
+        Answer::Decided(_)
+    ));
+    redis.fail_persistence();
+    every_policy_gets_its_on_error(&server, "misconf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_state_under_one_key_fails_only_that_keys_items() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(stall_config(&format!("url = {:?}", redis.url()), "1s")).await;
+    let mut client = server.client().await;
+    // A key whose name is a secret, its state overwritten with garbage.
+    let secret = "api-key-7f3a";
+    assert!(matches!(
+        ask(&mut client, secret, "open").await,
+        Answer::Decided(_)
+    ));
+    let stored = redis.cli(&["--scan", "--pattern", &format!("*{secret}*")]);
+    let stored = stored.trim();
+    assert_eq!(redis.cli(&["set", stored, "garbage"]).trim(), "OK");
+
+    // Batches of 3 (one script) and of 150 (three scripts of up to 64):
+    // the unreadable key's item fails, every other item is decided.
+    for size in [3, 150] {
+        let items: Vec<pb::CheckRequest> = (0..size)
+            .map(|i| {
+                if i == 1 {
+                    named(secret, "open", None)
+                } else {
+                    named(&format!("fine-{size}-{i}"), "open", None)
+                }
+            })
+            .collect();
+        let batch = pb::CheckBatchRequest {
+            items,
+            mode: pb::BatchMode::Independent.into(),
+        };
+        let decisions = client
+            .check_batch(batch)
+            .await
+            .expect("an independent batch answers per item")
+            .into_inner()
+            .decisions;
+        for (i, d) in decisions.iter().enumerate() {
+            if i == 1 {
+                assert_eq!(
+                    (d.allowed, d.reason()),
+                    (false, pb::Reason::Unavailable),
+                    "unreadable state is never failed open"
+                );
+            } else {
+                assert_eq!(
+                    (d.allowed, d.reason()),
+                    (true, pb::Reason::WithinLimit),
+                    "item {i} of {size}"
+                );
+            }
+        }
+    }
+    // Alone, it is INTERNAL, and the message names its policy, not the key.
+    let status = client
+        .check(named(secret, "open", None))
+        .await
+        .expect_err("unreadable state is not a decision");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(!status.message().contains(secret), "{status:?}");
+    assert!(status.message().contains("open"), "{status:?}");
+    let metrics = server.metrics().await;
+    assert_eq!(metrics.value("quotad_redis_corrupt_state_total", &[]), 3.0);
+    // All-or-nothing is decided whole: the batch fails.
+    let all = pb::CheckBatchRequest {
+        items: vec![named(secret, "open", None), named("fine-all", "open", None)],
+        mode: pb::BatchMode::AllOrNothing.into(),
+    };
+    let status = client
+        .check_batch(all)
+        .await
+        .expect_err("an all-or-nothing batch with unreadable state fails whole");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(!status.message().contains(secret), "{status:?}");
+    eventually(
+        Duration::from_secs(1),
+        "nothing of the batch counted",
+        || async {
+            redis
+                .cli(&["--scan", "--pattern", "*fine-all*"])
+                .trim()
+                .is_empty()
+        },
+    )
+    .await;
+}
