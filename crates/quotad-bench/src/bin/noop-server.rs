@@ -20,6 +20,12 @@ use quotad::listen::UnixSocket;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
+/// quotad's allocator (its binary's default), so that the floor allocates
+/// as quotad does.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// How long open connections may take to close after the stop.
 const DRAIN: Duration = Duration::from_secs(5);
 
