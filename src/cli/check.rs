@@ -180,39 +180,39 @@ mod tests {
         }
     }
 
+    /// Allowed: the budget left and the reset; denied: when to retry; a
+    /// cost above the capacity: that it never fits; a peek: what would
+    /// happen.
     #[test]
-    fn an_allowed_decision_shows_the_budget_left_and_the_reset() {
-        let d = decision(true, 9, 0, 1_998, Reason::WithinLimit);
-        assert_eq!(
-            describe(&d, 1, Verb::Checked),
-            "allowed  remaining 9/10  reset in 1s 998ms  (within_limit)"
-        );
-    }
-
-    #[test]
-    fn a_denied_decision_shows_when_to_retry() {
-        let d = decision(false, 0, 1_850, 1_850, Reason::LimitExceeded);
-        assert_eq!(
-            describe(&d, 1, Verb::Checked),
-            "denied   remaining 0/10  retry in 1s 850ms  reset in 1s 850ms  (limit_exceeded)"
-        );
-    }
-
-    #[test]
-    fn a_cost_above_the_capacity_is_shown_as_never_fitting() {
-        let d = decision(false, 10, 0, 0, Reason::CostExceedsCapacity);
-        assert_eq!(
-            describe(&d, 20, Verb::Checked),
-            "denied   remaining 10/10  cost 20 can never fit  (cost_exceeds_capacity)"
-        );
-    }
-
-    #[test]
-    fn a_peek_says_what_would_happen() {
-        let d = decision(true, 10, 0, 0, Reason::WithinLimit);
-        assert_eq!(
-            describe(&d, 1, Verb::Peeked),
-            "would be allowed  remaining 10/10  (within_limit)"
-        );
+    fn a_decision_is_one_line_that_says_what_to_do_next() {
+        let cases = [
+            (
+                decision(true, 9, 0, 1_998, Reason::WithinLimit),
+                1,
+                Verb::Checked,
+                "allowed  remaining 9/10  reset in 1s 998ms  (within_limit)",
+            ),
+            (
+                decision(false, 0, 1_850, 1_850, Reason::LimitExceeded),
+                1,
+                Verb::Checked,
+                "denied   remaining 0/10  retry in 1s 850ms  reset in 1s 850ms  (limit_exceeded)",
+            ),
+            (
+                decision(false, 10, 0, 0, Reason::CostExceedsCapacity),
+                20,
+                Verb::Checked,
+                "denied   remaining 10/10  cost 20 can never fit  (cost_exceeds_capacity)",
+            ),
+            (
+                decision(true, 10, 0, 0, Reason::WithinLimit),
+                1,
+                Verb::Peeked,
+                "would be allowed  remaining 10/10  (within_limit)",
+            ),
+        ];
+        for (d, cost, verb, line) in cases {
+            assert_eq!(describe(&d, cost, verb), line);
+        }
     }
 }

@@ -74,34 +74,27 @@ async fn metrics_count_decisions_by_policy_algorithm_outcome_and_reason_and_neve
             ],
         )
     };
-    assert_eq!(
-        decisions("api", "fixed_window", "allowed", "within_limit"),
-        10.0
-    );
-    assert_eq!(
-        decisions("api", "fixed_window", "denied", "limit_exceeded"),
-        1.0
-    );
-    assert_eq!(
-        decisions("api", "fixed_window", "denied", "batch_rejected"),
-        1.0
-    );
-    assert_eq!(
-        decisions("per_day", "sliding_window", "allowed", "within_limit"),
-        1.0
-    );
-    assert_eq!(
-        decisions("per_day", "sliding_window", "denied", "limit_exceeded"),
-        1.0
-    );
-    assert_eq!(
-        decisions("inline", "token_bucket", "allowed", "within_limit"),
-        1.0
-    );
-    assert_eq!(
-        decisions("inline", "token_bucket", "denied", "cost_exceeds_capacity"),
-        1.0
-    );
+    for (policy, algorithm, outcome, reason, count) in [
+        ("api", "fixed_window", "allowed", "within_limit", 10.0),
+        ("api", "fixed_window", "denied", "limit_exceeded", 1.0),
+        ("api", "fixed_window", "denied", "batch_rejected", 1.0),
+        ("per_day", "sliding_window", "allowed", "within_limit", 1.0),
+        ("per_day", "sliding_window", "denied", "limit_exceeded", 1.0),
+        ("inline", "token_bucket", "allowed", "within_limit", 1.0),
+        (
+            "inline",
+            "token_bucket",
+            "denied",
+            "cost_exceeds_capacity",
+            1.0,
+        ),
+    ] {
+        assert_eq!(
+            decisions(policy, algorithm, outcome, reason),
+            count,
+            "{policy} {algorithm} {outcome} {reason}"
+        );
+    }
     let total: f64 = metrics
         .series("quotad_decisions_total")
         .iter()

@@ -30,6 +30,14 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// The process exited with `code` and its error output says `says`.
+#[track_caller]
+fn assert_exit(output: &Output, code: i32, says: &str) {
+    let stderr = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "{stderr}");
+    assert!(stderr.contains(says), "expected {says:?} in: {stderr}");
+}
+
 #[test]
 fn validate_config_accepts_the_example_config() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quotad.example.toml");
@@ -57,21 +65,11 @@ fn validate_config_rejects_unknown_fields_and_missing_files() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = write(dir.path(), "typo.toml", "[store]\nmax_key = 10\n");
     let output = run(&["validate-config", &path]);
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        stderr(&output).contains("store.max_key: unknown field `max_key`"),
-        "{}",
-        stderr(&output)
-    );
+    assert_exit(&output, 2, "store.max_key: unknown field `max_key`");
 
     let missing = dir.path().join("missing.toml");
     let output = run(&["validate-config", &missing.to_string_lossy()]);
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        stderr(&output).contains("cannot read"),
-        "{}",
-        stderr(&output)
-    );
+    assert_exit(&output, 2, "cannot read");
 }
 
 #[test]
@@ -94,12 +92,7 @@ fn serve_refuses_an_invalid_config_before_binding_any_port() {
         "--admin-addr",
         &admin,
     ]);
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("policies.login.limit"),
-        "{}",
-        stderr(&output)
-    );
+    assert_exit(&output, 2, "policies.login.limit");
     assert!(!stderr(&output).contains("bind"), "{}", stderr(&output));
 
     let tls = write(
@@ -116,12 +109,7 @@ fn serve_refuses_an_invalid_config_before_binding_any_port() {
         "--admin-addr",
         &admin,
     ]);
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("server.tls.cert: cannot read"),
-        "{}",
-        stderr(&output)
-    );
+    assert_exit(&output, 2, "server.tls.cert: cannot read");
 
     // Flags and environment variables are validated the same way.
     let output = quotad(&[
@@ -134,22 +122,16 @@ fn serve_refuses_an_invalid_config_before_binding_any_port() {
     ])
     .output()
     .expect("run quotad");
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("store.max_keys: max_keys must be at least 1 (from a flag"),
-        "{}",
-        stderr(&output)
+    assert_exit(
+        &output,
+        2,
+        "store.max_keys: max_keys must be at least 1 (from a flag",
     );
     let output = quotad(&["serve", "--grpc-addr", &grpc, "--admin-addr", &admin])
         .env("QUOTAD_SHARDS", "3")
         .output()
         .expect("run quotad");
-    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("store.shards"),
-        "{}",
-        stderr(&output)
-    );
+    assert_exit(&output, 2, "store.shards");
 }
 
 #[test]
@@ -157,12 +139,7 @@ fn serve_reports_a_port_in_use_with_exit_code_one() {
     let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
     let grpc = taken.local_addr().expect("addr").to_string();
     let output = run(&["serve", "--grpc-addr", &grpc, "--admin-addr", "127.0.0.1:0"]);
-    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
-    assert!(
-        stderr(&output).contains("cannot bind the gRPC address"),
-        "{}",
-        stderr(&output)
-    );
+    assert_exit(&output, 1, "cannot bind the gRPC address");
 }
 
 #[tokio::test]

@@ -8,18 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::process::{Finished, run_within};
-use crate::common::{NOON_30, TestServer};
+use crate::common::{API_3_A_MINUTE, NOON_30, TestServer};
 use quotad_core::FakeClock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_quotad");
 
-/// A fixed window of 3 per minute; at NOON_30 the window has 30 s left.
-const CONFIG: &str = r#"
-[policies.api]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-"#;
+const CONFIG: &str = API_3_A_MINUTE;
 
 async fn server() -> TestServer {
     TestServer::start_toml(CONFIG, Arc::new(FakeClock::new(NOON_30))).await

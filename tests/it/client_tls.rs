@@ -7,32 +7,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use quotad::{Config, Overrides};
 use quotad_client::{Check, Client, Error, TlsConfig};
 
 use crate::common::TestServer;
-use crate::pki::{Names, Pki};
-
-/// A CA, a server certificate for `localhost` and a client certificate,
-/// as PEM files in `dir/tls/`: the layout of the server's own TLS tests, so
-/// one helper can serve both.
-fn write_pki(dir: &Path) {
-    let pki = Pki::new(&dir.join("tls"));
-    pki.server();
-    pki.client("client", Names::dns("client"));
-}
-
-async fn start(dir: &Path, client_ca: bool) -> TestServer {
-    let mut text = "[server.tls]\ncert = \"tls/server.pem\"\nkey = \"tls/server.key\"\n".to_owned();
-    if client_ca {
-        text.push_str("client_ca = \"tls/ca.pem\"\n");
-    }
-    text.push_str("\n[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n");
-    let path = dir.join("quotad.toml");
-    std::fs::write(&path, text).expect("write config");
-    let config = Config::load(Some(&path), &Overrides::default()).expect("valid TLS config");
-    TestServer::start(config).await
-}
+use crate::tls::{start, write_pki};
 
 fn client(server: &TestServer, dir: &Path, identity: bool) -> Client {
     let pki = dir.join("tls");

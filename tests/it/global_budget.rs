@@ -6,8 +6,8 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use crate::common::TestServer;
-use quotad_client::{Check, Client};
+use crate::common::{TestServer, admitted};
+use quotad_client::Client;
 use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
 
 const LIMIT: u64 = 30;
@@ -61,19 +61,7 @@ async fn three_replicas_through_one_quotad_admit_exactly_the_limit_every_run() {
                         .deadline(Duration::from_secs(10))
                         .build()
                         .expect("valid address");
-                    let calls: Vec<_> = (0..REQUESTS_PER_REPLICA)
-                        .map(|_| {
-                            let client = client.clone();
-                            let check = Check::named("orders", key.clone());
-                            tokio::spawn(async move { client.check(&check).await })
-                        })
-                        .collect();
-                    let mut admitted = 0;
-                    for call in calls {
-                        let decision = call.await.expect("no panic").expect("quotad answers");
-                        admitted += usize::from(decision.allowed);
-                    }
-                    admitted
+                    admitted(&[client], "orders", &key, REQUESTS_PER_REPLICA).await
                 })
             })
         })

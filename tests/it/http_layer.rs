@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{NOON_30, TestServer};
+use crate::common::{API_3_A_MINUTE, NOON_30, TestServer};
 use axum::Router;
 use axum::routing::get;
 use http::HeaderName;
@@ -16,12 +16,7 @@ use quotad_core::FakeClock;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-const CONFIG: &str = r#"
-[policies.api]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-"#;
+const CONFIG: &str = API_3_A_MINUTE;
 
 struct Reply {
     status: u16,

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::redis::{RedisCluster, RedisServer};
-use crate::common::{TestServer, check, eventually, named, peek};
+use crate::common::{TestServer, admitted, check, eventually, named, peek};
 use quotad::Config;
 use quotad::backend::redis::{RedisBackend, RedisSettings, RedisTarget};
 use quotad::backend::{Backend, Deadline};
-use quotad_client::{Check, Client};
+use quotad_client::Client;
 use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
 use quotad_proto::v1 as pb;
 use tonic::Code;
@@ -96,18 +96,7 @@ async fn replicas_admit_exactly_the_limit(target: &str) {
         .collect();
     for run in 0..5 {
         let key = format!("customer-{run}-{}", std::process::id());
-        let calls: Vec<_> = (0..150)
-            .map(|i| {
-                let client = clients[i % clients.len()].clone();
-                let check = Check::named("orders", key.clone());
-                tokio::spawn(async move { client.check(&check).await })
-            })
-            .collect();
-        let mut admitted = 0;
-        for call in calls {
-            let decision = call.await.expect("no panic").expect("quotad answers");
-            admitted += u32::from(decision.allowed);
-        }
+        let admitted = admitted(&clients, "orders", &key, 150).await;
         assert_eq!(admitted, 25, "run {run}");
     }
 }

@@ -1,6 +1,6 @@
 //! Hot reload of named policies from the config file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,10 +13,34 @@ use tonic::Code;
 /// machine.
 const RELOAD_LIMIT: Duration = Duration::from_secs(10);
 
-fn config_text(api: &str, extra: &str) -> String {
+/// A config whose policy `api` counts `limit` a minute with `algorithm`,
+/// polled every 20 ms.
+fn config_text(algorithm: &str, limit: u64) -> String {
     format!(
-        "[server]\nconfig_poll_interval = \"20ms\"\n\n[store]\nmax_key_bytes = 16\n{extra}\n\n[policies.api]\n{api}\n"
+        "[server]\nconfig_poll_interval = \"20ms\"\n\n[store]\nmax_key_bytes = 16\n\n[policies.api]\nalgorithm = \"{algorithm}\"\nlimit = {limit}\nwindow = \"1m\"\n"
     )
+}
+
+/// A test's config file, in a folder of its own.
+struct ConfigFile {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl ConfigFile {
+    fn new(algorithm: &str, limit: u64) -> ConfigFile {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = ConfigFile {
+            path: dir.path().join("quotad.toml"),
+            _dir: dir,
+        };
+        file.write(algorithm, limit);
+        file
+    }
+
+    fn write(&self, algorithm: &str, limit: u64) {
+        write_atomically(&self.path, &config_text(algorithm, limit));
+    }
 }
 
 /// Replaces the file in one step, as a careful operator (or a ConfigMap
@@ -49,28 +73,14 @@ async fn reloads(server: &TestServer, outcome: &str) -> f64 {
 
 #[tokio::test]
 async fn a_valid_change_applies_keeping_counts_and_an_invalid_one_keeps_the_old_policies() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("quotad.toml");
-    write_atomically(
-        &path,
-        &config_text(
-            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"",
-            "",
-        ),
-    );
-    let server = start(&path).await;
+    let file = ConfigFile::new("fixed_window", 2);
+    let server = start(&file.path).await;
     let mut client = server.client().await;
     assert!(check(&mut client, named("k", "api", None)).await.allowed);
     assert!(check(&mut client, named("k", "api", None)).await.allowed);
     assert!(!check(&mut client, named("k", "api", None)).await.allowed);
 
-    write_atomically(
-        &path,
-        &config_text(
-            "algorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"",
-            "",
-        ),
-    );
+    file.write("fixed_window", 5);
     eventually(RELOAD_LIMIT, "the new limit is served", || async {
         api_limit(&server).await == Some(5)
     })
@@ -85,13 +95,7 @@ async fn a_valid_change_applies_keeping_counts_and_an_invalid_one_keeps_the_old_
     assert_eq!(reloads(&server, "ok").await, 1.0);
     assert_eq!(reloads(&server, "error").await, 0.0);
 
-    write_atomically(
-        &path,
-        &config_text(
-            "algorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1m\"",
-            "",
-        ),
-    );
+    file.write("fixed_window", 0);
     eventually(RELOAD_LIMIT, "the invalid file is counted", || async {
         reloads(&server, "error").await == 1.0
     })
@@ -107,7 +111,7 @@ async fn a_valid_change_applies_keeping_counts_and_an_invalid_one_keeps_the_old_
     assert_eq!(reloads(&server, "ok").await, 1.0);
 
     // A file that is not even TOML is rejected the same way.
-    write_atomically(&path, "[policies.api\n");
+    write_atomically(&file.path, "[policies.api\n");
     eventually(RELOAD_LIMIT, "the unparsable file is counted", || async {
         reloads(&server, "error").await == 2.0
     })
@@ -117,26 +121,12 @@ async fn a_valid_change_applies_keeping_counts_and_an_invalid_one_keeps_the_old_
 
 #[tokio::test]
 async fn a_changed_algorithm_starts_fresh_and_removed_and_added_policies_follow_the_file() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("quotad.toml");
-    write_atomically(
-        &path,
-        &config_text(
-            "algorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"",
-            "",
-        ),
-    );
-    let server = start(&path).await;
+    let file = ConfigFile::new("fixed_window", 3);
+    let server = start(&file.path).await;
     let mut client = server.client().await;
     check(&mut client, named("k", "api", Some(3))).await;
 
-    write_atomically(
-        &path,
-        &config_text(
-            "algorithm = \"token_bucket\"\nlimit = 3\nwindow = \"1m\"",
-            "",
-        ),
-    );
+    file.write("token_bucket", 3);
     eventually(RELOAD_LIMIT, "the reload lands", || async {
         reloads(&server, "ok").await == 1.0
     })
@@ -146,7 +136,7 @@ async fn a_changed_algorithm_starts_fresh_and_removed_and_added_policies_follow_
     assert_eq!(fresh.remaining, 2, "a new algorithm starts the key fresh");
 
     let text = "[server]\nconfig_poll_interval = \"20ms\"\n\n[policies.other]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n";
-    write_atomically(&path, text);
+    write_atomically(&file.path, text);
     eventually(RELOAD_LIMIT, "the second reload lands", || async {
         reloads(&server, "ok").await == 2.0
     })
@@ -161,25 +151,13 @@ async fn a_changed_algorithm_starts_fresh_and_removed_and_added_policies_follow_
 
 #[tokio::test]
 async fn settings_other_than_policies_wait_for_a_restart() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("quotad.toml");
-    write_atomically(
-        &path,
-        &config_text(
-            "algorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"",
-            "",
-        ),
-    );
-    let server = start(&path).await;
+    let file = ConfigFile::new("fixed_window", 2);
+    let server = start(&file.path).await;
     let mut client = server.client().await;
 
     // max_key_bytes 16 -> 4 in the same file as a limit change.
-    let text = config_text(
-        "algorithm = \"fixed_window\"\nlimit = 9\nwindow = \"1m\"",
-        "",
-    )
-    .replace("max_key_bytes = 16", "max_key_bytes = 4");
-    write_atomically(&path, &text);
+    let text = config_text("fixed_window", 9).replace("max_key_bytes = 16", "max_key_bytes = 4");
+    write_atomically(&file.path, &text);
     eventually(RELOAD_LIMIT, "the policy change lands", || async {
         api_limit(&server).await == Some(9)
     })

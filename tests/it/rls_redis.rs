@@ -13,27 +13,35 @@ use crate::rls::{
     rules_dir,
 };
 
-fn config(dir: &TempDir, rls: &str, target: &str) -> Config {
+/// A server with one rules file holding `rules`, the `[rls]` settings
+/// `rls` and the `[store]` lines `store`, on the Redis that the
+/// `[store.redis]` lines `redis` name; a client of it, and the rules folder
+/// (kept as long as the server).
+async fn serve(
+    rules: &str,
+    rls: &str,
+    store: &str,
+    redis: &str,
+) -> (TestServer, RlsClient, TempDir) {
+    let dir = rules_dir(&[("rules.yaml", rules)]);
     let toml = format!(
-        "{}\n[store]\nbackend = \"redis\"\n\n[store.redis]\n{target}\ntimeout = \"2s\"\n",
-        rls_toml(dir, rls)
+        "{}\n[store]\nbackend = \"redis\"\n{store}\n\n[store.redis]\n{redis}\ntimeout = \"2s\"\n",
+        rls_toml(&dir, rls)
     );
-    Config::from_toml(&toml).expect("valid config")
+    let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
+    let client = rls_client(&server).await;
+    (server, client, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_one_redis_give_exactly_fifty_oks_of_two_hundred() {
     let redis = RedisServer::start();
-    let dir = rules_dir(&[("api.yaml", FIFTY_A_DAY)]);
     let target = format!("url = {:?}", redis.url());
-    let servers = [
-        TestServer::start(config(&dir, "", &target)).await,
-        TestServer::start(config(&dir, "", &target)).await,
-        TestServer::start(config(&dir, "", &target)).await,
-    ];
-    let mut clients: Vec<RlsClient> = Vec::new();
-    for server in &servers {
-        clients.push(rls_client(server).await);
+    let (mut servers, mut clients) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (server, client, dir) = serve(FIFTY_A_DAY, "", "", &target).await;
+        servers.push((server, dir));
+        clients.push(client);
     }
     for run in 0..3 {
         let key = format!("user-{run}-{}", std::process::id());
@@ -50,10 +58,13 @@ const APP: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit:
 #[tokio::test]
 async fn the_reference_count_mode_spends_denied_hits_on_redis_too() {
     let redis = RedisServer::start();
-    let dir = rules_dir(&[("app.yaml", APP)]);
-    let target = format!("url = {:?}", redis.url());
-    let server = TestServer::start(config(&dir, "count_mode = \"reference\"", &target)).await;
-    let mut client = rls_client(&server).await;
+    let (_server, mut client, _dir) = serve(
+        APP,
+        "count_mode = \"reference\"",
+        "",
+        &format!("url = {:?}", redis.url()),
+    )
+    .await;
     let key = format!("k-{}", std::process::id());
     let mut hits = request("app", vec![descriptor(&[("a", &key)])]);
     hits.hits_addend = 2;
@@ -74,10 +85,8 @@ async fn the_reference_count_mode_spends_denied_hits_on_redis_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_decides_the_descriptors_of_a_request_one_by_one() {
     let cluster = RedisCluster::start();
-    let dir = rules_dir(&[("app.yaml", APP)]);
     let target = format!("cluster_nodes = {:?}", cluster.urls());
-    let server = TestServer::start(config(&dir, "", &target)).await;
-    let mut client = rls_client(&server).await;
+    let (_server, mut client, _dir) = serve(APP, "", "", &target).await;
     let key = format!("k-{}", std::process::id());
     // Keys in different slots: no CROSSSLOT refusal, each decided alone.
     let both = request(
@@ -121,18 +130,13 @@ async fn answers(clients: &mut [RlsClient], key: &str) -> Vec<Result<i32, tonic:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_answers_as_store_on_error_says() {
     let mut redis = RedisServer::start();
-    let dir = rules_dir(&[("app.yaml", APP)]);
     let target = format!("url = {:?}", redis.url());
-    let mut clients = Vec::new();
-    let mut servers = Vec::new();
+    let (mut servers, mut clients) = (Vec::new(), Vec::new());
     for on_error in ["fail_open", "fail_closed", "error"] {
-        let toml = format!(
-            "{}\n[store]\nbackend = \"redis\"\non_error = \"{on_error}\"\n\n[store.redis]\n{target}\n",
-            rls_toml(&dir, "")
-        );
-        let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
-        clients.push(rls_client(&server).await);
-        servers.push(server);
+        let store = format!("on_error = \"{on_error}\"");
+        let (server, client, dir) = serve(APP, "", &store, &target).await;
+        servers.push((server, dir));
+        clients.push(client);
     }
     let ok = Ok(Code::Ok as i32);
     let key = format!("up-{}", std::process::id());
@@ -155,10 +159,7 @@ async fn a_redis_outage_answers_as_store_on_error_says() {
 #[tokio::test]
 async fn a_standalone_redis_counts_nothing_of_a_request_with_one_descriptor_over() {
     let redis = RedisServer::start();
-    let dir = rules_dir(&[("app.yaml", APP)]);
-    let target = format!("url = {:?}", redis.url());
-    let server = TestServer::start(config(&dir, "", &target)).await;
-    let mut client = rls_client(&server).await;
+    let (_server, mut client, _dir) = serve(APP, "", "", &format!("url = {:?}", redis.url())).await;
     let key = format!("k-{}", std::process::id());
     let both = request(
         "app",
@@ -179,10 +180,8 @@ const WITH_SHADOW: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit
 #[tokio::test]
 async fn a_store_failure_on_a_shadow_descriptor_fails_nothing_else_of_the_request() {
     let redis = RedisServer::start();
-    let dir = rules_dir(&[("app.yaml", WITH_SHADOW)]);
-    let target = format!("url = {:?}", redis.url());
-    let server = TestServer::start(config(&dir, "", &target)).await;
-    let mut client = rls_client(&server).await;
+    let (server, mut client, _dir) =
+        serve(WITH_SHADOW, "", "", &format!("url = {:?}", redis.url())).await;
     let key = format!("k-{}", std::process::id());
     // s alone first, so that its key is the only one in Redis.
     assert!(is_ok(
@@ -226,14 +225,8 @@ const MIXED: &str = "domain: m\ndescriptors:\n  - key: a\n    rate_limit: {unit:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_store_down_a_request_fails_only_when_its_answer_depends_on_the_store() {
     let mut redis = RedisServer::start();
-    let dir = rules_dir(&[("m.yaml", MIXED)]);
-    let target = format!("url = {:?}\ntimeout = \"200ms\"", redis.url());
-    let toml = format!(
-        "{}\n[store]\nbackend = \"redis\"\non_error = \"error\"\n\n[store.redis]\n{target}\n",
-        rls_toml(&dir, "")
-    );
-    let server = TestServer::start(Config::from_toml(&toml).expect("valid config")).await;
-    let mut client = rls_client(&server).await;
+    let target = format!("url = {:?}", redis.url());
+    let (server, mut client, _dir) = serve(MIXED, "", "on_error = \"error\"", &target).await;
     server.ready().await;
     redis.stop();
     // Keys written `?k` are probes.

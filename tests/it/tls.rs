@@ -12,8 +12,8 @@ const POLICY: &str =
     "\n[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n";
 
 /// A CA, a server certificate for `localhost` and a client certificate, as
-/// PEM files in `dir/tls/`.
-fn write_pki(dir: &Path) {
+/// PEM files in `dir/tls/` (quotad-client's TLS tests use them too).
+pub(crate) fn write_pki(dir: &Path) {
     let pki = Pki::new(&dir.join("tls"));
     pki.server();
     pki.client("client", Names::dns("client"));
@@ -21,7 +21,7 @@ fn write_pki(dir: &Path) {
 
 /// Starts a server whose config file names the TLS files by paths relative
 /// to the file itself.
-async fn start(dir: &Path, client_ca: bool) -> TestServer {
+pub(crate) async fn start(dir: &Path, client_ca: bool) -> TestServer {
     let mut text = "[server.tls]\ncert = \"tls/server.pem\"\nkey = \"tls/server.key\"\n".to_owned();
     if client_ca {
         text.push_str("client_ca = \"tls/ca.pem\"\n");

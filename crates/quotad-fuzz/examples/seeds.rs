@@ -283,39 +283,8 @@ descriptors:
     ),
     (
         "messaging.yaml",
-        r#"domain: messaging
-descriptors:
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-  - key: to_number
-    rate_limit:
-      name: per_number
-      unit: DAY
-      requests_per_unit: 100
-    shadow_mode: true
-    quota_mode: yes
-    detailed_metric: true
-    value_to_metric: false
-  - key: ldap
-    rate_limit:
-      unlimited: true
-  - key: path
-    value: /api/*
-    share_threshold: true
-    rate_limit:
-      replaces:
-        - name: per_number
-      unit: Minute
-      requests_per_unit: 20
-    metadata:
-      team: storage
-      nested: { any: [1, 2, {deep: true}] }
-"#,
+        // The unit test that loads every field of the format.
+        include_str!("../../../src/policy/rls/tests/every_field.yaml"),
     ),
 ];
 

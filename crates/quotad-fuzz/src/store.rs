@@ -174,7 +174,8 @@ pub fn run_input(input: &Input) {
     } else {
         let max_keys = usize::from(b.max_keys % 512).max(1);
         StoreConfig::try_new(max_keys, shards, on_full).and_then(|c| match b.max_bytes {
-            Some(bytes) => c.with_max_bytes(6_144 + usize::from(bytes)),
+            // The least a store takes: 64 entries of ENTRY_BYTES.
+            Some(bytes) => c.with_max_bytes(64 * quotad_core::ENTRY_BYTES + usize::from(bytes)),
             None => Ok(c),
         })
     }

@@ -48,6 +48,11 @@
 //! primary serves which slot, judges each primary by silence, and makes
 //! the whole cluster connection anew (slot map included) when one is
 //! silent, as a task of its own, the old one serving meanwhile.
+//!
+//! One file of about 1,050 lines (tests included): the link, its
+//! generation, judging silence, reconnecting (for a Cluster, its slot map
+//! rebuilt) and a call with its deadline are one state machine; split, each
+//! part would need the others' invariants restated.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

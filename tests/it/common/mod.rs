@@ -24,6 +24,15 @@ use tonic::transport::{Channel, Endpoint};
 /// 2026-01-01 12:00:30 UTC: 30 s into a minute.
 pub(crate) const NOON_30: u64 = 1_767_268_830_000;
 
+/// A policy `api`: a fixed window of 3 a minute (at [`NOON_30`], with 30 s
+/// left).
+pub(crate) const API_3_A_MINUTE: &str = r#"
+[policies.api]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+"#;
+
 /// A server started by [`TestServer::start`]; stopped on drop.
 pub(crate) struct TestServer {
     pub(crate) grpc_addr: SocketAddr,
@@ -130,6 +139,29 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         self.trigger_shutdown();
     }
+}
+
+/// Sends `count` concurrent checks of `key` under `policy`, spread over
+/// `clients` in turn; how many were admitted.
+pub(crate) async fn admitted(
+    clients: &[quotad_client::Client],
+    policy: &str,
+    key: &str,
+    count: usize,
+) -> usize {
+    let calls: Vec<_> = (0..count)
+        .map(|i| {
+            let client = clients[i % clients.len()].clone();
+            let check = quotad_client::Check::named(policy, key);
+            tokio::spawn(async move { client.check(&check).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        let decision = call.await.expect("no panic").expect("quotad answers");
+        admitted += usize::from(decision.allowed);
+    }
+    admitted
 }
 
 /// A minimal HTTP/1.1 GET: (status, body). Handles chunked bodies.

@@ -1,5 +1,10 @@
 //! The embedded default store: a fixed number of shards, each a mutex over
 //! its own table.
+//!
+//! One file of about 680 lines (tests apart): finding, deciding and writing
+//! back, making room and the all-or-nothing path are one locking protocol
+//! over the shards (at most one shard lock, or several taken in ascending
+//! order), read together; the shard's table is in `shard.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -25,6 +25,10 @@
 //! with the window it was counted over. Version 1 had no window in fixed
 //! windows, sliding windows and sliding logs; it is not read.
 //! Frames hold about 64 KiB each, and never span two shards.
+//!
+//! One file of about 800 lines: the writer and the reader of one format
+//! (frames, entries, states, version) change together, so they stand
+//! together.
 
 use std::collections::BTreeMap;
 use std::fmt;
