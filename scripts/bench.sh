@@ -314,18 +314,39 @@ redis_cpu_rows() {
     ((i >= 1)) && ratio="$(jq -n "$(mid "$i") / $base * 100 | round / 100") x"
     rows+="| ${labels[i]} | $(median "$i" 1) | $(median "$i" 2) | $ratio |\n"
   done
-  # 1,000 full logs checked in one ALL_OR_NOTHING script (1,000 items is the
-  # batch maximum): the longest single script.
-  local keys=() args=() v
-  for i in $(seq 0 999); do
-    redis-cli -p "$port" eval "$fill" 1 "quotad:full|{t}$i|2G86400000" "$now_ms" >/dev/null
-    keys+=("quotad:full|{t}$i|2G86400000")
-    args+=(5 10000 86400000 10000 1)
-  done
-  redis-cli -p "$port" config resetstat >/dev/null
-  redis-cli -p "$port" evalsha "$sha" 1000 "${keys[@]}" all "$deadline" "" "${args[@]}" >/dev/null
-  v=$(redis-cli -p "$port" info commandstats | tr -d '\r' | sed -nE 's/^cmdstat_evalsha:.*usec=([0-9]+),.*/\1/p')
-  rows+="| one ALL_OR_NOTHING script, 1,000 sliding logs at 10,000 entries | — | $v (one call) | — |\n"
+  # The longest single scripts: N sliding logs in one script of MODE
+  # ("all": ALL_OR_NOTHING, "check": an independent batch's chunk), each
+  # log filled by FILL with WINDOW; Redis time of that one call.
+  one_script() {
+    local label=$1 mode=$2 n=$3 fill=$4 window=$5 keys=() args=() v i
+    redis-cli -p "$port" flushall >/dev/null
+    for ((i = 0; i < n; i++)); do
+      redis-cli -p "$port" eval "$fill" 1 "quotad:full|{t}$i|2G$window" "$now_ms" >/dev/null
+      keys+=("quotad:full|{t}$i|2G$window")
+      args+=(5 10000 "$window" 10000 1)
+    done
+    redis-cli -p "$port" config resetstat >/dev/null
+    redis-cli -p "$port" evalsha "$sha" "$n" "${keys[@]}" "$mode" "$deadline" "" "${args[@]}" >/dev/null
+    v=$(redis-cli -p "$port" info commandstats | tr -d '\r' | sed -nE 's/^cmdstat_evalsha:.*usec=([0-9]+),.*/\1/p')
+    rows+="| $label | — | $v (one call) | — |\n"
+  }
+  # 9,999 entries that left a 10 s window, and one that has not: the next
+  # check removes the 9,999 (each paid for by the check that added it).
+  local expired='local now = tonumber(ARGV[1]) for i = 0, 9998 do redis.call("ZADD", KEYS[1], i, string.format("%d:1", now - 20000 + i)) end redis.call("ZADD", KEYS[1], 9999, string.format("%d:1", now - 1)) redis.call("PEXPIRE", KEYS[1], 86400000) return 1'
+  now_ms=$(redis-cli -p "$port" time | head -n 1)000
+  one_script "one ALL_OR_NOTHING script, 1,000 sliding logs at 10,000 entries (max_atomic_items raised to 1,000)" all 1000 "$fill" 86400000
+  one_script "one ALL_OR_NOTHING script, 16 sliding logs (the most max_atomic_items allows by default) at 10,000 entries" all 16 "$fill" 86400000
+  one_script "one script of an independent batch (16 sliding logs, its most), at 10,000 entries" check 16 "$fill" 86400000
+  # Half left, half not: the search for the first live entry is longest.
+  local half='local now = tonumber(ARGV[1]) for i = 0, 9999 do redis.call("ZADD", KEYS[1], i, string.format("%d:1", now - 15000 + i)) end redis.call("PEXPIRE", KEYS[1], 86400000) return 1'
+  now_ms=$(redis-cli -p "$port" time | head -n 1)000
+  one_script "one script of an independent batch (16 sliding logs), whose 9,999 of 10,000 entries left at once" check 16 "$expired" 10000
+  now_ms=$(redis-cli -p "$port" time | head -n 1)000
+  one_script "one ALL_OR_NOTHING script, 16 sliding logs whose 9,999 of 10,000 entries left at once" all 16 "$expired" 10000
+  now_ms=$(redis-cli -p "$port" time | head -n 1)000
+  one_script "one script of an independent batch (16 sliding logs), whose 5,000 of 10,000 entries left at once" check 16 "$half" 10000
+  now_ms=$(redis-cli -p "$port" time | head -n 1)000
+  one_script "one ALL_OR_NOTHING script, 16 sliding logs whose 5,000 of 10,000 entries left at once" all 16 "$half" 10000
   stop_server "$pid"
   printf '## Redis CPU per check: quotad next to a minimal script\n\n'
   printf 'Date: %s. Machine: %s cores, %s. redis-server %s. Load average before: %s.\n' "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(nproc)" \

@@ -86,7 +86,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
         ServiceError::ResetDisabled => Status::permission_denied(message),
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
-        ServiceError::Backend(BackendError::CrossSlot) => Status::failed_precondition(message),
+        ServiceError::Backend(
+            BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. },
+        ) => Status::failed_precondition(message),
         ServiceError::Backend(BackendError::Internal(_)) => Status::internal(message),
     }
 }

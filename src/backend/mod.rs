@@ -74,6 +74,18 @@ pub enum BackendError {
         "the keys of an ALL_OR_NOTHING batch must share a Redis Cluster slot; keys under one rate-limit key share it already, and other keys can be co-located with a common hash tag, e.g. {{team-7}}alice and {{team-7}}bob"
     )]
     CrossSlot,
+    /// An all-or-nothing batch larger than the backend decides in one step:
+    /// on Redis it is one script, and Redis serves no one else while it
+    /// runs (`store.redis.max_atomic_items`).
+    #[error(
+        "an ALL_OR_NOTHING batch on Redis holds at most {max} items, a sliding log counting as 4 (got {got}): it runs as one script, during which Redis serves no one else; send fewer items, or raise store.redis.max_atomic_items"
+    )]
+    TooManyAtomicItems {
+        /// `store.redis.max_atomic_items`.
+        max: usize,
+        /// The batch's items, a sliding log counting as 4.
+        got: usize,
+    },
     /// The backend answered something quotad cannot use (a bug, not an
     /// outage).
     #[error("state store error: {0}")]

@@ -379,6 +379,14 @@ section! {
         reconnect_after_timeouts: u32 = Int("3"), Restart;
         /// The first part of every key quotad writes in Redis
         key_prefix: String = Str("quotad"), Restart;
+        /// Most items an ALL_OR_NOTHING batch may hold on Redis, a sliding log counting as 4; larger ones are refused
+        ///
+        /// Such a batch is one atomic script, and Redis serves no other
+        /// client while it runs: 64 units took at most about 2 ms of Redis
+        /// time in the worst cases measured (BENCHMARKS.md). Independent
+        /// batches are split into scripts of 64 units instead, whatever
+        /// their size.
+        max_atomic_items: u32 = Int("64"), Restart;
         /// PEM CA certificates a rediss:// server must chain to [default: the system's roots]
         tls_ca: Option<PathBuf> = Str, Restart;
         /// PEM client certificate chain for rediss://, for a Redis that requires one

@@ -229,6 +229,12 @@ fn redis_settings(
             "reconnect_after_timeouts must be at least 1",
         ));
     }
+    if section.max_atomic_items == 0 {
+        return Err(invalid(
+            &["store", "redis", "max_atomic_items"],
+            "max_atomic_items must be at least 1",
+        ));
+    }
     if section.key_prefix.is_empty()
         || section.key_prefix.contains(['{', '}', '|'])
         || section.key_prefix.chars().any(char::is_whitespace)
@@ -244,6 +250,7 @@ fn redis_settings(
     let mut settings = RedisSettings::new(target, section.timeout);
     settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
     settings.key_prefix = section.key_prefix;
+    settings.max_atomic_items = section.max_atomic_items as usize;
     settings.tls = redis_tls(section.tls_ca, section.tls_cert, section.tls_key, base_dir)?;
     let plain = match &settings.target {
         RedisTarget::Standalone(url) => (!url.starts_with("rediss://")).then_some("url"),

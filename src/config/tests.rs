@@ -201,6 +201,31 @@ fn validates_store_settings() {
 }
 
 #[test]
+fn validates_redis_settings() {
+    let redis = |line: &str| {
+        error(&format!(
+            "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://127.0.0.1:6379\"\n{line}\n"
+        ))
+    };
+    assert_eq!(
+        redis("max_atomic_items = 0"),
+        "store.redis.max_atomic_items: max_atomic_items must be at least 1 (line 6)"
+    );
+    assert_eq!(
+        redis("reconnect_after_timeouts = 0"),
+        "store.redis.reconnect_after_timeouts: reconnect_after_timeouts must be at least 1 (line 6)"
+    );
+    for prefix in ["", "{team}", "a|b", "two words"] {
+        assert!(
+            redis(&format!("key_prefix = {prefix:?}")).starts_with(&format!(
+                "store.redis.key_prefix: {prefix:?}: must be non-empty, without braces"
+            )),
+            "{prefix:?}"
+        );
+    }
+}
+
+#[test]
 fn worker_threads_default_to_one_per_core_and_must_be_positive() {
     assert_eq!(Config::default().server().worker_threads, None);
     let config = Config::from_toml("[server]\nworker_threads = 1\n").expect("valid");

@@ -19,7 +19,9 @@ use quotad::Config;
 use quotad::backend::redis::{RedisBackend, RedisSettings, RedisTarget};
 use quotad::backend::{Backend, Deadline};
 use quotad_client::Client;
-use quotad_core::{Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
+use quotad_core::{
+    Algorithm, CheckItem, Clock, FakeClock, MemoryStore, OnFull, Policy, StoreConfig,
+};
 use quotad_proto::v1 as pb;
 use tonic::Code;
 
@@ -49,6 +51,67 @@ fn both_stores(
     (redis_store, memory)
 }
 
+/// A sliding log whose entries mostly left at once (a key unused for most
+/// of a window) is emptied over its next writes, at most 32 entries each,
+/// so that no check's script removes thousands in one call; its decisions
+/// stay those of the memory store meanwhile.
+#[test]
+fn a_sliding_logs_entries_that_left_go_at_most_32_per_write() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let clock = Arc::new(FakeClock::new(START));
+    let (redis_store, memory) = both_stores(&runtime, &redis, &clock);
+    let policy = Policy::try_new(
+        Algorithm::SlidingLog,
+        1_000,
+        Duration::from_millis(1_000),
+        None,
+    )
+    .expect("valid");
+    let item = CheckItem::new("log", policy, "k", 1).expect("valid");
+    let check = || {
+        runtime.block_on(async {
+            let from_redis = redis_store
+                .check_one(&item, Deadline::NONE)
+                .await
+                .expect("redis");
+            let from_memory = Backend::check_one(&memory, &item, Deadline::NONE)
+                .await
+                .expect("memory");
+            assert_eq!(from_redis, from_memory, "at {}", clock.now_ms());
+            from_redis
+        })
+    };
+    // 300 entries, one a millisecond.
+    for _ in 0..300 {
+        assert!(check().allowed);
+        clock.advance(Duration::from_millis(1));
+    }
+    let entries = || -> u64 {
+        let key = redis.cli(&["--scan"]);
+        redis
+            .cli(&["zcard", key.trim()])
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    assert_eq!(entries(), 300);
+    // The first 251 have left the window; 49 have not.
+    clock.set(START + 1_250);
+    let decision = check();
+    assert_eq!(decision.remaining, 1_000 - 49 - 1);
+    assert_eq!(entries(), 300 - 32 + 1, "32 removed, one added");
+    // The same millisecond: merged into the last entry; 32 more go.
+    assert_eq!(check().remaining, 1_000 - 49 - 2);
+    assert_eq!(entries(), 300 - 64 + 1);
+    // Seven more writes take the rest of the 251 (the memory store agrees
+    // on every decision meanwhile).
+    for _ in 0..7 {
+        check();
+    }
+    assert_eq!(entries(), 49 + 1);
+}
+
 const REPLICA_CONFIG: &str = r#"
 [store]
 backend = "redis"
@@ -69,6 +132,11 @@ window = "1s"
 
 [policies.per_day]
 algorithm = "token_bucket"
+limit = 2
+window = "1d"
+
+[policies.log]
+algorithm = "sliding_log"
 limit = 2
 window = "1d"
 "#;
@@ -121,6 +189,90 @@ fn batch(items: &[(&str, &str)]) -> pb::CheckBatchRequest {
             .collect(),
         mode: pb::BatchMode::AllOrNothing.into(),
     }
+}
+
+/// An all-or-nothing batch is one script, during which Redis serves no one
+/// else: past `store.redis.max_atomic_items` items (64 by default) it is
+/// refused before anything is sent, and consumes nothing; independent
+/// batches of any size are split instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_batches_past_max_atomic_items_are_refused_and_consume_nothing() {
+    let redis = RedisServer::start();
+    let target = format!("url = {:?}", redis.url());
+    let keys = |n: usize, tag: &str| -> Vec<(String, &'static str)> {
+        (0..n).map(|i| (format!("{tag}-{i}"), "per_day")).collect()
+    };
+    let request = |items: &[(String, &str)], mode: pb::BatchMode| {
+        let items: Vec<(&str, &str)> = items.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+        let mut request = batch(&items);
+        request.mode = mode.into();
+        request
+    };
+    let cases = [
+        (format!("{target}\nmax_atomic_items = 3"), 3),
+        (target.clone(), 64),
+    ];
+    for (redis_lines, max) in cases {
+        let server = TestServer::start(replica_config(&redis_lines)).await;
+        let mut client = server.client().await;
+        let tag = format!("atomic-{max}-{}", std::process::id());
+        let over = keys(max + 1, &tag);
+        let status = client
+            .check_batch(request(&over, pb::BatchMode::AllOrNothing))
+            .await
+            .expect_err("one item too many");
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(
+            status.message().contains(&format!("at most {max} items"))
+                && status.message().contains("store.redis.max_atomic_items"),
+            "{}",
+            status.message()
+        );
+        // Nothing was consumed: every key still has its whole budget.
+        for (key, policy) in &over {
+            assert_eq!(
+                peek(&mut client, named(key, policy, None)).await.remaining,
+                2
+            );
+        }
+        // At the bound the batch is decided, and split independent batches
+        // past it are too.
+        let fits = client
+            .check_batch(request(&over[..max], pb::BatchMode::AllOrNothing))
+            .await
+            .expect("at the bound")
+            .into_inner();
+        assert!(fits.decisions.iter().all(|d| d.allowed), "{fits:?}");
+        let independent = client
+            .check_batch(request(
+                &keys(max * 2 + 1, &format!("{tag}-i")),
+                pb::BatchMode::Independent,
+            ))
+            .await
+            .expect("independent batches are split")
+            .into_inner();
+        assert_eq!(independent.decisions.len(), max * 2 + 1);
+        assert!(independent.decisions.iter().all(|d| d.allowed));
+    }
+    // A sliding log counts as 4: 16 fit the default, 17 do not.
+    let server = TestServer::start(replica_config(&target)).await;
+    let mut client = server.client().await;
+    let logs: Vec<(String, &str)> = (0..17).map(|i| (format!("log-{i}"), "log")).collect();
+    let status = client
+        .check_batch(request(&logs, pb::BatchMode::AllOrNothing))
+        .await
+        .expect_err("68 units");
+    assert!(
+        status.message().contains("(got 68)"),
+        "{}",
+        status.message()
+    );
+    let fits = client
+        .check_batch(request(&logs[..16], pb::BatchMode::AllOrNothing))
+        .await
+        .expect("64 units")
+        .into_inner();
+    assert!(fits.decisions.iter().all(|d| d.allowed), "{fits:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, CheckItem, Clock, Decision, Policy};
+use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, Policy};
 use quotad_proto::convert;
 use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
@@ -80,6 +80,10 @@ pub struct RedisSettings {
     pub reconnect_after_timeouts: u32,
     /// The first part of every key quotad writes.
     pub key_prefix: String,
+    /// The most items of an all-or-nothing batch, one script, a sliding log
+    /// counting as 4 ([`weight`]); larger batches are refused
+    /// ([`BackendError::TooManyAtomicItems`]).
+    pub max_atomic_items: usize,
     /// Certificate files for `rediss://` URLs.
     pub tls: RedisTls,
 }
@@ -93,6 +97,7 @@ impl RedisSettings {
             timeout,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
             key_prefix: "quotad".to_owned(),
+            max_atomic_items: CHUNK,
             tls: RedisTls::default(),
         }
     }
@@ -105,6 +110,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("timeout", &self.timeout)
             .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
             .field("key_prefix", &self.key_prefix)
+            .field("max_atomic_items", &self.max_atomic_items)
             .field("tls", &self.tls)
             .finish()
     }
@@ -199,6 +205,8 @@ pub struct RedisCounts {
 pub struct RedisBackend {
     connections: Arc<Connections>,
     prefix: Arc<str>,
+    /// `store.redis.max_atomic_items`.
+    max_atomic_items: usize,
     script: Arc<Script>,
     /// Tests only: a clock to decide by instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
@@ -230,10 +238,12 @@ impl Mode {
     }
 }
 
-/// Items per script of an independent batch on a standalone Redis, so that
-/// no script runs long enough to stall Redis for everyone else: 64 checks
-/// of the costliest kind (a sliding log at its 10,000-entry cap) take well
-/// under a millisecond of Redis time (BENCHMARKS.md).
+/// Units of work per script of an independent batch on a standalone Redis
+/// ([`weight`]: 64 checks, or 16 sliding logs), so that no script runs
+/// long enough to stall Redis for everyone else: a few milliseconds of
+/// Redis time at the worst measured (BENCHMARKS.md). Also the default of
+/// `store.redis.max_atomic_items`, the all-or-nothing batch's bound in
+/// items.
 const CHUNK: usize = 64;
 
 /// Numbers the script answers per item: remaining, retry_after_ms,
@@ -260,6 +270,7 @@ impl RedisBackend {
         Ok(Self {
             connections: Arc::new(Connections::connect(settings).await?),
             prefix: settings.key_prefix.as_str().into(),
+            max_atomic_items: settings.max_atomic_items,
             script: Arc::new(Script::new(SCRIPT)),
             clock: None,
         })
@@ -460,7 +471,7 @@ impl RedisBackend {
         if self.connections.is_cluster() {
             let calls = items.iter().map(|item| self.check_one(item, deadline));
             futures_util::future::join_all(calls).await
-        } else if items.len() <= CHUNK {
+        } else if units(items) <= CHUNK {
             self.eval_each(Mode::Check, items, deadline).await
         } else {
             // Pipelined chunks over one link with one deadline: Redis serves
@@ -473,7 +484,7 @@ impl RedisBackend {
                 Ok(call) => call,
                 Err(error) => return vec![Err(error); items.len()],
             };
-            let calls = items.chunks(CHUNK).map(|c| {
+            let calls = scripts(items).map(|c| {
                 let keys = self.keys(c);
                 let call = &call;
                 async move {
@@ -490,6 +501,40 @@ impl RedisBackend {
                 .collect()
         }
     }
+}
+
+/// What one item costs a script, in units of the cheapest check: a
+/// sliding log's searches and trims a sorted set, up to about four times
+/// the others' at its 10,000-entry cap (BENCHMARKS.md).
+fn weight(item: &CheckItem<'_>) -> usize {
+    if item.policy().algorithm() == Algorithm::SlidingLog {
+        4
+    } else {
+        1
+    }
+}
+
+fn units(items: &[CheckItem<'_>]) -> usize {
+    items.iter().map(weight).sum()
+}
+
+/// `items` cut, in order, into scripts of at most [`CHUNK`] units each (64
+/// checks, or 16 sliding logs).
+fn scripts<'a, 'i>(items: &'a [CheckItem<'i>]) -> impl Iterator<Item = &'a [CheckItem<'i>]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (mut end, mut used) = (0, 0);
+        while end < rest.len() && (end == 0 || used + weight(&rest[end]) <= CHUNK) {
+            used += weight(&rest[end]);
+            end += 1;
+        }
+        let (script, after) = rest.split_at(end);
+        rest = after;
+        Some(script)
+    })
 }
 
 /// One call's link, bound, slot and deadline in Redis's clock.
@@ -598,6 +643,13 @@ impl Backend for RedisBackend {
     ) -> Vec<ItemResult> {
         match mode {
             BatchMode::Independent => self.independent(items, deadline).await,
+            BatchMode::AllOrNothing if units(items) > self.max_atomic_items => {
+                let error = BackendError::TooManyAtomicItems {
+                    max: self.max_atomic_items,
+                    got: units(items),
+                };
+                vec![Err(error); items.len()]
+            }
             BatchMode::AllOrNothing => self.eval_each(Mode::AllOrNothing, items, deadline).await,
         }
     }
@@ -724,6 +776,40 @@ fn decisions(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn scripts_hold_at_most_64_units_in_order_and_every_item_once() {
+        use quotad_core::{Algorithm, CheckItem, Policy};
+        let policy = |algorithm| {
+            Policy::try_new(algorithm, 10, std::time::Duration::from_secs(1), None).expect("valid")
+        };
+        let (log, fixed) = (
+            policy(Algorithm::SlidingLog),
+            policy(Algorithm::FixedWindow),
+        );
+        // 100 fixed windows, 20 logs, 10 fixed windows.
+        let keys: Vec<String> = (0..130).map(|i| format!("k{i}")).collect();
+        let items: Vec<CheckItem<'_>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let p = if (100..120).contains(&i) { log } else { fixed };
+                CheckItem::new("p", p, k, 1).expect("valid")
+            })
+            .collect();
+        let cut: Vec<&[CheckItem<'_>]> = super::scripts(&items).collect();
+        let sizes: Vec<usize> = cut.iter().map(|c| c.len()).collect();
+        // 64; 36 + 7 logs (28 units); 13 logs (52) + 10 fixed (10).
+        assert_eq!(sizes, [64, 43, 23]);
+        assert!(cut.iter().all(|c| super::units(c) <= super::CHUNK));
+        let order: Vec<&str> = cut
+            .iter()
+            .flat_map(|c| c.iter().map(CheckItem::key))
+            .collect();
+        assert_eq!(order, keys.iter().map(String::as_str).collect::<Vec<_>>());
+        // One item heavier than a script still goes, alone.
+        assert_eq!(super::scripts(&items[100..101]).count(), 1);
+    }
     use super::*;
 
     /// The numbers the script and quotad exchange, read from the script's

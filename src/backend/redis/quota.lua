@@ -48,6 +48,8 @@ local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
 local UNREADABLE = 0
 local FIXED_ID, LOG_ID = 1, 5
 local MAX_EXACT = 9007199254740992
+-- Entries of a sliding log that have left, removed per write at most.
+local MAX_GONE = 32
 
 local fmod = math.fmod
 local tonumber = tonumber
@@ -515,13 +517,27 @@ function LOG.load(key, window, now)
     return e.ms + window > at
   end
   -- The first live entry: galloping from the front, then halving, so the
-  -- common answers (none or one gone) cost one or two reads.
+  -- common answers (none or one gone) cost one or two reads. Past the
+  -- first few, it gallops from the back too (ranks >= hi are live), so a
+  -- log whose entries mostly left at once costs O(log live), not
+  -- O(log gone): ranks < lo have left, ranks >= hi have not.
+  -- (`hi` is read, by ZCARD, only once the back is probed.)
   local lo, hi, step = 0, nil, 1
-  while hi == nil do
+  while hi == nil or lo < hi do
     local probe = lo + step - 1
+    if hi and probe >= hi then break end
     local ok = live(probe)
     if ok == nil then return nil, corrupt(key, 'not a sliding log') end
-    if ok then hi = probe else lo, step = probe + 1, step * 2 end
+    if ok then hi = probe break end
+    lo = probe + 1
+    if step >= 8 and not hi then hi = redis.call('ZCARD', key) - 1 end
+    if step >= 8 and hi - step >= lo then
+      probe = hi - step
+      ok = live(probe)
+      if ok == nil then return nil, corrupt(key, 'not a sliding log') end
+      if ok then hi = probe else lo = probe + 1 break end
+    end
+    step = step * 2
   end
   while lo < hi do
     local mid = fdiv(lo + hi, 2)
@@ -595,8 +611,12 @@ end
 
 function LOG.store(key, st, ttl)
   local last = st.last
+  -- At most MAX_GONE entries that have left go per write: a log whose
+  -- entries mostly left at once (a key unused for most of a window) is
+  -- emptied over its next writes, never in one long call; the rest wait at
+  -- the front, where `load` steps over them in O(log n).
   if st.gone and st.gone > 0 then
-    redis.call('ZREMRANGEBYRANK', key, 0, st.gone - 1)
+    redis.call('ZREMRANGEBYRANK', key, 0, min(st.gone, MAX_GONE) - 1)
     st.gone = 0
   end
   if not last then
