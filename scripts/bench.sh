@@ -1,53 +1,63 @@
 #!/usr/bin/env bash
 # Reproduces the gRPC rows of BENCHMARKS.md in one bounded command:
 #
-#   scripts/bench.sh                        # ~75 s after the build; prints a markdown table
+#   scripts/bench.sh                        # ~12 min after the build; prints markdown tables
 #   DURATION=5 WARMUP=1 scripts/bench.sh    # a quicker, noisier pass
 #
-# What it does, all on 127.0.0.1:
+# What it does, all on this machine (127.0.0.1 and unix sockets in a
+# private temporary folder):
 #   1. builds the release binaries: quotad, loadgen, noop-server;
-#   2. starts noop-server (quotad's API answering at once: the floor) and runs
-#      loadgen against it: unary Check closed loop at CONCURRENCY over
-#      CONNECTIONS, then CheckBatch(BATCH_SIZE);
-#   3. starts quotad with a temporary config (policy `bench`: a fixed window
-#      no run can exhaust; policy `budget`: 1,000 per day) and runs the same
-#      two loads, then a correctness run (CORRECTNESS_REQUESTS checks on one
-#      hot key under `budget`: exactly 1,000 must be allowed);
-#   4. runs an open-loop load at half of quotad's unary peak (loadgen --rate,
-#      latency measured from each request's scheduled send time, so queueing
-#      is not hidden) against quotad, stops quotad, then runs the same rate
-#      against noop-server for the floor;
-#   5. runs Envoy's ShouldRateLimit (loadgen --mode rls) with one and with
-#      three descriptors against both servers (quotad with RLS rules no run
-#      can exhaust), RLS_REPEAT times, alternating noop and quotad so that
-#      both see the same background load, reading each server's CPU time
-#      (utime + stime from /proc/PID/stat) around each run: server CPU per
-#      call, quotad's above the floor's (median of the pairs), is the RLS
-#      cost figure;
-#   6. prints markdown tables with quotad / noop ratios and the targets.
-#      Only one server is under load at a time (the other idles), and
-#      loadgen shares the 2 cores with it.
+#   2. starts the floor (noop-server: quotad's APIs answering at once) and
+#      quotad, each on TCP and on a unix socket (and ALT_QUOTAD_BIN on TCP,
+#      when set), and fills quotad's store with every key the runs use;
+#   3. runs ROUNDS rounds; in each, every row runs on the floor and then on
+#      quotad (then on the alternative), so that all see the same background
+#      load: unary Check; CheckBatch(BATCH_SIZE) with a named and with an
+#      inline policy; unary Check over the unix sockets; CONCURRENCY callers
+#      of one quotad-client, without and with coalescing; Envoy's
+#      ShouldRateLimit with one and three descriptors; and, on quotad alone,
+#      CONCURRENCY callers of one hot key over its limit without and with the
+#      client's deny cache. Each server's CPU time (utime + stime from
+#      /proc/PID/stat) is read around each of its runs;
+#   4. runs the client open loop at half of quotad's uncoalesced peak,
+#      without and with coalescing, ROUNDS times, for the p99; then a
+#      correctness run (CORRECTNESS_REQUESTS checks on one hot key under
+#      `budget`: exactly 1,000 must be allowed);
+#   5. prints markdown tables: server CPU per decision (or per call) above
+#      the floor, medians of the rounds with every round's difference, and
+#      the targets; coalescing; the deny cache; unix socket against TCP; the
+#      alternative build, when set. Only one server is under load at a time
+#      (the others idle), and loadgen shares the 2 cores with it.
 #
 # Bounded: every loadgen run has a --duration (WARMUP + DURATION seconds, 12 s
-# by default; 6 + 4 x RLS_REPEAT timed runs and one short correctness run) and runs under
-# `timeout`; each server stops by itself (noop-server --max-seconds; quotad
-# under `timeout`) even if this script is killed with SIGKILL. An EXIT trap
-# stops the processes this script started, by PID and nothing else. A cold
-# release build takes minutes more.
+# by default) or a request count, and runs under `timeout`; each server
+# stops by itself (noop-server --max-seconds; quotad under `timeout`) even
+# if this script is killed with SIGKILL. An EXIT trap stops the processes
+# this script started, by PID and nothing else. A cold release build takes
+# minutes more.
 #
 # Settings (environment):
 #   DURATION=10 WARMUP=2          seconds measured / not measured, per run
-#   CONCURRENCY=64 CONNECTIONS=2  unary and open-loop runs
+#   ROUNDS=3                      rounds of alternating runs (RLS_REPEAT, the
+#                                 older name, is read when ROUNDS is unset)
+#   CONCURRENCY=64 CONNECTIONS=2  unary, RLS and client runs (the client uses
+#                                 one connection)
 #   BATCH_SIZE=100 BATCH_CONCURRENCY=8
 #   KEYS=uniform:100000           loadgen --keys for the throughput runs
+#   INLINE=fixed_window:1000000:1000  the inline policy of the inline row
+#   HOT_LIMIT=1000                the hot key's limit per second (deny cache)
+#   COALESCE_SLOTS=2              the coalescing client's calls in flight, in
+#                                 the rows next to the client's default (8)
 #   LOADGEN_THREADS=1             loadgen runtime threads (the box has 2 cores)
-#   SERVER_THREADS=1              worker threads of both servers, the same for
+#   SERVER_THREADS=1              worker threads of every server, the same for
 #                                 each: with loadgen on one core, one each
 #                                 (two workers on the shared cores were
 #                                 measured slower and with a worse p99)
 #   CORRECTNESS_REQUESTS=5000
-#   RLS_REPEAT=3                  alternating noop/quotad ShouldRateLimit pairs
-#   SKIP_BUILD=1                  use the binaries already in target/release
+#   QUOTAD_BIN=target/release/quotad   NOOP_BIN=target/release/noop-server
+#   ALT_QUOTAD_BIN=PATH ALT_LABEL=NAME another quotad build in the same
+#                                 rounds (e.g. another allocator)
+#   SKIP_BUILD=1                  use the binaries already built
 #   OUT=DIR                       keep every JSON report and server log in DIR
 #   REDIS_CPU_ONLY=1              only the Redis CPU table (redis-benchmark, ~1 min)
 #   REDIS_CPU_REQUESTS=200000     calls per row of that table
@@ -70,7 +80,21 @@ KEYS=${KEYS:-uniform:100000}
 LOADGEN_THREADS=${LOADGEN_THREADS:-1}
 SERVER_THREADS=${SERVER_THREADS:-1}
 CORRECTNESS_REQUESTS=${CORRECTNESS_REQUESTS:-5000}
-RLS_REPEAT=${RLS_REPEAT:-3}
+ROUNDS=${ROUNDS:-${RLS_REPEAT:-3}}
+INLINE=${INLINE:-fixed_window:1000000:1000}
+HOT_LIMIT=${HOT_LIMIT:-1000}
+# The coalescing client's second setting: calls in flight before checks
+# queue (the client's default, 8, is the first).
+COALESCE_SLOTS=${COALESCE_SLOTS:-2}
+QUOTAD_BIN=${QUOTAD_BIN:-target/release/quotad}
+NOOP_BIN=${NOOP_BIN:-target/release/noop-server}
+ALT_QUOTAD_BIN=${ALT_QUOTAD_BIN:-}
+ALT_LABEL=${ALT_LABEL:-alternative}
+# Batches of 1,000 that the prefill sends per namespace: about 3 x KEYS
+# draws, which leave ~5% of the keys unseen.
+PREFILL_BATCHES=${PREFILL_BATCHES:-300}
+# Seconds of ShouldRateLimit with three descriptors, for the RLS keys.
+PREFILL_RLS_SECS=${PREFILL_RLS_SECS:-8}
 BUDGET=1000
 
 command -v jq >/dev/null || { echo "bench.sh: jq is required" >&2; exit 1; }
@@ -134,14 +158,17 @@ wait_for_addr() {
 }
 
 for setting in DURATION WARMUP CONCURRENCY CONNECTIONS BATCH_SIZE BATCH_CONCURRENCY \
-  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS RLS_REPEAT; do
+  LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS ROUNDS HOT_LIMIT PREFILL_BATCHES \
+  PREFILL_RLS_SECS COALESCE_SLOTS; do
   [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "bench.sh: $setting must be a whole number" >&2; exit 2; }
 done
 RUN_SECS=$((WARMUP + DURATION))
 # Hard bound per loadgen run: its own duration, one request timeout, slack.
 LOADGEN_LIMIT=$((RUN_SECS + 30))
-# Each server outlives every run this script could make, then stops by itself.
-SERVER_LIMIT=$(((7 + 4 * RLS_REPEAT) * LOADGEN_LIMIT + 60))
+# Each server outlives every run this script could make (per round at most
+# 27 runs and 3 open-loop runs, then the correctness and Redis runs), then
+# stops by itself.
+SERVER_LIMIT=$(((10 + 30 * ROUNDS) * LOADGEN_LIMIT + 60))
 CLK_TCK=$(getconf CLK_TCK)
 
 # loadgen NAME ADDR ARGS... : one run, JSON report in $WORK/NAME.json; its
@@ -151,7 +178,8 @@ loadgen() {
   local name=$1 addr=$2 pid status=0
   shift 2
   echo "bench.sh: $name" >&2
-  timeout "$LOADGEN_LIMIT" target/release/loadgen --addr "http://$addr" \
+  [[ $addr == unix:* ]] || addr=http://$addr
+  timeout "$LOADGEN_LIMIT" target/release/loadgen --addr "$addr" \
     --threads "$LOADGEN_THREADS" --json "$@" >"$WORK/$name.json" &
   pid=$!
   STARTED+=("$pid")
@@ -174,14 +202,6 @@ measured() {
   loadgen "$name" "$addr" "$@" || status=$?
   echo $(( $(cpu_ticks "$pid") - before )) >"$WORK/$name.cpu"
   return "$status"
-}
-
-# cpu_per_call NAME : server CPU µs per request of run NAME (its warmup
-# requests included, as its CPU time is).
-cpu_per_call() {
-  jq -rn --argjson ticks "$(cat "$WORK/$1.cpu")" --argjson hz "$CLK_TCK" \
-    --slurpfile r "$WORK/$1.json" \
-    '($ticks * 1000000 / $hz) / ($r[0].requests + $r[0].warmup_requests) * 100 | round / 100'
 }
 
 # field NAME JQ_EXPR : a value from a report.
@@ -347,7 +367,7 @@ if [[ -z ${SKIP_BUILD:-} ]]; then
   cargo build --release --quiet -p quotad-bench --bins
 fi
 
-mkdir -p "$WORK/rls"
+mkdir -p "$WORK/rls" "$WORK/uds"
 cat >"$WORK/rls/bench.yaml" <<EOF
 # Written by scripts/bench.sh: limits no run can exhaust, one per
 # descriptor key loadgen --mode rls sends (d0, d1, d2).
@@ -381,63 +401,166 @@ window = "1s"
 algorithm = "sliding_log"
 limit = $BUDGET
 window = "1d"
+
+# The deny cache: one hot key over its limit most of each second.
+[policies.hot]
+algorithm = "fixed_window"
+limit = $HOT_LIMIT
+window = "1s"
 EOF
 
+# Every run of a kind draws from the same keys (a fixed prefix), and a
+# prefill puts them all in quotad's store first: each round measures the
+# same steady state, a store of KEYS keys per namespace.
 LOAD_UNARY=(--mode unary --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
-  --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
+  --keys "$KEYS" --key-prefix bench: --duration "$DURATION" --warmup "$WARMUP")
 LOAD_RLS=(--mode rls --concurrency "$CONCURRENCY" --connections "$CONNECTIONS"
-  --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
+  --keys "$KEYS" --key-prefix bench: --duration "$DURATION" --warmup "$WARMUP")
 LOAD_BATCH=(--mode batch --batch-size "$BATCH_SIZE" --concurrency "$BATCH_CONCURRENCY"
-  --connections "$CONNECTIONS" --keys "$KEYS" --duration "$DURATION" --warmup "$WARMUP")
+  --connections "$CONNECTIONS" --keys "$KEYS" --key-prefix bench: --duration "$DURATION"
+  --warmup "$WARMUP")
+# CONCURRENCY callers of one client (one connection), as in one application.
+LOAD_CLIENT=(--mode client --concurrency "$CONCURRENCY" --connections 1
+  --keys "$KEYS" --key-prefix bench: --duration "$DURATION" --warmup "$WARMUP")
+LOAD_HOT=(--mode client --concurrency "$CONCURRENCY" --connections 1
+  --keys hot --key-prefix hot: --duration "$DURATION" --warmup "$WARMUP")
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# --- the floor: noop-server -------------------------------------------------
-target/release/noop-server --addr 127.0.0.1:0 --max-seconds "$SERVER_LIMIT" \
-  --threads "$SERVER_THREADS" >"$WORK/noop.out" 2>"$WORK/noop.err" &
-NOOP_PID=$!
-STARTED+=("$NOOP_PID")
-NOOP_ADDR=$(wait_for_addr "$WORK/noop.out" "$NOOP_PID" 's/^listening ([0-9.:]+)$/\1/p')
+# start_noop ADDR : a noop-server listening on ADDR (HOST:PORT or
+# unix:///PATH); sets STARTED_PID and STARTED_ADDR.
+start_noop() {
+  local log=$WORK/noop-$((${#STARTED[@]})) pid
+  "$NOOP_BIN" --addr "$1" --max-seconds "$SERVER_LIMIT" \
+    --threads "$SERVER_THREADS" >"$log.out" 2>"$log.err" &
+  pid=$!
+  STARTED+=("$pid")
+  STARTED_ADDR=$(wait_for_addr "$log.out" "$pid" 's/^listening ([^ ]+)$/\1/p')
+  STARTED_PID=$pid
+}
 
-measured noop_unary "$NOOP_ADDR" "$NOOP_PID" --policy bench "${LOAD_UNARY[@]}"
-loadgen noop_batch "$NOOP_ADDR" --policy bench "${LOAD_BATCH[@]}"
+# start_quotad BIN GRPC_ADDR : quotad (BIN) serving on GRPC_ADDR; sets
+# STARTED_PID (the server, not the `timeout` in front of it, which forwards
+# our SIGTERM and stops it by itself otherwise) and STARTED_ADDR.
+start_quotad() {
+  local log=$WORK/quotad-$((${#STARTED[@]})) pid
+  NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" "$1" serve \
+    --config "$WORK/quotad.toml" --grpc-addr "$2" --admin-addr 127.0.0.1:0 \
+    --worker-threads "$SERVER_THREADS" >"$log.out" 2>"$log.err" &
+  pid=$!
+  STARTED+=("$pid")
+  STARTED_ADDR=$(wait_for_addr "$log.err" "$pid" 's/.*grpc_addr=([^ ]+).*/\1/p')
+  STARTED_PID=$(awk '{print $1}' "/proc/$pid/task/$pid/children")
+  QUOTAD_TIMEOUT_PIDS+=("$pid")
+}
 
-# --- quotad -----------------------------------------------------------------
-# `timeout` forwards our SIGTERM to quotad, and stops it by itself otherwise.
-NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" target/release/quotad serve \
-  --config "$WORK/quotad.toml" --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 \
-  --worker-threads "$SERVER_THREADS" >"$WORK/quotad.out" 2>"$WORK/quotad.err" &
-QUOTAD_PID=$!
-STARTED+=("$QUOTAD_PID")
-QUOTAD_ADDR=$(wait_for_addr "$WORK/quotad.err" "$QUOTAD_PID" 's/.*grpc_addr=([0-9.:]+).*/\1/p')
-# The server itself, not the `timeout` in front of it.
-QUOTAD_SERVER_PID=$(awk '{print $1}' "/proc/$QUOTAD_PID/task/$QUOTAD_PID/children")
+QUOTAD_TIMEOUT_PIDS=()
+start_noop 127.0.0.1:0
+NOOP_PID=$STARTED_PID NOOP_ADDR=$STARTED_ADDR
+start_noop "unix://$WORK/uds/noop.sock"
+NOOP_UDS_PID=$STARTED_PID NOOP_UDS_ADDR=$STARTED_ADDR
+start_quotad "$QUOTAD_BIN" 127.0.0.1:0
+QUOTAD_PID=$STARTED_PID QUOTAD_ADDR=$STARTED_ADDR
+start_quotad "$QUOTAD_BIN" "unix://$WORK/uds/quotad.sock"
+QUOTAD_UDS_PID=$STARTED_PID QUOTAD_UDS_ADDR=$STARTED_ADDR
+SERVERS=(noop quotad)
+if [[ -n $ALT_QUOTAD_BIN ]]; then
+  start_quotad "$ALT_QUOTAD_BIN" 127.0.0.1:0
+  ALT_PID=$STARTED_PID ALT_ADDR=$STARTED_ADDR
+  SERVERS+=(alt)
+fi
 
-measured quotad_unary "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" --policy bench "${LOAD_UNARY[@]}"
-loadgen quotad_batch "$QUOTAD_ADDR" --policy bench "${LOAD_BATCH[@]}"
-for i in $(seq "$RLS_REPEAT"); do
+# Prefill (not measured): every key of every namespace the runs use.
+prefill() {
+  local addr=$1
+  loadgen "prefill_named_$2" "$addr" --policy bench --mode batch --batch-size 1000 \
+    --concurrency 4 --keys "$KEYS" --key-prefix bench: --requests "$PREFILL_BATCHES"
+  loadgen "prefill_inline_$2" "$addr" --inline "$INLINE" --mode batch --batch-size 1000 \
+    --concurrency 4 --keys "$KEYS" --key-prefix bench: --requests "$PREFILL_BATCHES"
+  loadgen "prefill_rls_$2" "$addr" --mode rls --descriptors 3 --concurrency "$CONCURRENCY" \
+    --keys "$KEYS" --key-prefix bench: --duration "$PREFILL_RLS_SECS"
+}
+prefill "$QUOTAD_ADDR" quotad
+prefill "$QUOTAD_UDS_ADDR" quotad_uds
+[[ -n $ALT_QUOTAD_BIN ]] && prefill "$ALT_ADDR" alt
+
+# pair ROW ROUND FLOOR_ADDR FLOOR_PID QUOTAD_ADDR QUOTAD_PID ARGS... : the
+# row's run on the floor, then on quotad; each server's CPU time is read
+# around its own run.
+pair() {
+  local row=$1 round=$2 floor_addr=$3 floor_pid=$4 addr=$5 pid=$6
+  shift 6
+  measured "noop_${row}_$round" "$floor_addr" "$floor_pid" "$@"
+  measured "quotad_${row}_$round" "$addr" "$pid" "$@"
+}
+# alt ROW ROUND ARGS... : the row on the alternative quotad (ALT_QUOTAD_BIN).
+alt() {
+  local row=$1 round=$2
+  shift 2
+  if [[ -n $ALT_QUOTAD_BIN ]]; then measured "alt_${row}_$round" "$ALT_ADDR" "$ALT_PID" "$@"; fi
+}
+
+# The rounds: every row alternates the floor and quotad (and the
+# alternative quotad), so that all of them see the same background load.
+for r in $(seq "$ROUNDS"); do
+  pair unary "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" --policy bench "${LOAD_UNARY[@]}"
+  alt unary "$r" --policy bench "${LOAD_UNARY[@]}"
+  pair batch "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" --policy bench "${LOAD_BATCH[@]}"
+  alt batch "$r" --policy bench "${LOAD_BATCH[@]}"
+  pair inline "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" --inline "$INLINE" "${LOAD_BATCH[@]}"
+  alt inline "$r" --inline "$INLINE" "${LOAD_BATCH[@]}"
+  pair uds "$r" "$NOOP_UDS_ADDR" "$NOOP_UDS_PID" "$QUOTAD_UDS_ADDR" "$QUOTAD_UDS_PID" --policy bench "${LOAD_UNARY[@]}"
+  pair client "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" --policy bench \
+    --coalescing off --deny-cache off "${LOAD_CLIENT[@]}"
+  pair coalesced "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" --policy bench \
+    --coalescing on --deny-cache off "${LOAD_CLIENT[@]}"
+  pair fewslots "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" --policy bench \
+    --coalescing on --max-in-flight "$COALESCE_SLOTS" --deny-cache off "${LOAD_CLIENT[@]}"
   for d in 1 3; do
-    measured "noop_rls${d}_$i" "$NOOP_ADDR" "$NOOP_PID" "${LOAD_RLS[@]}" --descriptors "$d"
-    measured "quotad_rls${d}_$i" "$QUOTAD_ADDR" "$QUOTAD_SERVER_PID" "${LOAD_RLS[@]}" --descriptors "$d"
+    pair "rls$d" "$r" "$NOOP_ADDR" "$NOOP_PID" "$QUOTAD_ADDR" "$QUOTAD_PID" "${LOAD_RLS[@]}" --descriptors "$d"
+    alt "rls$d" "$r" "${LOAD_RLS[@]}" --descriptors "$d"
+  done
+  # The deny cache: CONCURRENCY callers of one hot key under `hot`, every
+  # check its own call (no coalescing), without and with the cache.
+  for cache in off on; do
+    measured "quotad_hot_cache_${cache}_$r" "$QUOTAD_ADDR" "$QUOTAD_PID" --policy hot \
+      --coalescing off --deny-cache "$cache" "${LOAD_HOT[@]}"
   done
 done
+
+# field NAME JQ_EXPR over rounds: the median of the rounds' values.
+median() { printf '%s\n' "$@" | jq -s 'sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end'; }
+# rounds SERVER ROW JQ_EXPR : the value of every round's report
+rounds() {
+  local r
+  for r in $(seq "$ROUNDS"); do jq -r "$3" "$WORK/$1_$2_$r.json"; done
+}
+
+# p99 at half of the unary peak through the client: open loop at half of
+# quotad's median peak without coalescing, without and with it.
+PEAK=$(median $(rounds quotad client .requests_per_sec))
+HALF=$(jq -n "($PEAK / 2) | floor")
+if [[ $HALF -lt 1 ]]; then
+  echo "bench.sh: quotad's unary peak through the client is $PEAK req/s; nothing to halve" >&2
+  exit 1
+fi
+for r in $(seq "$ROUNDS"); do
+  loadgen "quotad_halfoff_$r" "$QUOTAD_ADDR" --policy bench --coalescing off \
+    --deny-cache off "${LOAD_CLIENT[@]}" --rate "$HALF"
+  loadgen "quotad_halfon_$r" "$QUOTAD_ADDR" --policy bench --coalescing on \
+    --deny-cache off "${LOAD_CLIENT[@]}" --rate "$HALF"
+  loadgen "quotad_halffew_$r" "$QUOTAD_ADDR" --policy bench --coalescing on \
+    --max-in-flight "$COALESCE_SLOTS" --deny-cache off "${LOAD_CLIENT[@]}" --rate "$HALF"
+done
+
 CORRECT=yes
 loadgen quotad_budget "$QUOTAD_ADDR" --policy budget --keys hot \
   --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" \
   --requests "$CORRECTNESS_REQUESTS" --expect-allowed "$BUDGET" || CORRECT=no
 
-PEAK=$(field quotad_unary '.requests_per_sec')
-HALF=$(jq -n "($PEAK / 2) | floor")
-if [[ $HALF -lt 1 ]]; then
-  echo "bench.sh: quotad's unary peak is $PEAK req/s; nothing to halve" >&2
-  exit 1
-fi
-loadgen quotad_half "$QUOTAD_ADDR" --policy bench "${LOAD_UNARY[@]}" --rate "$HALF"
-stop_server "$QUOTAD_PID"
-
-# The floor at the same rate, on the same noop-server (idle while quotad ran).
-loadgen noop_half "$NOOP_ADDR" --policy bench "${LOAD_UNARY[@]}" --rate "$HALF"
+for pid in "${QUOTAD_TIMEOUT_PIDS[@]}"; do stop_server "$pid"; done
 stop_server "$NOOP_PID"
+stop_server "$NOOP_UDS_PID"
 
 # --- the Redis backend (when redis-server and redis-benchmark exist) ---------
 # quotad on a Redis of its own, next to redis-benchmark running quotad's own
@@ -487,19 +610,49 @@ else
 fi
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# --- the table --------------------------------------------------------------
-row() { # label server report
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" \
-    "$(fmt0 "$3" .requests_per_sec)" "$(fmt0 "$3" .decisions_per_sec)" \
-    "$(fmt0 "$3" .latency.p50_us)" "$(fmt0 "$3" .latency.p99_us)" \
-    "$(fmt0 "$3" .latency.p999_us)" "$(field "$3" '.errors')"
+# --- the tables ---------------------------------------------------------------
+# per_decision NAME / per_call NAME : the server's CPU µs per decision / per
+# request of run NAME (its warmup included, as its CPU time is).
+per_decision() {
+  jq -rn --argjson ticks "$(cat "$WORK/$1.cpu")" --argjson hz "$CLK_TCK" --slurpfile r "$WORK/$1.json" \
+    '($ticks * 1000000 / $hz) / (($r[0].requests + $r[0].warmup_requests) * $r[0].batch_size)'
 }
+per_call() {
+  jq -rn --argjson ticks "$(cat "$WORK/$1.cpu")" --argjson hz "$CLK_TCK" --slurpfile r "$WORK/$1.json" \
+    '($ticks * 1000000 / $hz) / ($r[0].requests + $r[0].warmup_requests)'
+}
+# over ROW SERVER FN : FN of every round of SERVER's runs of ROW
+over() {
+  local r
+  for r in $(seq "$ROUNDS"); do "$3" "$2_$1_$r"; done
+}
+# diffs ROW FN [SERVER] : SERVER (quotad) minus the floor, each round
+diffs() {
+  local r
+  for r in $(seq "$ROUNDS"); do
+    jq -n "$("$2" "${3:-quotad}_$1_$r") - $("$2" "noop_$1_$r")"
+  done
+}
+r2() { jq -n "$1 * 100 | round / 100"; }
+r3() { jq -n "$1 * 1000 | round / 1000"; }
+signed() { jq -rn "$1 * 1000 | round / 1000 | if . >= 0 then \"+\" + tostring else tostring end"; }
+list() { local v; for v in "$@"; do printf '%s, ' "$(r2 "$v")"; done | sed 's/, $//'; }
 met() { if jq -en "$1" >/dev/null; then echo yes; else echo "**no**"; fi; }
+# rate ROW SERVER : median decisions/s
+rate() { median $(rounds "$2" "$1" .decisions_per_sec); }
 
-UNARY_RATIO=$(jq -n "$(field quotad_unary .requests_per_sec) / $(field noop_unary .requests_per_sec) * 100 | round / 100")
-BATCH_RATIO=$(jq -n "$(field quotad_batch .decisions_per_sec) / $(field noop_batch .decisions_per_sec) * 100 | round / 100")
-BATCH_DPS=$(fmt0 quotad_batch .decisions_per_sec)
-HALF_P99=$(fmt0 quotad_half .latency.p99_us)
+# row LABEL ROW FN TARGET : one line of the main table; FN per_decision or
+# per_call; TARGET a jq bound on the median difference, or empty.
+row() {
+  local label=$1 name=$2 fn=$3 target=${4:-} floor quotad above verdict=—
+  floor=$(median $(over "$name" noop "$fn"))
+  quotad=$(median $(over "$name" quotad "$fn"))
+  above=$(median $(diffs "$name" "$fn"))
+  [[ -n $target ]] && verdict="<= $target: $(met "$above <= $target")"
+  printf '| %s | %s | %s | %s (%s) | %s | %s | %s x | %s |\n' "$label" "$(r2 "$floor")" "$(r2 "$quotad")" \
+    "$(signed "$above")" "$(list $(diffs "$name" "$fn"))" "$(jq -n "$(rate "$name" noop) | floor")" \
+    "$(jq -n "$(rate "$name" quotad) | floor")" "$(r2 "$(rate "$name" quotad) / $(rate "$name" noop)")" "$verdict"
+}
 
 cat <<EOF
 
@@ -507,78 +660,100 @@ cat <<EOF
 
 Date: $(date -u '+%Y-%m-%d %H:%M UTC'). Machine: $(nproc) cores, $(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1).
 Load average before / after: $LOAD_BEFORE / $LOAD_AFTER.
-loadgen: $LOADGEN_THREADS runtime thread(s), on the same box as the server; servers: $SERVER_THREADS worker thread(s) each; keys $KEYS;
-closed-loop runs measure ${DURATION} s after a ${WARMUP} s warmup.
+quotad: $QUOTAD_BIN$( [[ -n $ALT_QUOTAD_BIN ]] && echo "; alternative: $ALT_QUOTAD_BIN ($ALT_LABEL)").
+loadgen: $LOADGEN_THREADS runtime thread(s), on the same box as the servers; servers: $SERVER_THREADS worker thread(s) each;
+keys $KEYS per namespace, all stored before the first round; $ROUNDS rounds, each row alternating the floor and quotad;
+closed-loop runs measure ${DURATION} s after a ${WARMUP} s warmup. Server CPU: user + system time from /proc/PID/stat
+over each run (warmup included) divided by its decisions (or calls); figures are medians of the rounds, with each
+round's difference in brackets.
 
-| run | server | requests/s | decisions/s | p50 µs | p99 µs | p99.9 µs | errors |
-|---|---|---:|---:|---:|---:|---:|---:|
-$(row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" noop noop_unary)
-$(row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" quotad quotad_unary)
-$(row "CheckBatch($BATCH_SIZE), c=$BATCH_CONCURRENCY over $CONNECTIONS conns" noop noop_batch)
-$(row "CheckBatch($BATCH_SIZE), c=$BATCH_CONCURRENCY over $CONNECTIONS conns" quotad quotad_batch)
-$(row "unary at $HALF req/s (half of quotad's peak), open loop" noop noop_half)
-$(row "unary at $HALF req/s (half of quotad's peak), open loop" quotad quotad_half)
-
-Open-loop latencies count from each request's scheduled send time. Of that,
-the time before a request left loadgen (send lag: a busy worker, timer slack,
-loadgen's own CPU) was at p99 $(fmt0 noop_half .send_lag.p99_us) µs against noop and $(fmt0 quotad_half .send_lag.p99_us) µs against quotad.
-
-| target (issue 6) | measured | met? |
-|---|---:|---|
-| unary Check >= 0.90 x the no-op floor | $UNARY_RATIO x | $(met "$UNARY_RATIO >= 0.90") |
-| CheckBatch($BATCH_SIZE) >= 1,000,000 decisions/s | $BATCH_DPS (quotad / noop = $BATCH_RATIO x) | $(met "$BATCH_DPS >= 1000000") |
-| p99 at half of peak <= 1 ms | $HALF_P99 µs | $(met "$HALF_P99 <= 1000") |
-| hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks at c=$CONCURRENCY: allowed = $BUDGET | $(field quotad_budget .allowed) allowed, $(field quotad_budget .denied) denied, $(field quotad_budget .errors) errors | $CORRECT |
+| run | floor CPU µs | quotad CPU µs | quotad above the floor, median (rounds) | floor decisions/s | quotad decisions/s | quotad / floor | target (µs above) |
+|---|---:|---:|---:|---:|---:|---:|---|
+$(row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns, per decision" unary per_decision 1)
+$(row "CheckBatch($BATCH_SIZE), named policy, c=$BATCH_CONCURRENCY, per decision" batch per_decision 0.2)
+$(row "CheckBatch($BATCH_SIZE), inline policy ($INLINE), per decision" inline per_decision 0.3)
+$(row "unary Check over a unix socket, per decision" uds per_decision)
+$(row "quotad-client, $CONCURRENCY callers, not coalesced, per decision" client per_decision)
+$(row "quotad-client, $CONCURRENCY callers, coalesced (8 in flight, the default), per decision" coalesced per_decision)
+$(row "quotad-client, $CONCURRENCY callers, coalesced ($COALESCE_SLOTS in flight), per decision" fewslots per_decision)
+$(row "ShouldRateLimit, 1 descriptor, per call" rls1 per_call 1)
+$(row "ShouldRateLimit, 3 descriptors, per call" rls3 per_call 1)
 EOF
-# rls_row LABEL SERVER REPORT
-rls_row() {
-  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$1" "$2" \
-    "$(fmt0 "$3" .requests_per_sec)" "$(fmt0 "$3" .latency.p50_us)" \
-    "$(fmt0 "$3" .latency.p99_us)" "$(cpu_per_call "$3")" "$(field "$3" '.errors')"
+
+# Coalescing: quotad's CPU per decision and decisions per server CPU
+# second (1 / CPU per decision), uncoalesced against each coalesced setting.
+CPU_OFF=$(median $(over client quotad per_decision))
+P99_OFF=$(median $(rounds quotad halfoff .latency.p99_us))
+coalescing_row() { # ROW HALF LABEL
+  local cpu p99 calls
+  cpu=$(median $(over "$1" quotad per_decision))
+  p99=$(median $(rounds quotad "$2" .latency.p99_us))
+  calls=$(median $(rounds quotad "$1" .client_calls.calls_per_decision))
+  printf '| %s | %s (%s x lower: %s) | %s (%s x: %s) | %s (%s x) | %s | %s (%s): %s |\n' "$3" \
+    "$(r3 "$cpu")" "$(r2 "$CPU_OFF / $cpu")" "$(met "$CPU_OFF / $cpu >= 8")" \
+    "$(jq -n "1000000 / $cpu | floor")" "$(r2 "$CPU_OFF / $cpu")" "$(met "$CPU_OFF / $cpu >= 5")" \
+    "$(jq -n "$(rate "$1" quotad) | floor")" "$(r2 "$(rate "$1" quotad) / $(rate client quotad)")" \
+    "$(r3 "$calls")" "$(jq -n "$p99 | floor")" "$(list $(rounds quotad "$2" .latency.p99_us))" \
+    "$(met "$p99 <= $P99_OFF")"
 }
-above() { jq -n "($(cpu_per_call "$1") - $(cpu_per_call "$2")) * 100 | round / 100"; }
-ratio() { jq -n "$(field "$1" .requests_per_sec) / $(field "$2" .requests_per_sec) * 100 | round / 100"; }
-median() { printf '%s\n' "$@" | jq -s 'sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end | . * 100 | round / 100'; }
-# rls_pairs D : "median-above median-ratio" over the pairs of D descriptors
-rls_pairs() {
-  local d=$1 i aboves=() ratios=()
-  for i in $(seq "$RLS_REPEAT"); do
-    aboves+=("$(above "quotad_rls${d}_$i" "noop_rls${d}_$i")")
-    ratios+=("$(ratio "quotad_rls${d}_$i" "noop_rls${d}_$i")")
-  done
-  echo "$(median "${aboves[@]}") $(median "${ratios[@]}")"
-}
-read -r RLS1_ABOVE RLS1_RATIO < <(rls_pairs 1)
-read -r RLS3_ABOVE RLS3_RATIO < <(rls_pairs 3)
-UNARY_ABOVE=$(above quotad_unary noop_unary)
-RLS_ROWS=$(for i in $(seq "$RLS_REPEAT"); do
-  for d in 1 3; do
-    rls_row "ShouldRateLimit, $d descriptor(s), c=$CONCURRENCY, pair $i" noop "noop_rls${d}_$i"
-    rls_row "ShouldRateLimit, $d descriptor(s), c=$CONCURRENCY, pair $i" quotad "quotad_rls${d}_$i"
-  done
-done)
 cat <<EOF
 
-## Envoy RLS: ShouldRateLimit next to the no-op floor
+Coalescing, through quotad-client (one client, one connection, $CONCURRENCY callers), quotad's figures;
+the p99 is of the open loop at $HALF checks/s, half of the uncoalesced peak:
 
-Same servers and settings as above; quotad serves one rule per descriptor key
-(fixed window, memory store), the no-op server answers every descriptor OK at
-once with a status of the same size. Server CPU is the server process's user
-+ system time over the whole run (warmup included) divided by its requests.
-Runs alternate noop and quotad, $RLS_REPEAT pairs per descriptor count.
-
-| run | server | requests/s | p50 µs | p99 µs | server CPU µs/call | errors |
-|---|---|---:|---:|---:|---:|---:|
-$(rls_row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" noop noop_unary)
-$(rls_row "unary Check, c=$CONCURRENCY over $CONNECTIONS conns" quotad quotad_unary)
-$RLS_ROWS
-
-| target | measured | met? |
-|---|---:|---|
-| RLS, 1 descriptor: server CPU per call within 1 µs of the floor (median of $RLS_REPEAT pairs) | +$RLS1_ABOVE µs (throughput quotad / noop = $RLS1_RATIO x) | $(met "$RLS1_ABOVE <= 1") |
-| RLS, 3 descriptors: server CPU per call within 1 µs of the floor (median of $RLS_REPEAT pairs) | +$RLS3_ABOVE µs (throughput quotad / noop = $RLS3_RATIO x) | $(met "$RLS3_ABOVE <= 1") |
-| (for comparison) unary Check, server CPU above the floor | +$UNARY_ABOVE µs (throughput $UNARY_RATIO x) | — |
+| client | server CPU µs per decision (target: >= 8 x lower) | decisions per server CPU second (target: >= 5 x) | decisions/s | calls per decision (warmup included) | p99 µs at half of the peak (rounds) (target: not worse) |
+|---|---:|---:|---:|---:|---:|
+| not coalesced | $(r3 "$CPU_OFF") | $(jq -n "1000000 / $CPU_OFF | floor") | $(jq -n "$(rate client quotad) | floor") | $(r3 "$(median $(rounds quotad client .client_calls.calls_per_decision))") | $(jq -n "$P99_OFF | floor") ($(list $(rounds quotad halfoff .latency.p99_us))) |
+$(coalescing_row coalesced halfon "coalesced, 8 in flight (the default)")
+$(coalescing_row fewslots halffew "coalesced, $COALESCE_SLOTS in flight")
 EOF
+
+HOT_OFF=$(median $(rounds quotad hot_cache_off .client_calls.calls_per_decision))
+HOT_ON=$(median $(rounds quotad hot_cache_on .client_calls.calls_per_decision))
+cat <<EOF
+
+The deny cache: $CONCURRENCY callers of one client checking one hot key under a fixed window of $HOT_LIMIT a second
+(no coalescing, so every call is one check), quotad's figures:
+
+| deny cache | calls per decision (warmup included) | local denials per decision | allowed / denied (last round) | decisions/s | server CPU µs per decision |
+|---|---:|---:|---:|---:|---:|
+| off | $(r3 "$HOT_OFF") | $(r3 "$(median $(rounds quotad hot_cache_off '.client_calls.local_denials / (.requests + .warmup_requests)'))") | $(field "quotad_hot_cache_off_$ROUNDS" .allowed) / $(field "quotad_hot_cache_off_$ROUNDS" .denied) | $(jq -n "$(median $(rounds quotad hot_cache_off .decisions_per_sec)) | floor") | $(r3 "$(median $(for r in $(seq "$ROUNDS"); do per_decision "quotad_hot_cache_off_$r"; done))") |
+| on | $(r3 "$HOT_ON") | $(r3 "$(median $(rounds quotad hot_cache_on '.client_calls.local_denials / (.requests + .warmup_requests)'))") | $(field "quotad_hot_cache_on_$ROUNDS" .allowed) / $(field "quotad_hot_cache_on_$ROUNDS" .denied) | $(jq -n "$(median $(rounds quotad hot_cache_on .decisions_per_sec)) | floor") | $(r3 "$(median $(for r in $(seq "$ROUNDS"); do per_decision "quotad_hot_cache_on_$r"; done))") |
+
+Unix socket against TCP loopback, unary Check with the same client (loadgen), medians:
+
+| | TCP | unix socket | unix / TCP |
+|---|---:|---:|---:|
+| quotad CPU µs per call | $(r2 "$(median $(over unary quotad per_call))") | $(r2 "$(median $(over uds quotad per_call))") | $(r2 "$(median $(over uds quotad per_call)) / $(median $(over unary quotad per_call))") x |
+| floor CPU µs per call | $(r2 "$(median $(over unary noop per_call))") | $(r2 "$(median $(over uds noop per_call))") | $(r2 "$(median $(over uds noop per_call)) / $(median $(over unary noop per_call))") x |
+| quotad requests/s | $(jq -n "$(rate unary quotad) | floor") | $(jq -n "$(rate uds quotad) | floor") | $(r2 "$(rate uds quotad) / $(rate unary quotad)") x |
+| quotad p99 µs | $(jq -n "$(median $(rounds quotad unary .latency.p99_us)) | floor") | $(jq -n "$(median $(rounds quotad uds .latency.p99_us)) | floor") | — |
+
+Correctness under load: hot key, budget $BUDGET, $CORRECTNESS_REQUESTS checks at c=$CONCURRENCY: $(field quotad_budget .allowed) allowed, $(field quotad_budget .denied) denied, $(field quotad_budget .errors) errors ($CORRECT).
+EOF
+
+if [[ -n $ALT_QUOTAD_BIN ]]; then
+  alt_row() { # LABEL ROW FN
+    local q a
+    q=$(median $(over "$2" quotad "$3"))
+    a=$(median $(over "$2" alt "$3"))
+    printf '| %s | %s | %s | %s | %s (%s) | %s x |\n' "$1" "$(r2 "$(median $(over "$2" noop "$3"))")" "$(r2 "$q")" "$(r2 "$a")" \
+      "$(signed "$(median $(diffs "$2" "$3" alt))")" "$(list $(diffs "$2" "$3" alt))" "$(r2 "$(rate "$2" alt) / $(rate "$2" quotad)")"
+  }
+  cat <<EOF
+
+quotad against the alternative build ($ALT_LABEL, $ALT_QUOTAD_BIN), same rounds, medians:
+
+| run | floor CPU µs | quotad CPU µs | $ALT_LABEL CPU µs | $ALT_LABEL above the floor (rounds) | $ALT_LABEL / quotad decisions/s |
+|---|---:|---:|---:|---:|---:|
+$(alt_row "unary Check, per decision" unary per_decision)
+$(alt_row "CheckBatch($BATCH_SIZE), named, per decision" batch per_decision)
+$(alt_row "CheckBatch($BATCH_SIZE), inline, per decision" inline per_decision)
+$(alt_row "ShouldRateLimit, 1 descriptor, per call" rls1 per_call)
+$(alt_row "ShouldRateLimit, 3 descriptors, per call" rls3 per_call)
+EOF
+fi
+
 echo "$REDIS_ROWS"
 if command -v redis-benchmark >/dev/null; then echo; redis_cpu_rows; fi
 if [[ $KEEP_WORK == 1 ]]; then echo; echo "Reports and logs: $WORK"; fi

@@ -21,6 +21,12 @@ use quotad::config::{LogFormat, LogSettings};
 use quotad::{Config, ConfigError, Listeners, Overrides};
 use tracing_subscriber::EnvFilter;
 
+/// The process's allocator with the `mimalloc` feature; the system's
+/// otherwise.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A gRPC state owner for rate limits and quotas.
 #[derive(Debug, Parser)]
 #[command(

@@ -42,9 +42,10 @@
 //! rules files) or `rls:<domain>#<unit>` for limits sent by Envoy: never
 //! a request's values.
 //!
-//! One file of about 600 lines (tests apart): every series quotad exports
-//! is declared here, once, with its help text and labels, so the
-//! dashboard's and alerts' names can be checked against one place.
+//! One file of about 630 lines (tests apart): every series quotad exports
+//! is declared here, once, with its help text and labels next to the table
+//! above, so adding a metric touches one file and the dashboard's and
+//! alerts' names can be checked against one place.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -437,22 +438,48 @@ impl DecisionCounters {
 
     /// Counts one decision.
     pub(crate) fn record(&self, decision: &Decision) {
-        let slot = &self.slots[decision.reason as usize][usize::from(decision.allowed)];
-        slot.get_or_init(|| {
-            let outcome = if decision.allowed {
-                "allowed"
-            } else {
-                "denied"
-            };
+        self.counter(decision.reason, decision.allowed).increment(1);
+    }
+
+    /// Counts the decisions of `tally`: one increment per reason and
+    /// outcome it holds, however many decisions share them.
+    pub(crate) fn record_tally(&self, tally: &DecisionTally) {
+        for (reason, by_outcome) in Reason::ALL.into_iter().zip(&tally.counts) {
+            for (allowed, &count) in [false, true].into_iter().zip(by_outcome) {
+                if count > 0 {
+                    self.counter(reason, allowed).increment(count);
+                }
+            }
+        }
+    }
+
+    fn counter(&self, reason: Reason, allowed: bool) -> &Counter {
+        self.slots[reason as usize][usize::from(allowed)].get_or_init(|| {
+            let outcome = if allowed { "allowed" } else { "denied" };
             let labels = vec![
                 Label::new("policy", self.policy.clone()),
                 Label::new("algorithm", self.algorithm.as_str()),
                 Label::new("outcome", outcome),
-                Label::new("reason", decision.reason.as_str()),
+                Label::new("reason", reason.as_str()),
             ];
             register_counter(&self.recorder, DECISIONS, labels)
         })
-        .increment(1);
+    }
+}
+
+/// Decisions counted locally, by reason and outcome, before they reach
+/// the shared [`DecisionCounters`]: a batch whose items share a policy
+/// touches each counter once, not once per item.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DecisionTally {
+    /// Indexed by reason, then by `allowed`.
+    counts: [[u64; 2]; Reason::ALL.len()],
+}
+
+impl DecisionTally {
+    /// Counts one decision.
+    pub(crate) fn add(&mut self, decision: &Decision) {
+        self.counts[decision.reason as usize][usize::from(decision.allowed)] += 1;
     }
 }
 
@@ -641,6 +668,43 @@ mod tests {
             r#"quotad_decisions_total{policy="inline",algorithm="token_bucket",outcome="denied",reason="cost_exceeds_capacity"} 1"#
         ), "{text}");
         assert!(text.contains("# HELP quotad_decisions_total"), "{text}");
+    }
+
+    #[test]
+    fn a_tally_counts_the_same_as_recording_each_decision() {
+        let metrics = Metrics::new().expect("metrics");
+        let one_by_one = metrics.named_policy("each", Algorithm::SlidingWindow);
+        let tallied = metrics.named_policy("tally", Algorithm::SlidingWindow);
+        let decisions = [
+            decision(true, Reason::WithinLimit),
+            decision(false, Reason::LimitExceeded),
+            decision(true, Reason::WithinLimit),
+            decision(false, Reason::Capacity),
+            decision(true, Reason::FailOpen),
+            decision(true, Reason::WithinLimit),
+        ];
+        let mut tally = DecisionTally::default();
+        for d in &decisions {
+            one_by_one.record(d);
+            tally.add(d);
+        }
+        tallied.record_tally(&tally);
+        tallied.record_tally(&DecisionTally::default());
+        let text = metrics.render();
+        let series = |policy: &str| {
+            let mut lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("{DECISIONS}{{policy=\"{policy}\"")))
+                .map(|l| l.replacen(policy, "P", 1))
+                .collect();
+            lines.sort();
+            lines
+        };
+        assert_eq!(series("each").len(), 4, "{text}");
+        assert_eq!(series("each"), series("tally"));
+        assert!(text.contains(
+            r#"quotad_decisions_total{policy="tally",algorithm="sliding_window",outcome="allowed",reason="within_limit"} 3"#
+        ), "{text}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::request::{
 };
 use crate::backend::{Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
-use crate::metrics::{DecisionCounters, Method, Metrics};
+use crate::metrics::{DecisionCounters, DecisionTally, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
 
 /// What the service enforces on every request from the settings that take
@@ -74,6 +74,7 @@ impl StoreOps {
 
 /// A request's policy, resolved: the state namespace, the policy and the
 /// counters its decisions go to.
+#[derive(Clone)]
 struct Target<'a> {
     namespace: Cow<'a, str>,
     policy: Policy,
@@ -146,26 +147,35 @@ impl Answer {
     }
 }
 
+/// The decision for a lone check's result: decided, or what its target's
+/// `on_error` answers for the whole call.
+fn resolve_one(target: &Target<'_>, result: ItemResult) -> Result<Decision, ServiceError> {
+    result.or_else(|error| {
+        crate::log::store_failed(&error);
+        target.on_backend_error(&error, Answer::Whole)
+    })
+}
+
 /// The decisions for a batch's results: decided items stand, and each
 /// failed one gets its own target's `on_error` (or the error, if any such
 /// target wants it passed on). An all-or-nothing batch stays all or
 /// nothing: when it failed, one item failing closed denies every item.
 fn resolve_results(
-    targets: &[Target<'_>],
+    targets: &Targets<'_>,
     results: Vec<ItemResult>,
     answer: Answer,
 ) -> Result<Vec<Decision>, ServiceError> {
     let mut failed = false;
-    let mut decisions = targets
-        .iter()
-        .zip(results)
-        .map(|(target, result)| {
+    let mut decisions = results
+        .into_iter()
+        .enumerate()
+        .map(|(i, result)| {
             result.or_else(|error| {
                 if !failed {
                     crate::log::store_failed(&error);
                 }
                 failed = true;
-                target.on_backend_error(&error, answer)
+                targets.of(i).on_backend_error(&error, answer)
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -176,6 +186,40 @@ fn resolve_results(
         }
     }
     Ok(decisions)
+}
+
+/// How many of a batch's most recently resolved policies an item's policy
+/// is compared with before it is resolved again: enough for the batches
+/// clients send (one policy, or a few interleaved, such as per-second and
+/// per-day limits of each user), and a bound on the work a batch of 1,000
+/// distinct policies can cause.
+const RECENT_TARGETS: usize = 8;
+
+/// The targets of a batch's items. Each policy a batch names is resolved
+/// once (its lookup, its inline limits and namespace), not once per item,
+/// and items refer to their target by index.
+struct Targets<'a> {
+    distinct: Vec<Target<'a>>,
+    of_item: Vec<usize>,
+}
+
+impl<'a> Targets<'a> {
+    /// The target of item `i`.
+    fn of(&self, i: usize) -> &Target<'a> {
+        &self.distinct[self.of_item[i]]
+    }
+
+    /// Counts every decision under its target's counters: one increment
+    /// per target, reason and outcome.
+    fn record(&self, decisions: &[Decision]) {
+        let mut tallies = vec![DecisionTally::default(); self.distinct.len()];
+        for (&t, decision) in self.of_item.iter().zip(decisions) {
+            tallies[t].add(decision);
+        }
+        for (target, tally) in self.distinct.iter().zip(&tallies) {
+            target.decisions.record_tally(tally);
+        }
+    }
 }
 
 impl<S: Backend> QuotaService<S> {
@@ -204,6 +248,42 @@ impl<S: Backend> QuotaService<S> {
         key: &str,
         policy: &PolicyRef,
     ) -> Result<Target<'a>, ServiceError> {
+        self.check_key(key)?;
+        self.target(set, policy)
+    }
+
+    /// Resolves every item of a batch, reporting the first item that
+    /// fails, as [`QuotaService::resolve`] would one by one.
+    fn resolve_batch<'a>(
+        &'a self,
+        set: &'a PolicySet,
+        items: &[CheckSpec],
+    ) -> Result<Targets<'a>, ServiceError> {
+        let mut resolved: Vec<(&PolicyRef, Target<'a>)> = Vec::new();
+        let mut of_item = Vec::with_capacity(items.len());
+        for (i, spec) in items.iter().enumerate() {
+            self.check_key(&spec.key).map_err(|e| e.at_item(i))?;
+            let recent = resolved.len().saturating_sub(RECENT_TARGETS);
+            let known = resolved[recent..]
+                .iter()
+                .rposition(|(policy, _)| **policy == spec.policy);
+            let index = match known {
+                Some(at) => recent + at,
+                None => {
+                    let target = self.target(set, &spec.policy).map_err(|e| e.at_item(i))?;
+                    resolved.push((&spec.policy, target));
+                    resolved.len() - 1
+                }
+            };
+            of_item.push(index);
+        }
+        Ok(Targets {
+            distinct: resolved.into_iter().map(|(_, target)| target).collect(),
+            of_item,
+        })
+    }
+
+    fn check_key(&self, key: &str) -> Result<(), ServiceError> {
         if key.len() > self.limits.max_key_bytes {
             return Err(ServiceError::invalid(
                 "key",
@@ -214,6 +294,16 @@ impl<S: Backend> QuotaService<S> {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The target of `policy`: a named policy of `set`, or an inline
+    /// policy within `[limits]`.
+    fn target<'a>(
+        &'a self,
+        set: &'a PolicySet,
+        policy: &PolicyRef,
+    ) -> Result<Target<'a>, ServiceError> {
         match policy {
             PolicyRef::Named(name) => {
                 let (stored, named) = set.get(name).ok_or_else(|| ServiceError::UnknownPolicy {
@@ -259,11 +349,7 @@ impl<S: Backend> QuotaService<S> {
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.check.increment(1);
         let result = self.backend.check_one(&item, deadline).await;
-        let decision = first(resolve_results(
-            std::slice::from_ref(&target),
-            vec![result],
-            Answer::Whole,
-        )?);
+        let decision = resolve_one(&target, result)?;
         target.decisions.record(&decision);
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
@@ -277,28 +363,22 @@ impl<S: Backend> QuotaService<S> {
     ) -> Result<pb::CheckBatchResponse, ServiceError> {
         let batch = BatchSpec::try_from(request)?;
         let set = self.policies.snapshot();
-        let targets = batch
+        let targets = self.resolve_batch(&set, &batch.items)?;
+        let items = batch
             .items
             .iter()
             .enumerate()
             .map(|(i, spec)| {
-                self.resolve(&set, &spec.key, &spec.policy)
+                targets
+                    .of(i)
+                    .item(&spec.key, spec.cost)
                     .map_err(|e| e.at_item(i))
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        let items = batch
-            .items
-            .iter()
-            .zip(&targets)
-            .enumerate()
-            .map(|(i, (spec, target))| target.item(&spec.key, spec.cost).map_err(|e| e.at_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         self.store_ops.check_batch.increment(1);
         let results = self.backend.check(&items, batch.mode, deadline).await;
         let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
-        for (target, decision) in targets.iter().zip(&decisions) {
-            target.decisions.record(decision);
-        }
+        targets.record(&decisions);
         Ok(pb::CheckBatchResponse {
             decisions: decisions.iter().map(decision_to_pb).collect(),
         })
@@ -315,11 +395,7 @@ impl<S: Backend> QuotaService<S> {
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.peek.increment(1);
         let result = self.backend.peek(&item, deadline).await;
-        let decision = first(resolve_results(
-            std::slice::from_ref(&target),
-            vec![result],
-            Answer::Whole,
-        )?);
+        let decision = resolve_one(&target, result)?;
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
         })
@@ -343,13 +419,6 @@ impl<S: Backend> QuotaService<S> {
             .inspect_err(crate::log::store_failed)?;
         Ok(pb::ResetResponse {})
     }
-}
-
-fn first(decisions: Vec<Decision>) -> Decision {
-    decisions
-        .into_iter()
-        .next()
-        .expect("one decision per target")
 }
 
 #[tonic::async_trait]
@@ -411,9 +480,18 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
 mod tests {
     use std::time::Duration;
 
-    use quotad_core::Algorithm;
+    use quotad_core::{Algorithm, FakeClock, MemoryStore, OnFull, StoreConfig};
 
     use super::*;
+    use crate::config::Config;
+
+    /// One target per item, as a batch of distinct policies resolves.
+    fn one_per_item<'a>(targets: &[Target<'a>]) -> Targets<'a> {
+        Targets {
+            distinct: targets.to_vec(),
+            of_item: (0..targets.len()).collect(),
+        }
+    }
 
     fn decided(allowed: bool) -> Decision {
         Decision {
@@ -442,11 +520,11 @@ mod tests {
             on_error,
             decisions: &counters,
         };
-        let targets = [
+        let targets = one_per_item(&[
             target(OnError::FailOpen),
             target(OnError::FailClosed),
             target(OnError::FailOpen),
-        ];
+        ]);
         let down = || BackendError::Unavailable("down".to_owned());
         let all_down = |n: usize| vec![Err(down()); n];
 
@@ -473,9 +551,9 @@ mod tests {
         // `error` passes the failure on: as the call's error for a lone
         // check or an all-or-nothing batch, as the item's reason in an
         // independent batch whose other items stand.
-        let strict = [target(OnError::Error)];
+        let strict = one_per_item(&[target(OnError::Error)]);
         assert!(resolve_results(&strict, all_down(1), Answer::Whole).is_err());
-        let both = [target(OnError::Error), target(OnError::FailOpen)];
+        let both = one_per_item(&[target(OnError::Error), target(OnError::FailOpen)]);
         let one_down = vec![Err(down()), Ok(decided(true))];
         let answered = resolve_results(&both, one_down, Answer::PerItem).expect("answers");
         assert_eq!(
@@ -486,13 +564,9 @@ mod tests {
         assert!(resolve_results(&both, all_down(2), Answer::Whole).is_err());
         // A bug in the store is never failed open.
         let bug = || Err(BackendError::Internal("bad reply".to_owned()));
-        assert!(resolve_results(&targets[..1], vec![bug()], Answer::Whole).is_err());
-        let faulty = resolve_results(
-            &targets[..2],
-            vec![bug(), Ok(decided(true))],
-            Answer::PerItem,
-        )
-        .expect("answers");
+        assert!(resolve_one(targets.of(0), bug()).is_err());
+        let faulty = resolve_results(&targets, vec![bug(), Ok(decided(true))], Answer::PerItem)
+            .expect("answers");
         assert_eq!(
             (faulty[0].allowed, faulty[0].reason),
             (false, Reason::Unavailable),
@@ -503,5 +577,176 @@ mod tests {
         let decided_all = vec![Ok(decided(true)), Ok(decided(false)), Ok(decided(true))];
         let kept = resolve_results(&targets, decided_all, Answer::Whole).expect("answers");
         assert_eq!(kept[0], decided(true));
+    }
+
+    /// A service over a memory store, with the policies of `toml`.
+    fn service(toml: &str) -> QuotaService<MemoryStore> {
+        let config = Config::from_toml(toml).expect("valid config");
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let set = PolicySet::new(config.policies(), config.limits(), &metrics);
+        let store = StoreConfig::try_new(10_000, 4, OnFull::Deny).expect("valid store");
+        QuotaService::new(
+            Arc::new(MemoryStore::new(store, Arc::new(FakeClock::new(0)))),
+            Arc::new(PolicyRegistry::new(set)),
+            metrics,
+            RequestLimits {
+                max_key_bytes: 8,
+                on_error: OnError::Error,
+                request_timeout: Duration::from_secs(1),
+            },
+        )
+    }
+
+    const TWO_POLICIES: &str = r#"
+        [policies.api]
+        algorithm = "fixed_window"
+        limit = 2
+        window = "1m"
+
+        [policies.day]
+        algorithm = "fixed_window"
+        limit = 100
+        window = "1d"
+    "#;
+
+    fn inline(limit: u64) -> PolicyRef {
+        PolicyRef::Inline(
+            Policy::try_new(Algorithm::TokenBucket, limit, Duration::from_secs(1), None)
+                .expect("valid"),
+        )
+    }
+
+    fn spec(key: &str, policy: PolicyRef) -> CheckSpec {
+        CheckSpec {
+            key: key.to_owned(),
+            cost: 1,
+            policy,
+        }
+    }
+
+    #[test]
+    fn a_batch_resolves_each_policy_once_and_every_item_to_its_own() {
+        let service = service(TWO_POLICIES);
+        let set = service.policies.snapshot();
+        let api = || PolicyRef::Named("api".to_owned());
+        let day = || PolicyRef::Named("day".to_owned());
+        let items = [
+            spec("a", api()),
+            spec("a", day()),
+            spec("b", api()),
+            spec("b", day()),
+            spec("c", inline(5)),
+            spec("d", inline(5)),
+            spec("e", inline(6)),
+            spec("f", api()),
+        ];
+        let targets = service.resolve_batch(&set, &items).expect("valid");
+        assert_eq!(
+            targets.distinct.len(),
+            4,
+            "api, day and two inline policies"
+        );
+        for (i, item) in items.iter().enumerate() {
+            let expected = service
+                .resolve(&set, &item.key, &item.policy)
+                .expect("valid");
+            let target = targets.of(i);
+            assert_eq!(target.namespace, expected.namespace, "item {i}");
+            assert_eq!(target.policy, expected.policy, "item {i}");
+        }
+        // More distinct policies than are remembered: every item still gets
+        // its own.
+        let many: Vec<CheckSpec> = (1..=3 * RECENT_TARGETS as u64)
+            .chain(1..=3 * RECENT_TARGETS as u64)
+            .map(|limit| spec("k", inline(limit)))
+            .collect();
+        let targets = service.resolve_batch(&set, &many).expect("valid");
+        for (i, item) in many.iter().enumerate() {
+            let PolicyRef::Inline(policy) = &item.policy else {
+                unreachable!("inline items")
+            };
+            assert_eq!(
+                targets.of(i).namespace,
+                inline_namespace(policy),
+                "item {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_batch_refuses_the_first_bad_item_even_after_its_policy_resolved() {
+        let service = service(TWO_POLICIES);
+        let set = service.policies.snapshot();
+        let field = |items: &[CheckSpec]| match service.resolve_batch(&set, items) {
+            Err(
+                ServiceError::Invalid { field, .. } | ServiceError::UnknownPolicy { field, .. },
+            ) => field,
+            Err(other) => panic!("unexpected error {other:?}"),
+            Ok(_) => panic!("expected an error"),
+        };
+        let api = || PolicyRef::Named("api".to_owned());
+        let long_key = [
+            spec("a", api()),
+            spec("b", api()),
+            spec("too-long-key", api()),
+        ];
+        assert_eq!(field(&long_key), "items[2].key");
+        let unknown = [
+            spec("a", api()),
+            spec("b", api()),
+            spec("c", PolicyRef::Named("nope".to_owned())),
+            spec("d", api()),
+        ];
+        assert_eq!(field(&unknown), "items[2].policy_name");
+        let too_big = [spec("a", inline(5)), spec("b", inline(2_000_000))];
+        assert_eq!(field(&too_big), "items[1].inline_policy.limit");
+    }
+
+    #[tokio::test]
+    async fn a_batch_counts_each_decision_under_its_own_policy() {
+        let service = service(TWO_POLICIES);
+        let item = |key: &str, policy: &str| pb::CheckRequest {
+            key: key.to_owned(),
+            cost: None,
+            policy: Some(pb::check_request::Policy::PolicyName(policy.to_owned())),
+        };
+        let request = pb::CheckBatchRequest {
+            // "u" under `api` (limit 2): allowed, allowed, denied.
+            items: vec![
+                item("u", "api"),
+                item("u", "day"),
+                item("u", "api"),
+                item("v", "day"),
+                item("u", "api"),
+            ],
+            mode: pb::BatchMode::Independent.into(),
+        };
+        let deadline = Deadline::after(Duration::from_secs(1));
+        let response = service
+            .decide_batch(request, deadline)
+            .await
+            .expect("decided");
+        let allowed: Vec<bool> = response.decisions.iter().map(|d| d.allowed).collect();
+        assert_eq!(allowed, [true, true, true, true, false]);
+        let text = service.metrics.render();
+        for (series, count) in [
+            (
+                r#"policy="api",algorithm="fixed_window",outcome="allowed",reason="within_limit"} "#,
+                2,
+            ),
+            (
+                r#"policy="api",algorithm="fixed_window",outcome="denied",reason="limit_exceeded"} "#,
+                1,
+            ),
+            (
+                r#"policy="day",algorithm="fixed_window",outcome="allowed",reason="within_limit"} "#,
+                2,
+            ),
+        ] {
+            assert!(
+                text.contains(&format!("quotad_decisions_total{{{series}{count}")),
+                "{series}{count} in\n{text}"
+            );
+        }
     }
 }

@@ -47,11 +47,37 @@ impl TryFrom<pb::CheckRequest> for CheckSpec {
     type Error = ServiceError;
 
     fn try_from(request: pb::CheckRequest) -> Result<Self, Self::Error> {
+        CheckSpec::convert(request, None, &mut None)
+    }
+}
+
+impl CheckSpec {
+    /// Converts `request`, one item of a batch. A batch's items nearly
+    /// always share their policy, which is then validated once: a policy
+    /// the same as the previous item's (`previous`; for an inline policy,
+    /// as sent: `previous_inline`) is taken from it as it is.
+    fn convert(
+        request: pb::CheckRequest,
+        previous: Option<&PolicyRef>,
+        previous_inline: &mut Option<pb::Policy>,
+    ) -> Result<Self, ServiceError> {
         use pb::check_request::Policy as P;
-        let policy = match request.policy {
-            Some(P::PolicyName(name)) => named(name)?,
-            Some(P::InlinePolicy(policy)) => inline(&policy)?,
-            None => return Err(missing_policy()),
+        let policy = match (request.policy, previous) {
+            (Some(P::PolicyName(name)), Some(PolicyRef::Named(last))) if *last == name => {
+                PolicyRef::Named(name)
+            }
+            (Some(P::InlinePolicy(sent)), Some(PolicyRef::Inline(last)))
+                if *previous_inline == Some(sent) =>
+            {
+                PolicyRef::Inline(*last)
+            }
+            (Some(P::PolicyName(name)), _) => named(name)?,
+            (Some(P::InlinePolicy(sent)), _) => {
+                let policy = inline(&sent)?;
+                *previous_inline = Some(sent);
+                policy
+            }
+            (None, _) => return Err(missing_policy()),
         };
         Ok(CheckSpec {
             key: key(request.key)?,
@@ -95,12 +121,14 @@ impl TryFrom<pb::CheckBatchRequest> for BatchSpec {
                 format!("must hold at most {MAX_BATCH_ITEMS} items (got {count})"),
             ));
         }
-        let items = request
-            .items
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| CheckSpec::try_from(item).map_err(|e| e.at_item(i)))
-            .collect::<Result<_, _>>()?;
+        let mut items: Vec<CheckSpec> = Vec::with_capacity(count);
+        let mut previous_inline = None;
+        for (i, item) in request.items.into_iter().enumerate() {
+            let previous = items.last().map(|spec| &spec.policy);
+            let spec = CheckSpec::convert(item, previous, &mut previous_inline)
+                .map_err(|e| e.at_item(i))?;
+            items.push(spec);
+        }
         Ok(BatchSpec { items, mode })
     }
 }
@@ -244,6 +272,79 @@ mod tests {
             assert_ne!(inline_namespace(&other), base);
         }
         assert!(validate_policy_name(&base).is_err());
+    }
+
+    #[test]
+    fn a_batch_validates_each_policy_even_after_a_valid_one() {
+        let inline = |limit, burst| {
+            pb::check_request::Policy::InlinePolicy(pb::Policy {
+                algorithm: pb::Algorithm::FixedWindow.into(),
+                limit,
+                window_ms: 1_000,
+                burst,
+            })
+        };
+        let name = |n: &str| pb::check_request::Policy::PolicyName(n.to_owned());
+        let batch = |items: Vec<pb::CheckRequest>| pb::CheckBatchRequest { items, mode: 0 };
+        let valid = BatchSpec::try_from(batch(vec![
+            request("a", None, name("api")),
+            request("b", None, name("api")),
+            request("c", None, inline(10, None)),
+            request("d", None, inline(10, None)),
+            request("e", None, name("api")),
+            request("f", None, inline(11, None)),
+        ]))
+        .expect("valid");
+        let policies: Vec<&PolicyRef> = valid.items.iter().map(|s| &s.policy).collect();
+        let p = |limit| {
+            PolicyRef::Inline(
+                Policy::try_new(Algorithm::FixedWindow, limit, Duration::from_secs(1), None)
+                    .expect("valid"),
+            )
+        };
+        let api = PolicyRef::Named("api".to_owned());
+        assert_eq!(policies, [&api, &api, &p(10), &p(10), &api, &p(11)]);
+        // A bad policy after a good one is still refused, naming its item,
+        // whether it follows a named or an inline policy.
+        let field = |r: Result<BatchSpec, ServiceError>| match r {
+            Err(ServiceError::Invalid { field, .. }) => field,
+            other => panic!("expected invalid, got {other:?}"),
+        };
+        let after_named = batch(vec![
+            request("a", None, name("api")),
+            request("b", None, name("api")),
+            request("c", None, name("no spaces")),
+        ]);
+        assert_eq!(
+            field(BatchSpec::try_from(after_named)),
+            "items[2].policy_name"
+        );
+        let after_inline = batch(vec![
+            request("a", None, inline(10, None)),
+            request("b", None, inline(10, None)),
+            request("c", None, inline(0, None)),
+        ]);
+        assert_eq!(
+            field(BatchSpec::try_from(after_inline)),
+            "items[2].inline_policy.limit"
+        );
+        let burst_changed = batch(vec![
+            request("a", None, inline(10, None)),
+            request("b", None, inline(10, Some(0))),
+        ]);
+        assert_eq!(
+            field(BatchSpec::try_from(burst_changed)),
+            "items[1].inline_policy.burst"
+        );
+        let named_between = batch(vec![
+            request("a", None, inline(10, None)),
+            request("b", None, name("api")),
+            request("c", None, inline(0, None)),
+        ]);
+        assert_eq!(
+            field(BatchSpec::try_from(named_between)),
+            "items[2].inline_policy.limit"
+        );
     }
 
     #[test]

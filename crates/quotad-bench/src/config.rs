@@ -40,13 +40,24 @@ pub enum Mode {
         /// Descriptors per request, 1 to 1,000.
         descriptors: usize,
     },
+    /// One check per request through `quotad-client`, as an application
+    /// makes them: every worker is a caller of one shared client, which
+    /// sends concurrent checks as one `CheckBatch` (`coalescing`) and
+    /// answers `LIMIT_EXCEEDED` denials locally until their retry time
+    /// (`deny_cache`), as configured.
+    Client {
+        /// Whether the client coalesces concurrent checks.
+        coalescing: bool,
+        /// Whether the client keeps a deny cache.
+        deny_cache: bool,
+    },
 }
 
 impl Mode {
     /// Items decided per request.
     pub(crate) fn items(self) -> usize {
         match self {
-            Self::Unary => 1,
+            Self::Unary | Self::Client { .. } => 1,
             Self::Batch { size } => size,
             Self::Rls { descriptors } => descriptors,
         }
@@ -59,6 +70,18 @@ impl fmt::Display for Mode {
             Self::Unary => f.write_str("unary"),
             Self::Batch { size } => write!(f, "batch:{size}"),
             Self::Rls { descriptors } => write!(f, "rls:{descriptors}"),
+            Self::Client {
+                coalescing,
+                deny_cache,
+            } => {
+                let on = |b: bool| if b { "on" } else { "off" };
+                write!(
+                    f,
+                    "client:coalescing={},deny_cache={}",
+                    on(*coalescing),
+                    on(*deny_cache)
+                )
+            }
         }
     }
 }
@@ -82,6 +105,28 @@ impl PolicySpec {
         match self {
             Self::Named(name) => check_request::Policy::PolicyName(name.clone()),
             Self::Inline(policy) => check_request::Policy::InlinePolicy(*policy),
+        }
+    }
+}
+
+impl PolicySpec {
+    /// The policy of a check through quotad-client ([`Mode::Client`]).
+    pub(crate) fn to_client(&self) -> Result<quotad_client::PolicyRef, ConfigError> {
+        match self {
+            Self::Named(name) => Ok(quotad_client::PolicyRef::Named(name.clone())),
+            Self::Inline(policy) => {
+                let bad = || ConfigError::InlinePolicy(self.to_string());
+                let algorithm =
+                    quotad_proto::convert::algorithm(policy.algorithm).map_err(|_| bad())?;
+                quotad_core::Policy::try_new(
+                    algorithm,
+                    policy.limit,
+                    Duration::from_millis(policy.window_ms),
+                    policy.burst,
+                )
+                .map(quotad_client::PolicyRef::Inline)
+                .map_err(|_| bad())
+            }
         }
     }
 }
@@ -161,14 +206,16 @@ pub enum ConfigError {
 /// [`crate::run`] checks the whole before sending anything.
 #[derive(Debug, Clone)]
 pub struct LoadConfig {
-    /// The server, as `http://HOST:PORT`.
+    /// The server, as `http://HOST:PORT` or `unix:///path/to.sock`.
     pub target: String,
     /// Requests in flight at once (closed loop), or the most in flight
     /// (with `rate`): 1 to 1,024. Each worker keeps its own latency
     /// histogram (~220 KB), so the hot path shares nothing.
     pub concurrency: usize,
     /// Distinct HTTP/2 connections; requests go to them round-robin. 1 to
-    /// `concurrency`.
+    /// `concurrency`. In [`Mode::Client`], the number of clients (each with
+    /// its own connection, coalescing queue and deny cache); worker `w`
+    /// calls client `w % connections`.
     pub connections: usize,
     /// `Check` or `CheckBatch`.
     pub mode: Mode,
@@ -199,6 +246,10 @@ pub struct LoadConfig {
     pub timeout: Duration,
     /// Seeds the key draws, so a run can be repeated exactly.
     pub seed: u64,
+    /// [`Mode::Client`] with coalescing: the requests each client keeps in
+    /// flight before checks queue for a batch (1 to 1,024); fewer slots
+    /// make larger batches.
+    pub max_in_flight: usize,
 }
 
 impl LoadConfig {
@@ -222,6 +273,7 @@ impl LoadConfig {
             rate: None,
             timeout: Duration::from_secs(5),
             seed: 0,
+            max_in_flight: quotad_client::DEFAULT_MAX_IN_FLIGHT,
         }
     }
 
@@ -232,9 +284,10 @@ impl LoadConfig {
     /// [`ConfigError::Invalid`] naming the first setting out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |message: String| Err(ConfigError::Invalid(message));
-        if !self.target.starts_with("http://") {
+        let unix_path = self.target.strip_prefix("unix://");
+        if !(self.target.starts_with("http://") || unix_path.is_some_and(|p| !p.is_empty())) {
             return invalid(format!(
-                "target must be http://HOST:PORT, got {:?}",
+                "target must be http://HOST:PORT or unix:///PATH, got {:?}",
                 self.target
             ));
         }
@@ -262,6 +315,12 @@ impl LoadConfig {
         {
             return invalid(format!(
                 "descriptors must be from 1 to {MAX_BATCH_ITEMS}, got {descriptors}"
+            ));
+        }
+        if !(1..=MAX_CONCURRENCY).contains(&self.max_in_flight) {
+            return invalid(format!(
+                "max in flight must be from 1 to {MAX_CONCURRENCY}, got {}",
+                self.max_in_flight
             ));
         }
         if self.cost == Some(0) {
@@ -347,6 +406,13 @@ mod tests {
     }
 
     #[test]
+    fn unix_socket_targets_are_valid() {
+        let mut c = config();
+        c.target = "unix:///run/quotad/grpc.sock".to_owned();
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
     fn a_run_must_be_bounded() {
         let mut c = config();
         c.duration = None;
@@ -362,7 +428,7 @@ mod tests {
 
     #[test]
     fn rejects_settings_out_of_range() {
-        let cases: [fn(&mut LoadConfig); 8] = [
+        let cases: [fn(&mut LoadConfig); 10] = [
             |c| c.concurrency = 0,
             |c| c.connections = 17,
             |c| c.mode = Mode::Batch { size: 1001 },
@@ -371,6 +437,8 @@ mod tests {
             |c| c.rate = Some(0.0),
             |c| c.rate = Some(f64::NAN),
             |c| c.target = "127.0.0.1:1".to_owned(),
+            |c| c.target = "unix://".to_owned(),
+            |c| c.max_in_flight = 0,
         ];
         for change in cases {
             let mut c = config();

@@ -1,5 +1,7 @@
 //! The no-op server: quotad's APIs with nothing behind them.
 
+use quotad::grpc::status::SizeStatusLayer;
+use quotad::listen::{ConnectionLimit, Incoming, UnixIncoming, UnixSocket};
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
@@ -13,7 +15,12 @@ use quotad_proto::v1::{
     ResetRequest, ResetResponse,
 };
 use tokio::net::TcpListener;
+use tonic::transport::server::Router;
 use tonic::{Request, Response, Status};
+use tower_layer::{Identity, Stack};
+
+/// The layers of quotad's server builder ([`quotad::grpc::GrpcServer`]).
+type Layers = Stack<SizeStatusLayer, Identity>;
 
 /// The one decision the no-op server gives: allowed, within a limit that
 /// no benchmark reaches.
@@ -123,15 +130,41 @@ pub async fn serve_noop(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), quotad::Error> {
     let transport = quotad::TransportSettings::default();
-    quotad::grpc::server(&transport, None)?
+    let incoming = quotad::grpc::incoming(listener, &transport);
+    noop_router(&transport)?
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// [`serve_noop`] on a unix socket, accepted as quotad accepts its own
+/// (at most `transport.max_connections` at once).
+///
+/// # Errors
+///
+/// The error that stopped the server.
+pub async fn serve_noop_unix(
+    socket: UnixSocket,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), quotad::Error> {
+    let transport = quotad::TransportSettings::default();
+    let limit = ConnectionLimit::new(transport.max_connections, "grpc")
+        .silent_for(transport.handshake_timeout);
+    let incoming = Incoming::new(UnixIncoming::new(socket), limit);
+    noop_router(&transport)?
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Both no-op services on quotad's server builder.
+fn noop_router(transport: &quotad::TransportSettings) -> Result<Router<Layers>, quotad::Error> {
+    Ok(quotad::grpc::server(transport, None)?
         .add_service(
             QuotaServer::new(NoopQuota).max_decoding_message_size(transport.max_message_bytes),
         )
         .add_service(
             RateLimitServiceServer::new(NoopRls)
                 .max_decoding_message_size(transport.max_message_bytes),
-        )
-        .serve_with_incoming_shutdown(quotad::grpc::incoming(listener, &transport), shutdown)
-        .await?;
-    Ok(())
+        ))
 }

@@ -239,6 +239,45 @@ pub struct Report {
     /// Open loop only: scheduled requests never sent because the run's
     /// drain time ran out (the server could not keep up with the rate).
     pub missed: u64,
+    /// `client` mode: the calls quotad-client made, when the caller of
+    /// [`crate::run`] counted them ([`ClientCalls`]).
+    pub client_calls: Option<ClientCalls>,
+}
+
+/// The calls quotad-client made over a whole run, warmup included, from
+/// its `quotad_client_calls_total` and `quotad_client_local_denials_total`
+/// counters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ClientCalls {
+    /// `Check` calls sent.
+    pub checks: u64,
+    /// `CheckBatch` calls sent.
+    pub batches: u64,
+    /// Checks the deny cache answered without a call.
+    pub local_denials: u64,
+    /// Calls per decision: `(checks + batches) / (requests +
+    /// warmup_requests)`, as the counters span the warmup too.
+    pub calls_per_decision: f64,
+}
+
+impl ClientCalls {
+    /// The counts of the run `report` is about.
+    pub fn new(checks: u64, batches: u64, local_denials: u64, report: &Report) -> Self {
+        let decisions = report.requests + report.warmup_requests;
+        // Counts stay far below 2^53, where u64 -> f64 is exact.
+        #[allow(clippy::cast_precision_loss)]
+        let calls_per_decision = if decisions > 0 {
+            (checks + batches) as f64 / decisions as f64
+        } else {
+            0.0
+        };
+        Self {
+            checks,
+            batches,
+            local_denials,
+            calls_per_decision,
+        }
+    }
 }
 
 /// What the report says about the run itself, besides the tallies.
@@ -314,6 +353,7 @@ impl Report {
             send_lag,
             warmup_requests: tally.warmup,
             missed: tally.missed,
+            client_calls: None,
         }
     }
 }

@@ -61,6 +61,7 @@ impl Shared {
 
     /// One `Check` call, answered by `deadline`.
     pub(crate) async fn unary(&self, request: pb::CheckRequest, deadline: Instant) -> Answer {
+        metrics::counter!("quotad_client_calls_total", "method" => "check").increment(1);
         let mut rpc = self.rpc.clone();
         Answer::of_check(call(|r| async move { rpc.check(r).await }, request, deadline).await)
     }
@@ -71,6 +72,7 @@ impl Shared {
         request: pb::CheckBatchRequest,
         deadline: Instant,
     ) -> Result<pb::CheckBatchResponse, Status> {
+        metrics::counter!("quotad_client_calls_total", "method" => "check_batch").increment(1);
         let mut rpc = self.rpc.clone();
         call(
             |r| async move { rpc.check_batch(r).await },

@@ -10,7 +10,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
-use quotad_bench::{KeyDistribution, LoadConfig, MAX_DURATION, Mode, PolicySpec, Report};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use quotad_bench::{
+    ClientCalls, KeyDistribution, LoadConfig, MAX_DURATION, Mode, PolicySpec, Report,
+};
 use tracing_subscriber::EnvFilter;
 
 /// Load generator for quotad's gRPC API.
@@ -28,10 +31,24 @@ struct Cli {
     /// Distinct HTTP/2 connections; requests go to them round-robin.
     #[arg(long, short = 'k', default_value_t = 2, value_name = "K")]
     connections: usize,
-    /// Unary Check, CheckBatch of --batch-size items, or Envoy's
-    /// ShouldRateLimit with --descriptors descriptors.
+    /// Unary Check, CheckBatch of --batch-size items, Envoy's
+    /// ShouldRateLimit with --descriptors descriptors, or one check a
+    /// request through quotad-client (client; see --coalescing and
+    /// --deny-cache).
     #[arg(long, value_enum, default_value_t = CliMode::Unary)]
     mode: CliMode,
+    /// Client mode: whether the client coalesces concurrent checks into
+    /// CheckBatch calls.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    coalescing: Switch,
+    /// Client mode: whether the client answers LIMIT_EXCEEDED denials from
+    /// its deny cache until their retry time.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    deny_cache: Switch,
+    /// Client mode with coalescing: requests the client keeps in flight
+    /// before checks queue for a batch [default: the client's default]
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<usize>,
     /// Items per CheckBatch (batch mode).
     #[arg(long, default_value_t = 100, value_name = "B")]
     batch_size: usize,
@@ -99,6 +116,13 @@ enum CliMode {
     Unary,
     Batch,
     Rls,
+    Client,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 fn parse_secs(text: &str) -> Result<Duration, String> {
@@ -115,7 +139,7 @@ fn parse_secs(text: &str) -> Result<Duration, String> {
 
 impl Cli {
     fn load_config(&self) -> Result<LoadConfig, String> {
-        let target = if self.addr.contains("://") {
+        let target = if self.addr.contains("://") || self.addr.starts_with("unix:") {
             self.addr.clone()
         } else {
             format!("http://{}", self.addr)
@@ -139,6 +163,10 @@ impl Cli {
             CliMode::Rls => Mode::Rls {
                 descriptors: self.descriptors,
             },
+            CliMode::Client => Mode::Client {
+                coalescing: self.coalescing == Switch::On,
+                deny_cache: self.deny_cache == Switch::On,
+            },
         };
         config.domain.clone_from(&self.domain);
         config.keys = self.keys;
@@ -152,6 +180,9 @@ impl Cli {
         config.rate = self.rate;
         config.timeout = Duration::from_millis(self.timeout_ms);
         config.seed = self.seed;
+        if let Some(slots) = self.max_in_flight {
+            config.max_in_flight = slots;
+        }
         Ok(config)
     }
 }
@@ -182,13 +213,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let report = match runtime.block_on(quotad_bench::run(config)) {
+    // quotad-client counts its calls through the `metrics` facade.
+    let calls = matches!(config.mode, Mode::Client { .. }).then(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().map(|()| snapshotter)
+    });
+    let mut report = match runtime.block_on(quotad_bench::run(config)) {
         Ok(report) => report,
         Err(error) => {
             eprintln!("error: {}", with_sources(&error));
             return ExitCode::FAILURE;
         }
     };
+    match calls {
+        Some(Ok(snapshotter)) => report.client_calls = Some(client_calls(&snapshotter, &report)),
+        Some(Err(error)) => tracing::warn!(%error, "client calls not counted"),
+        None => {}
+    }
     if let Err(error) = print_report(&report, cli.json, cli.threads) {
         eprintln!("error: cannot write the report: {error}");
         return ExitCode::FAILURE;
@@ -203,6 +245,28 @@ fn main() -> ExitCode {
         }
         _ => ExitCode::SUCCESS,
     }
+}
+
+/// The calls quotad-client counted over the run.
+fn client_calls(snapshotter: &Snapshotter, report: &Report) -> ClientCalls {
+    let (mut checks, mut batches, mut local_denials) = (0, 0, 0);
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let DebugValue::Counter(count) = value else {
+            continue;
+        };
+        let key = key.key();
+        let method = key
+            .labels()
+            .find(|label| label.key() == "method")
+            .map(|label| label.value());
+        match (key.name(), method) {
+            ("quotad_client_calls_total", Some("check")) => checks += count,
+            ("quotad_client_calls_total", Some("check_batch")) => batches += count,
+            ("quotad_client_local_denials_total", _) => local_denials += count,
+            _ => {}
+        }
+    }
+    ClientCalls::new(checks, batches, local_denials, report)
 }
 
 /// `error: cause: cause ...`, the whole chain on one line.
@@ -264,6 +328,13 @@ fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()
         write!(out, "  {code}={count}")?;
     }
     writeln!(out)?;
+    if let Some(calls) = &report.client_calls {
+        writeln!(
+            out,
+            "client calls {} Check + {} CheckBatch, {} local denials ({:.4} calls per decision, warmup included)",
+            calls.checks, calls.batches, calls.local_denials, calls.calls_per_decision
+        )?;
+    }
     if report.missed > 0 {
         writeln!(
             out,

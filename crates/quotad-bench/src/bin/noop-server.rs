@@ -9,13 +9,22 @@
 
 use std::io::{IsTerminal as _, Write as _};
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
+use quotad::listen::UnixSocket;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
+
+/// quotad's allocator (its binary's default), so that the floor allocates
+/// as quotad does.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// How long open connections may take to close after the stop.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -24,9 +33,10 @@ const DRAIN: Duration = Duration::from_secs(5);
 #[derive(Debug, Parser)]
 #[command(name = "noop-server", version)]
 struct Cli {
-    /// The address to listen on; port 0 picks a free port.
-    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
-    addr: SocketAddr,
+    /// The address to listen on: HOST:PORT (port 0 picks a free port) or
+    /// unix:///PATH, a unix socket (mode 0600) as quotad binds its own.
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR", value_parser = parse_addr)]
+    addr: Addr,
     /// Stop by itself after this many seconds.
     #[arg(long, default_value_t = 600, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -34,6 +44,24 @@ struct Cli {
     /// Runtime worker threads [default: one per core, as quotad]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: Option<u16>,
+}
+
+/// Where the server listens.
+#[derive(Debug, Clone)]
+enum Addr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+fn parse_addr(text: &str) -> Result<Addr, String> {
+    match text.strip_prefix("unix://") {
+        Some("") => Err("a unix address needs a socket path (unix:///path/to.sock)".to_owned()),
+        Some(path) => Ok(Addr::Unix(PathBuf::from(path))),
+        None => text
+            .parse()
+            .map(Addr::Tcp)
+            .map_err(|e| format!("expected HOST:PORT or unix:///PATH: {e}")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -58,19 +86,30 @@ fn serve(cli: &Cli) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let listener = TcpListener::bind(cli.addr)
-            .await
-            .with_context(|| format!("cannot listen on {}", cli.addr))?;
-        let local = listener.local_addr().context("no local address")?;
         let stop = stop_signal(Duration::from_secs(cli.max_seconds))
             .context("cannot listen for SIGTERM/SIGINT")?;
-        announce(local).context("cannot write to stdout")?;
-
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = quotad_bench::serve_noop(listener, async {
+        let stopped = async {
             let _ = stop_rx.await;
-        });
-        tokio::pin!(server);
+        };
+        let server: Pin<Box<dyn Future<Output = Result<(), quotad::Error>>>> = match &cli.addr {
+            Addr::Tcp(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?;
+                let local = listener.local_addr().context("no local address")?;
+                announce(&local.to_string()).context("cannot write to stdout")?;
+                Box::pin(quotad_bench::serve_noop(listener, stopped))
+            }
+            Addr::Unix(path) => {
+                let socket = UnixSocket::bind(path, 0o600)
+                    .with_context(|| format!("cannot listen on {}", path.display()))?;
+                announce(&format!("unix://{}", path.display()))
+                    .context("cannot write to stdout")?;
+                Box::pin(quotad_bench::serve_noop_unix(socket, stopped))
+            }
+        };
+        let mut server = server;
         let reason = tokio::select! {
             result = &mut server => return result.context("the server failed"),
             reason = stop => reason,
@@ -89,7 +128,7 @@ fn serve(cli: &Cli) -> anyhow::Result<()> {
 
 /// The first line on stdout, which scripts wait for.
 #[allow(clippy::print_stdout)]
-fn announce(addr: SocketAddr) -> std::io::Result<()> {
+fn announce(addr: &str) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening {addr}")?;
     out.flush()

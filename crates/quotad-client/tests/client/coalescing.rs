@@ -625,3 +625,50 @@ async fn coalescing_bounds_are_validated_naming_the_setting() {
         "coalescing.max_batch_items: must be between 1 and 1000 (got 1001)"
     );
 }
+
+#[tokio::test]
+async fn every_call_is_counted_by_its_method() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshots = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+
+    let first = occupy_the_slot(&fake, &client).await;
+    let waiting = queue(
+        &client,
+        keys("q", 3).into_iter().map(|k| Check::named("api", k)),
+    )
+    .await;
+    fake.open();
+    assert!(outcome(first).await.expect("decided").allowed);
+    for handle in waiting {
+        assert!(outcome(handle).await.expect("decided").allowed);
+    }
+    assert_eq!(fake.calls().len(), 2, "{:?}", fake.calls());
+
+    // A snapshot takes the counts out of the recorder: one for both.
+    let snapshot = snapshots.snapshot().into_vec();
+    let calls = |method: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(key, ..)| {
+                key.key().name() == "quotad_client_calls_total"
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "method" && l.value() == method)
+            })
+            .map(|(.., value)| match value {
+                metrics_util::debugging::DebugValue::Counter(n) => *n,
+                other => panic!("a counter, not {other:?}"),
+            })
+            .sum()
+    };
+    assert_eq!(calls("check"), 1, "the first check went alone");
+    assert_eq!(
+        calls("check_batch"),
+        1,
+        "the three waiting left as one batch"
+    );
+}
