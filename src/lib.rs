@@ -91,6 +91,7 @@ pub use config::{
     Config, ConfigError, ListenAddr, OnError, Overrides, PolicySettings, TransportSettings,
 };
 pub use listen::GrpcListener;
+pub use log::init_tool_logs;
 
 use crate::admin::AdminState;
 use crate::api::{QuotaService, RequestLimits, RlsOptions, RlsService};

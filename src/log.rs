@@ -9,6 +9,20 @@ use quotad_core::{Clock, MonotonicClock, Throttle};
 
 use crate::backend::BackendError;
 
+/// Logs of a command-line tool (the client commands, the bench binaries)
+/// on stderr: `RUST_LOG` filters, `default` without it (e.g. `warn`);
+/// colours only on a terminal.
+pub fn init_tool_logs(default: &str) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
 /// How often a repeated warning is written, at most.
 pub(crate) const LOG_INTERVAL: Duration = Duration::from_secs(10);
 

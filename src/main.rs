@@ -86,7 +86,7 @@ fn main() -> ExitCode {
     // the client commands print their own output and log only problems.
     let serving = matches!(cli.command, None | Some(Command::Serve(_)));
     if !serving {
-        init_client_tracing();
+        quotad::init_tool_logs("warn");
     }
     match cli.command {
         Some(Command::ValidateConfig { file, rls_config }) => {
@@ -242,15 +242,4 @@ fn init_server_tracing(log: &LogSettings) {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().init(),
     }
-}
-
-/// The client commands' logs on stderr: `RUST_LOG` filters (default
-/// `warn`).
-fn init_client_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }

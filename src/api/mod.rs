@@ -17,7 +17,7 @@ pub(crate) use rls::{RlsOptions, RlsService};
 use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataMap;
-use tonic::{Response, Status};
+use tonic::{Request, Response, Status};
 
 use self::error::{ServiceError, to_status};
 use crate::backend::Deadline;
@@ -38,6 +38,13 @@ pub(crate) async fn observe<T>(
         metrics.request_error(method, status.code());
         status
     })
+}
+
+/// A request's message, and when its caller stops waiting
+/// ([`call_deadline`]).
+pub(crate) fn open<T>(request: Request<T>, request_timeout: Duration) -> (T, Deadline) {
+    let deadline = call_deadline(request.metadata(), request_timeout);
+    (request.into_inner(), deadline)
 }
 
 /// When the caller of `metadata`'s request stops waiting, counted from now:

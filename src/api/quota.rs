@@ -427,11 +427,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
+        let (request, deadline) = super::open(request, self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::Check,
-            self.decide_one(request.into_inner(), deadline),
+            self.decide_one(request, deadline),
         )
         .await
     }
@@ -440,11 +440,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckBatchRequest>,
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
-        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
+        let (request, deadline) = super::open(request, self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::CheckBatch,
-            self.decide_batch(request.into_inner(), deadline),
+            self.decide_batch(request, deadline),
         )
         .await
     }
@@ -453,11 +453,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
+        let (request, deadline) = super::open(request, self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::Peek,
-            self.peek_one(request.into_inner(), deadline),
+            self.peek_one(request, deadline),
         )
         .await
     }
@@ -466,11 +466,11 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
-        let deadline = super::call_deadline(request.metadata(), self.limits.request_timeout);
+        let (request, deadline) = super::open(request, self.limits.request_timeout);
         super::observe(
             &self.metrics,
             Method::Reset,
-            self.reset_one(request.into_inner(), deadline),
+            self.reset_one(request, deadline),
         )
         .await
     }

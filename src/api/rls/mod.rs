@@ -735,11 +735,11 @@ impl<S: Backend> pb::rate_limit_service_server::RateLimitService for RlsService<
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let deadline = super::call_deadline(request.metadata(), self.options.request_timeout);
+        let (request, deadline) = super::open(request, self.options.request_timeout);
         super::observe(
             &self.metrics,
             Method::ShouldRateLimit,
-            self.decide(request.get_ref(), deadline),
+            self.decide(&request, deadline),
         )
         .await
     }

@@ -5,7 +5,7 @@
 //! Exit codes: 0 after a run, 1 when the run could not start or finish or
 //! `--expect-allowed` did not hold, 2 for an invalid command line.
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,7 +14,6 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use quotad_bench::{
     ClientCalls, KeyDistribution, LoadConfig, MAX_DURATION, Mode, PolicySpec, Report,
 };
-use tracing_subscriber::EnvFilter;
 
 /// Load generator for quotad's gRPC API.
 #[derive(Debug, Parser)]
@@ -189,7 +188,7 @@ impl Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    quotad::init_tool_logs("warn");
     let config = match cli.load_config() {
         Ok(config) => config,
         Err(error) => {
@@ -222,7 +221,7 @@ fn main() -> ExitCode {
     let mut report = match runtime.block_on(quotad_bench::run(config)) {
         Ok(report) => report,
         Err(error) => {
-            eprintln!("error: {}", with_sources(&error));
+            eprintln!("error: {:#}", anyhow::Error::from(error));
             return ExitCode::FAILURE;
         }
     };
@@ -267,18 +266,6 @@ fn client_calls(snapshotter: &Snapshotter, report: &Report) -> ClientCalls {
         }
     }
     ClientCalls::new(checks, batches, local_denials, report)
-}
-
-/// `error: cause: cause ...`, the whole chain on one line.
-fn with_sources(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[allow(clippy::print_stdout)]
@@ -356,14 +343,4 @@ fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()
         )?;
     }
     out.flush()
-}
-
-/// Logs to stderr; `RUST_LOG` filters (default `warn`).
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }

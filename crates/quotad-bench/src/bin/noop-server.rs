@@ -7,7 +7,7 @@
 //! SIGINT or SIGTERM, or by itself after `--max-seconds`; calls in flight
 //! then get up to 5 s to finish.
 
-use std::io::{IsTerminal as _, Write as _};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -18,7 +18,6 @@ use anyhow::Context as _;
 use clap::Parser;
 use quotad::listen::UnixSocket;
 use tokio::net::TcpListener;
-use tracing_subscriber::EnvFilter;
 
 /// quotad's allocator (its binary's default), so that the floor allocates
 /// as quotad does.
@@ -66,7 +65,7 @@ fn parse_addr(text: &str) -> Result<Addr, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    quotad::init_tool_logs("info");
     match serve(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -158,14 +157,4 @@ fn stop_signal(max: Duration) -> std::io::Result<impl Future<Output = &'static s
             }
         })
     }
-}
-
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }
