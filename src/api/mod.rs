@@ -40,11 +40,20 @@ pub(crate) async fn observe<T>(
     })
 }
 
-/// A request's message, and when its caller stops waiting
-/// ([`call_deadline`]).
-pub(crate) fn open<T>(request: Request<T>, request_timeout: Duration) -> (T, Deadline) {
+/// Serves one call: `handle` gets the request's message and when its
+/// caller stops waiting ([`call_deadline`]), and is observed as `method`.
+pub(crate) async fn serve<T, R, Fut>(
+    metrics: &Metrics,
+    method: Method,
+    request: Request<T>,
+    request_timeout: Duration,
+    handle: impl FnOnce(T, Deadline) -> Fut,
+) -> Result<Response<R>, Status>
+where
+    Fut: Future<Output = Result<R, ServiceError>>,
+{
     let deadline = call_deadline(request.metadata(), request_timeout);
-    (request.into_inner(), deadline)
+    observe(metrics, method, handle(request.into_inner(), deadline)).await
 }
 
 /// When the caller of `metadata`'s request stops waiting, counted from now:

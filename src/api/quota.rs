@@ -427,12 +427,10 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        let (request, deadline) = super::open(request, self.limits.request_timeout);
-        super::observe(
-            &self.metrics,
-            Method::Check,
-            self.decide_one(request, deadline),
-        )
+        let timeout = self.limits.request_timeout;
+        super::serve(&self.metrics, Method::Check, request, timeout, |r, d| {
+            self.decide_one(r, d)
+        })
         .await
     }
 
@@ -440,11 +438,13 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckBatchRequest>,
     ) -> Result<Response<pb::CheckBatchResponse>, Status> {
-        let (request, deadline) = super::open(request, self.limits.request_timeout);
-        super::observe(
+        let timeout = self.limits.request_timeout;
+        super::serve(
             &self.metrics,
             Method::CheckBatch,
-            self.decide_batch(request, deadline),
+            request,
+            timeout,
+            |r, d| self.decide_batch(r, d),
         )
         .await
     }
@@ -453,12 +453,10 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        let (request, deadline) = super::open(request, self.limits.request_timeout);
-        super::observe(
-            &self.metrics,
-            Method::Peek,
-            self.peek_one(request, deadline),
-        )
+        let timeout = self.limits.request_timeout;
+        super::serve(&self.metrics, Method::Peek, request, timeout, |r, d| {
+            self.peek_one(r, d)
+        })
         .await
     }
 
@@ -466,12 +464,10 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
-        let (request, deadline) = super::open(request, self.limits.request_timeout);
-        super::observe(
-            &self.metrics,
-            Method::Reset,
-            self.reset_one(request, deadline),
-        )
+        let timeout = self.limits.request_timeout;
+        super::serve(&self.metrics, Method::Reset, request, timeout, |r, d| {
+            self.reset_one(r, d)
+        })
         .await
     }
 }

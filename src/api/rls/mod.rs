@@ -735,11 +735,13 @@ impl<S: Backend> pb::rate_limit_service_server::RateLimitService for RlsService<
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let (request, deadline) = super::open(request, self.options.request_timeout);
-        super::observe(
+        let timeout = self.options.request_timeout;
+        super::serve(
             &self.metrics,
             Method::ShouldRateLimit,
-            self.decide(&request, deadline),
+            request,
+            timeout,
+            |r, d| async move { self.decide(&r, d).await },
         )
         .await
     }
