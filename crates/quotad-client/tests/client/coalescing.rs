@@ -59,6 +59,22 @@ async fn queue(
     handles
 }
 
+/// Lets the check that held the slot through (it is allowed), then the
+/// outcomes of the queued ones, in order.
+async fn release(
+    fake: &Fake,
+    first: JoinHandle<Result<Decision, Error>>,
+    waiting: Vec<JoinHandle<Result<Decision, Error>>>,
+) -> Vec<Result<Decision, Error>> {
+    fake.open();
+    assert!(outcome(first).await.expect("decided").allowed);
+    let mut outcomes = Vec::new();
+    for handle in waiting {
+        outcomes.push(outcome(handle).await);
+    }
+    outcomes
+}
+
 async fn outcome(handle: JoinHandle<Result<Decision, Error>>) -> Result<Decision, Error> {
     handle.await.expect("the check task did not panic")
 }
@@ -156,10 +172,8 @@ async fn a_caller_whose_deadline_passes_in_the_queue_gets_its_failure_policy_and
             assert_eq!(decision.reason, Reason::FailClosed);
         }
         assert_eq!(client.queued_checks(), 1, "only the patient check waits");
-        fake.open();
-        assert!(outcome(first).await.expect("decided").allowed);
-        for handle in patient {
-            assert!(outcome(handle).await.expect("decided").allowed);
+        for outcome in release(&fake, first, patient).await {
+            assert!(outcome.expect("decided").allowed);
         }
         assert_eq!(
             fake.calls(),
@@ -211,12 +225,7 @@ async fn an_item_refused_in_a_batch_gets_its_own_error_and_the_others_are_decide
             ],
         )
         .await;
-        fake.open();
-        assert!(outcome(first).await.expect("decided").allowed);
-        let mut outcomes = Vec::new();
-        for handle in waiting {
-            outcomes.push(outcome(handle).await);
-        }
+        let outcomes = release(&fake, first, waiting).await;
         assert_eq!(outcomes[0].as_ref().expect("decided").remaining, 99);
         match &outcomes[1] {
             Err(Error::Rejected(status)) => {
@@ -272,13 +281,7 @@ async fn an_unavailable_batch_gives_each_caller_its_own_failure_policy_and_is_no
     let mut waiting = queue(&open, [Check::named("api", "open")]).await;
     waiting.extend(queue(&closed, [Check::named("api", "closed")]).await);
     waiting.extend(queue(&client, [Check::named("api", "error")]).await);
-    fake.open();
-    assert!(outcome(first).await.expect("decided").allowed);
-
-    let mut outcomes = Vec::new();
-    for handle in waiting {
-        outcomes.push(outcome(handle).await);
-    }
+    let outcomes = release(&fake, first, waiting).await;
     assert_eq!(
         outcomes[0].as_ref().expect("fails open").reason,
         Reason::FailOpen
@@ -309,13 +312,7 @@ async fn an_item_the_backend_failed_gets_its_callers_failure_policy_and_the_othe
     let mut waiting = queue(&open, [Check::named("api", "down-open")]).await;
     waiting.extend(queue(&client, [Check::named("api", "down-error")]).await);
     waiting.extend(queue(&client, [Check::named("api", "up")]).await);
-    fake.open();
-    assert!(outcome(first).await.expect("decided").allowed);
-
-    let mut outcomes = Vec::new();
-    for handle in waiting {
-        outcomes.push(outcome(handle).await);
-    }
+    let outcomes = release(&fake, first, waiting).await;
     assert_eq!(
         fake.calls(),
         vec![
@@ -409,10 +406,8 @@ async fn batches_respect_the_item_bound() {
         keys("b", 7).into_iter().map(|k| Check::named("api", k)),
     )
     .await;
-    fake.open();
-    assert!(outcome(first).await.expect("decided").allowed);
-    for handle in waiting {
-        assert!(outcome(handle).await.expect("decided").allowed);
+    for outcome in release(&fake, first, waiting).await {
+        assert!(outcome.expect("decided").allowed);
     }
     let calls = fake.calls();
     assert_eq!(
@@ -602,10 +597,8 @@ async fn a_max_delay_sends_the_queue_even_while_every_slot_is_busy() {
     // The slot stays busy; the queue leaves on its own after the delay.
     until("the queue leaves", || fake.calls().len() >= 2).await;
     assert_eq!(client.queued_checks(), 0);
-    fake.open();
-    assert!(outcome(first).await.expect("decided").allowed);
-    for handle in waiting {
-        assert!(outcome(handle).await.expect("decided").allowed);
+    for outcome in release(&fake, first, waiting).await {
+        assert!(outcome.expect("decided").allowed);
     }
     let sent: usize = fake.calls()[1..]
         .iter()
@@ -640,10 +633,8 @@ async fn every_call_is_counted_by_its_method() {
         keys("q", 3).into_iter().map(|k| Check::named("api", k)),
     )
     .await;
-    fake.open();
-    assert!(outcome(first).await.expect("decided").allowed);
-    for handle in waiting {
-        assert!(outcome(handle).await.expect("decided").allowed);
+    for outcome in release(&fake, first, waiting).await {
+        assert!(outcome.expect("decided").allowed);
     }
     assert_eq!(fake.calls().len(), 2, "{:?}", fake.calls());
 
