@@ -67,6 +67,14 @@ pub(crate) fn store_failed(error: &BackendError) {
 
 impl Throttled {
     fn store_failed(&self, error: &BackendError) {
+        // What the request asked for, not a failure of the store: the
+        // caller is told (FAILED_PRECONDITION), and nothing is logged.
+        if matches!(
+            error,
+            BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. }
+        ) {
+            return;
+        }
         if let Some(suppressed) = self.record() {
             tracing::warn!(
                 %error,

@@ -199,4 +199,13 @@ pub trait Backend: Send + Sync + 'static {
     fn spends_when_denied(&self) -> bool {
         false
     }
+
+    /// Whether `items` can be one all-or-nothing batch here, by their size
+    /// (on Redis, `store.redis.max_atomic_items`); a batch that cannot is
+    /// refused with [`BackendError::TooManyAtomicItems`]. The default has
+    /// no bound.
+    fn fits_one_batch<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
+        let _ = items;
+        true
+    }
 }

@@ -382,8 +382,8 @@ section! {
         /// Most items an ALL_OR_NOTHING batch may hold on Redis, a sliding log counting as 4; larger ones are refused
         ///
         /// Such a batch is one atomic script, and Redis serves no other
-        /// client while it runs: 64 units took at most about 2 ms of Redis
-        /// time in the worst cases measured (BENCHMARKS.md). Independent
+        /// client while it runs: 64 units took up to 2.7 ms of Redis time
+        /// in the worst cases measured (BENCHMARKS.md). Independent
         /// batches are split into scripts of 64 units instead, whatever
         /// their size.
         max_atomic_items: u32 = Int("64"), Restart;

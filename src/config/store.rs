@@ -229,10 +229,10 @@ fn redis_settings(
             "reconnect_after_timeouts must be at least 1",
         ));
     }
-    if section.max_atomic_items == 0 {
+    if section.max_atomic_items < 4 {
         return Err(invalid(
             &["store", "redis", "max_atomic_items"],
-            "max_atomic_items must be at least 1",
+            "max_atomic_items must be at least 4 (one sliding log)",
         ));
     }
     if section.key_prefix.is_empty()

@@ -208,8 +208,8 @@ fn validates_redis_settings() {
         ))
     };
     assert_eq!(
-        redis("max_atomic_items = 0"),
-        "store.redis.max_atomic_items: max_atomic_items must be at least 1 (line 6)"
+        redis("max_atomic_items = 3"),
+        "store.redis.max_atomic_items: max_atomic_items must be at least 4 (one sliding log) (line 6)"
     );
     assert_eq!(
         redis("reconnect_after_timeouts = 0"),

@@ -209,7 +209,7 @@ async fn all_or_nothing_batches_past_max_atomic_items_are_refused_and_consume_no
         request
     };
     let cases = [
-        (format!("{target}\nmax_atomic_items = 3"), 3),
+        (format!("{target}\nmax_atomic_items = 4"), 4),
         (target.clone(), 64),
     ];
     for (redis_lines, max) in cases {

@@ -265,3 +265,40 @@ async fn with_the_store_down_a_request_fails_only_when_its_answer_depends_on_the
     assert_eq!(answer(&["s"]).await, Ok(Code::Ok));
     assert_eq!(answer(&["?s", "nomatch"]).await, Ok(Code::Ok));
 }
+
+const FIVE: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: d\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: e\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
+
+/// A request with more descriptors than one Redis script may hold
+/// (`store.redis.max_atomic_items`) is counted descriptor by descriptor, as
+/// on a Cluster, instead of failing: Envoy lets a failed call through.
+#[tokio::test]
+async fn a_request_past_max_atomic_items_is_counted_one_by_one_not_failed() {
+    let redis = RedisServer::start();
+    let target = format!("url = {:?}\nmax_atomic_items = 4", redis.url());
+    let (_server, mut client, _dir) = serve(FIVE, "", "", &target).await;
+    let key = format!("k-{}", std::process::id());
+    let all = request(
+        "app",
+        ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|d| descriptor(&[(d, &key)]))
+            .collect(),
+    );
+    assert!(is_ok(&ask(&mut client, all.clone()).await));
+    let over = ask(&mut client, all).await;
+    assert_eq!(over.overall_code, Code::OverLimit as i32);
+    // Two descriptors fit one script: still all or nothing.
+    let two = |k: &str| {
+        request(
+            "app",
+            vec![descriptor(&[("a", k)]), descriptor(&[("b", k)])],
+        )
+    };
+    let fresh = format!("f-{}", std::process::id());
+    let mut one_over = request("app", vec![descriptor(&[("a", &fresh)])]);
+    one_over.hits_addend = 1;
+    assert!(is_ok(&ask(&mut client, one_over).await));
+    let refused = ask(&mut client, two(&fresh)).await;
+    assert_eq!(refused.overall_code, Code::OverLimit as i32);
+    assert_eq!(refused.statuses[1].limit_remaining, 1, "b not counted");
+}

@@ -384,11 +384,28 @@ impl<S: Backend> RlsService<S> {
         answers: &mut Answers,
     ) {
         let o = &self.options;
-        if o.count_mode == CountMode::Reference || !o.one_batch || o.shadow_mode {
+        if o.count_mode == CountMode::Reference
+            || !o.one_batch
+            || o.shadow_mode
+            || !self.fits_one_batch(resolved)
+        {
             self.check_each(resolved, spend, deadline, answers).await;
         } else {
             self.check_together(resolved, deadline, answers).await;
         }
+    }
+
+    /// Whether every limited descriptor of a request could be one
+    /// all-or-nothing batch in the store (on Redis, within
+    /// `store.redis.max_atomic_items`). A request that could not is
+    /// counted descriptor by descriptor, as on a Cluster, rather than
+    /// failed: Envoy would let a failed call through.
+    fn fits_one_batch(&self, resolved: &[Resolution<'_>]) -> bool {
+        self.backend
+            .fits_one_batch(resolved.iter().filter_map(|r| match r {
+                Resolution::Limited(applied) => applied.check_item(),
+                _ => None,
+            }))
     }
 
     /// Each descriptor on its own (the reference's counting, a Cluster, the

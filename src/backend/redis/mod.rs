@@ -643,7 +643,7 @@ impl Backend for RedisBackend {
     ) -> Vec<ItemResult> {
         match mode {
             BatchMode::Independent => self.independent(items, deadline).await,
-            BatchMode::AllOrNothing if units(items) > self.max_atomic_items => {
+            BatchMode::AllOrNothing if !self.fits_one_batch(items.iter().copied()) => {
                 let error = BackendError::TooManyAtomicItems {
                     max: self.max_atomic_items,
                     got: units(items),
@@ -652,6 +652,10 @@ impl Backend for RedisBackend {
             }
             BatchMode::AllOrNothing => self.eval_each(Mode::AllOrNothing, items, deadline).await,
         }
+    }
+
+    fn fits_one_batch<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
+        items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {

@@ -492,9 +492,9 @@ end
 
 -- The live part of the log under `key` at `now`: nil when there is no
 -- key, `{ stale = true }` when every entry has left, or an error reply.
--- Entries that have left are only counted (`gone`, the leading ones); they
--- are dropped when the state is written, so a peek or a refused batch
--- changes nothing.
+-- Entries that have left are only counted (`gone`, the leading ones); up
+-- to MAX_GONE of them are dropped when the state is written (the rest by
+-- later writes), so a peek or a refused batch changes nothing.
 function LOG.load(key, window, now)
   local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
   if last.err then return nil, corrupt(key, last.err) end
