@@ -64,6 +64,13 @@ quotad_binary() {
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/quotad"
 }
 
+# loadgen_binary: builds quotad-bench's load generator (debug), prints its path.
+loadgen_binary() {
+  cargo build -q -p quotad-bench --bin loadgen >&2
+  echo "$(cargo metadata -q --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/loadgen"
+}
+
 # wait_ready URL: waits up to 10 s for URL to answer 200.
 wait_ready() {
   local _

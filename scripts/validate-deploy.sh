@@ -84,11 +84,12 @@ print(f"{path}: {len(ids)} panels, each on $datasource")
 PY
 
 # --- every metric the dashboard and the alerts use, a real quotad exposes:
-# serve on free loopback ports, make decisions (denials included), a peek
-# and an error, scrape /metrics once, stop. (Every series quotad exports is
+# serve on free loopback ports, make decisions (denials included), a peek,
+# batches, RLS calls, client checks and an error, scrape /metrics once, stop. (Every series quotad exports is
 # registered at start, so a name is found before its first event; what this
 # catches is a renamed or removed metric.)
 quotad="$(quotad_binary)"
+loadgen="$(loadgen_binary)"
 read -r grpc_port admin_port < <(free_ports 2)
 "$quotad" serve --config config/quotad.example.toml \
   --grpc-addr "127.0.0.1:$grpc_port" --admin-addr "127.0.0.1:$admin_port" >"$tmp/quotad.log" 2>&1 &
@@ -97,6 +98,12 @@ trap 'kill "$quotad_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 wait_ready "http://127.0.0.1:$admin_port/readyz"
 "$quotad" check --addr "127.0.0.1:$grpc_port" --policy login --key metric-names --count 7 >/dev/null
 "$quotad" peek --addr "127.0.0.1:$grpc_port" --policy login --key metric-names >/dev/null
+# A few batches, Envoy RLS calls and checks through quotad-client
+# (coalesced), bounded by count.
+for mode in batch rls client; do
+  "$loadgen" --addr "http://127.0.0.1:$grpc_port" --mode "$mode" --policy login \
+    --batch-size 5 -c 4 -k 1 --requests 20 --json >/dev/null
+done
 if "$quotad" check --addr "127.0.0.1:$grpc_port" --policy no-such-policy --key k >/dev/null 2>&1; then
   echo "an unknown policy was answered" >&2
   exit 1
