@@ -1,6 +1,6 @@
 //! The server's lifecycle as load balancers and log collectors see it:
 //! `server.shutdown_delay` (not ready but still serving, then draining),
-//! and `--log-format json` (one JSON object a line).
+//! `--log-format json` (one JSON object a line) and `--log-level`.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
@@ -117,6 +117,56 @@ async fn json_logs_are_one_object_a_line() {
     }
     assert!(
         lines.iter().any(|l| l.contains("quotad serving")),
+        "{lines:?}"
+    );
+}
+
+/// `--log-level error` keeps the info lines (the "serving" line) out and
+/// the errors in: a bad snapshot file is logged at error level at start,
+/// and the server then serves (its admin port answers) without a word more.
+#[tokio::test]
+async fn log_level_error_keeps_info_lines_out_and_errors_in() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let snapshot = dir.path().join("quotad.snapshot");
+    std::fs::write(&snapshot, b"not a snapshot").expect("write");
+    let config = dir.path().join("quotad.toml");
+    std::fs::write(&config, format!("[store.snapshot]\npath = {snapshot:?}\n"))
+        .expect("write config");
+    let admin = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        probe.local_addr().expect("address")
+    };
+    let mut server = crate::common::binary::Server::spawn(&[
+        "serve",
+        "--config",
+        &config.to_string_lossy(),
+        "--log-level",
+        "error",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        &admin.to_string(),
+    ]);
+    eventually(PATIENCE, "the admin port answers", || async {
+        match tokio::net::TcpStream::connect(admin).await {
+            Ok(_) => crate::common::http_get(admin, "/readyz").await.0 == 200,
+            Err(_) => false,
+        }
+    })
+    .await;
+    server.signal("TERM");
+    assert!(server.wait(PATIENCE).success());
+    let lines: Vec<String> = server.lines.try_iter().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("ERROR") && l.contains("quotad.snapshot")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains(" INFO ") && !l.contains("quotad serving")),
         "{lines:?}"
     );
 }
