@@ -273,10 +273,17 @@ async fn entries_of_removed_and_changed_policies_are_loaded_and_counted() {
     assert_eq!(d.remaining, 6);
 }
 
-/// Writes a config for the binary and returns its path.
-/// The binary's config: snapshots to `snapshot` every `interval` ("0s":
-/// only on shutdown).
-fn binary_config(dir: &Path, snapshot: &Path, interval: &str) -> String {
+/// A folder for the binary: its config, whose snapshots go to `snapshot`
+/// every `interval` ("0s": only on shutdown).
+struct Files {
+    _dir: tempfile::TempDir,
+    snapshot: std::path::PathBuf,
+    config: String,
+}
+
+fn binary_files(interval: &str) -> Files {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let snapshot = dir.path().join("quotad.snapshot");
     let text = format!(
         r#"
 [server]
@@ -293,9 +300,13 @@ limit = 100
 window = "1d"
 "#
     );
-    let path = dir.join("quotad.toml");
+    let path = dir.path().join("quotad.toml");
     std::fs::write(&path, text).expect("write config");
-    path.to_string_lossy().into_owned()
+    Files {
+        config: path.to_string_lossy().into_owned(),
+        snapshot,
+        _dir: dir,
+    }
 }
 
 async fn spend(grpc: std::net::SocketAddr, key: &str, n: u64) {
@@ -338,10 +349,8 @@ fn now_s() -> f64 {
 
 #[tokio::test]
 async fn a_crash_loses_at_most_what_came_after_the_last_periodic_snapshot() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let snapshot = dir.path().join("quotad.snapshot");
-    let config = binary_config(dir.path(), &snapshot, "200ms");
-    let mut server = Server::spawn(&["serve", "--config", &config]);
+    let Files { config, .. } = &binary_files("200ms");
+    let mut server = Server::spawn(&["serve", "--config", config]);
     let (grpc, admin) = server.addresses();
     spend(grpc, "erin", 10).await;
     snapshot_written_after(admin, now_s()).await;
@@ -351,7 +360,7 @@ async fn a_crash_loses_at_most_what_came_after_the_last_periodic_snapshot() {
     let status = server.wait(Duration::from_secs(10));
     assert!(!status.success());
 
-    let server = Server::spawn(&["serve", "--config", &config]);
+    let server = Server::spawn(&["serve", "--config", config]);
     let (grpc, _) = server.addresses();
     let left = remaining(grpc, "erin").await;
     assert!(
@@ -362,36 +371,36 @@ async fn a_crash_loses_at_most_what_came_after_the_last_periodic_snapshot() {
 
 #[tokio::test]
 async fn sigterm_writes_the_snapshot_that_the_next_start_loads() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let snapshot = dir.path().join("quotad.snapshot");
+    let Files {
+        snapshot, config, ..
+    } = &binary_files("0s");
     // No periodic snapshots: only the shutdown writes one.
-    let config = binary_config(dir.path(), &snapshot, "0s");
-    let mut server = Server::spawn(&["serve", "--config", &config]);
+    let mut server = Server::spawn(&["serve", "--config", config]);
     let (grpc, _) = server.addresses();
     spend(grpc, "frank", 7).await;
     // Start wrote one (proving the folder writable): gone, so that what is
     // found after the shutdown was written by it.
-    std::fs::remove_file(&snapshot).expect("the start's snapshot");
+    std::fs::remove_file(snapshot).expect("the start's snapshot");
     server.signal("TERM");
     let status = server.wait(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     assert!(snapshot.exists(), "written on SIGTERM");
 
-    let server = Server::spawn(&["serve", "--config", &config]);
+    let server = Server::spawn(&["serve", "--config", config]);
     let (grpc, _) = server.addresses();
     assert_eq!(remaining(grpc, "frank").await, 93);
 }
 
 #[tokio::test]
 async fn refusing_a_bad_snapshot_exits_two_naming_the_file() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let snapshot = dir.path().join("quotad.snapshot");
-    std::fs::write(&snapshot, b"not a snapshot at all").expect("write");
-    let config = binary_config(dir.path(), &snapshot, "200ms");
+    let Files {
+        snapshot, config, ..
+    } = &binary_files("200ms");
+    std::fs::write(snapshot, b"not a snapshot at all").expect("write");
     let mut server = Server::spawn(&[
         "serve",
         "--config",
-        &config,
+        config,
         "--snapshot-on-bad-file",
         "refuse",
     ]);

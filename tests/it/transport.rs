@@ -80,16 +80,21 @@ async fn every_grpc_connection_is_told_a_finite_stream_limit() {
     );
 }
 
-#[tokio::test]
-async fn an_admin_client_that_sends_half_a_request_is_disconnected() {
-    let server = start("[transport]\nadmin_header_timeout = \"200ms\"\n").await;
-    let mut stream = TcpStream::connect(server.admin_addr)
-        .await
-        .expect("connect");
+/// A connection to `addr` that has sent a request's line and one header,
+/// and not the blank line that ends the headers.
+async fn half_a_request(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: quotad\r\n")
         .await
         .expect("half a request");
+    stream
+}
+
+#[tokio::test]
+async fn an_admin_client_that_sends_half_a_request_is_disconnected() {
+    let server = start("[transport]\nadmin_header_timeout = \"200ms\"\n").await;
+    let mut stream = half_a_request(server.admin_addr).await;
     assert!(
         closed_by_server(&mut stream).await,
         "the connection is closed after the header timeout"
@@ -100,13 +105,7 @@ async fn an_admin_client_that_sends_half_a_request_is_disconnected() {
     // The setting is what closed it: with an hour, the same half request
     // is still open five times 200 ms later.
     let patient = start("[transport]\nadmin_header_timeout = \"1h\"\n").await;
-    let mut stream = TcpStream::connect(patient.admin_addr)
-        .await
-        .expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: quotad\r\n")
-        .await
-        .expect("half a request");
+    let mut stream = half_a_request(patient.admin_addr).await;
     let mut buf = [0_u8; 64];
     assert!(
         tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf))
