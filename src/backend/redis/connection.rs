@@ -103,7 +103,6 @@ const MIN_USER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Counts the backend reports for the metrics.
 #[derive(Debug, Default)]
 pub(super) struct Counts {
-    pub(super) connects: AtomicU64,
     pub(super) connected: AtomicU64,
     pub(super) connect_failures: AtomicU64,
     pub(super) late_refused: AtomicU64,
@@ -849,7 +848,6 @@ impl Inner {
 
     /// One connection attempt, counted, its outcome made the state.
     async fn attempt_now(self: Arc<Self>) -> Result<Arc<Link>, BackendError> {
-        self.counts.connects.fetch_add(1, Ordering::Relaxed);
         let within = self.connect_within;
         let result = match tokio::time::timeout(within, self.open()).await {
             Ok(result) => result,

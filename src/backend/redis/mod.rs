@@ -63,8 +63,9 @@ redis.call('UNLINK', KEYS[1]) return 1";
 /// says.
 pub const DEFAULT_RECONNECT_AFTER_TIMEOUTS: u32 = 3;
 
-/// Where Redis is and how long a call may take.
-#[derive(Clone, PartialEq, Eq)]
+/// Where Redis is and how long a call may take. (`Debug` shows no
+/// password: [`RedisTarget`]'s hides it.)
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisSettings {
     /// A standalone server (`redis://host:port/db`), or the seed nodes of a
@@ -100,19 +101,6 @@ impl RedisSettings {
             max_atomic_items: CHUNK,
             tls: RedisTls::default(),
         }
-    }
-}
-
-impl std::fmt::Debug for RedisSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSettings")
-            .field("target", &self.target)
-            .field("timeout", &self.timeout)
-            .field("reconnect_after_timeouts", &self.reconnect_after_timeouts)
-            .field("key_prefix", &self.key_prefix)
-            .field("max_atomic_items", &self.max_atomic_items)
-            .field("tls", &self.tls)
-            .finish()
     }
 }
 
@@ -185,11 +173,10 @@ pub fn redact(text: &str) -> String {
 /// What the Redis backend has counted since start, for the metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RedisCounts {
-    /// Connection attempts (to a standalone Redis, or a whole Cluster).
-    pub connects: u64,
-    /// Of those, attempts that connected.
+    /// Connection attempts (to a standalone Redis, or a whole Cluster)
+    /// that connected.
     pub connected: u64,
-    /// Of those, attempts that failed.
+    /// Connection attempts that failed.
     pub connect_failures: u64,
     /// Scripts Redis refused to run because quotad had given up on them.
     pub late_refused: u64,
@@ -289,7 +276,6 @@ impl RedisBackend {
     pub fn counts(&self) -> RedisCounts {
         let c = &self.connections.counts;
         RedisCounts {
-            connects: c.connects.load(Ordering::Relaxed),
             connected: c.connected.load(Ordering::Relaxed),
             connect_failures: c.connect_failures.load(Ordering::Relaxed),
             late_refused: c.late_refused.load(Ordering::Relaxed),
@@ -357,32 +343,28 @@ impl RedisBackend {
             CallError::Corrupt(detail) => unreadable(items, keys, &detail),
             other => other.into_backend(call.bound),
         };
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(3 + items.len() * 5);
-        args.push(mode.as_arg().into());
-        args.push(call.deadline.to_string().into());
-        args.push(match &self.clock {
-            Some(clock) => clock.now_ms().to_string().into(),
-            None => Vec::new(),
-        });
-        for item in items {
-            let policy = item.policy();
-            for n in [
-                pb::Algorithm::from(policy.algorithm()) as u64,
-                policy.limit(),
-                policy.window_ms(),
-                policy.capacity(),
-                item.cost().get(),
-            ] {
-                args.push(n.to_string().into());
-            }
-        }
+        // The test clock, read once: the NOSCRIPT retry sends the same.
+        let now = self.clock.as_ref().map(|clock| clock.now_ms());
         let command = |name: &str, script: &str| {
             let mut cmd = Cmd::new();
             cmd.arg(name)
                 .arg(script)
                 .arg(keys.len())
                 .arg(keys)
-                .arg(&args);
+                .arg(mode.as_arg())
+                .arg(call.deadline);
+            match now {
+                Some(ms) => cmd.arg(ms),
+                None => cmd.arg(""),
+            };
+            for item in items {
+                let policy = item.policy();
+                cmd.arg(pb::Algorithm::from(policy.algorithm()) as u64)
+                    .arg(policy.limit())
+                    .arg(policy.window_ms())
+                    .arg(policy.capacity())
+                    .arg(item.cost().get());
+            }
             cmd
         };
         let counts = Arc::clone(&self.connections.counts);

@@ -484,7 +484,7 @@ local LOG = {}
 -- costs O(log n), whatever the number of entries.
 
 
-local function log_entry(key, member, score)
+local function log_entry(member, score)
   local ms, cost = string.match(member, '^(%d+):(%d+)$')
   if not ms then return nil end
   return { ms = tonumber(ms), cost = tonumber(cost), score = tonumber(score), member = member }
@@ -499,7 +499,7 @@ function LOG.load(key, window, now)
   local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
   if last.err then return nil, corrupt(key, last.err) end
   if #last == 0 then return nil end
-  last = log_entry(key, last[1], last[2])
+  last = log_entry(last[1], last[2])
   if not last then return nil, corrupt(key, 'not a sliding log') end
   local at = max(now, last.ms)
   if last.ms + window <= at then return { stale = true } end
@@ -510,7 +510,7 @@ function LOG.load(key, window, now)
     if e == nil then
       local raw = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
       if #raw == 0 then return true end
-      e = log_entry(key, raw[1], raw[2]) or false
+      e = log_entry(raw[1], raw[2]) or false
       seen[rank] = e
     end
     if not e then return nil end
@@ -590,7 +590,7 @@ function LOG.retry(m, c)
   local target = st.first.score + excess
   if st.last.score + st.last.cost + m.merged < target then return m.p.window end
   local found = redis.call('ZREVRANGEBYSCORE', st.key, '(' .. string.format('%d', target), '-inf', 'LIMIT', 0, 1)
-  local entry = log_entry(st.key, found[1], 0)
+  local entry = log_entry(found[1], 0)
   return entry.ms + m.p.window - m.at
 end
 
@@ -715,7 +715,8 @@ for i = 1, #KEYS do
       resets[key] = d[5]
     end
   end
-  items[i] = { p = p, cost = cost }
+  -- Kept to answer a refused all-or-nothing batch.
+  if mode == 'all' then items[i] = { p = p, cost = cost } end
   decisions[i] = d
   if d[1] == 0 then all_allowed = false end
 end

@@ -8,14 +8,13 @@
 //! ring provider the gRPC port uses too. The configuration checks the
 //! files when it loads; they are read again when quotad connects.
 
-use std::fmt;
 use std::path::PathBuf;
 
 use crate::backend::BackendError;
 
 /// The certificate files for `rediss://`, their paths resolved against the
 /// config file's folder.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisTls {
     /// `store.redis.tls_ca`: PEM CA certificates the server's certificate
@@ -24,15 +23,6 @@ pub struct RedisTls {
     /// `store.redis.tls_cert` and `tls_key`: quotad's client certificate
     /// chain and its private key, both PEM.
     pub client: Option<(PathBuf, PathBuf)>,
-}
-
-impl fmt::Debug for RedisTls {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisTls")
-            .field("ca", &self.ca)
-            .field("client", &self.client)
-            .finish()
-    }
 }
 
 impl RedisTls {

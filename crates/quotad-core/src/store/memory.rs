@@ -530,8 +530,11 @@ impl MemoryStore {
                 if !self.make_room(guard, &needed, now, &protect) {
                     for (i, item) in items.iter().enumerate() {
                         let p = &pending[slot_of_item[i]];
+                        if p.shard != shard {
+                            continue;
+                        }
                         let (new, before, after) = p.change(guard);
-                        if p.shard == shard && (new || after > before) {
+                        if new || after > before {
                             decisions[i] = capacity_denial(item.policy());
                         }
                     }
@@ -619,12 +622,6 @@ impl MemoryStore {
     #[cfg(feature = "snapshot")]
     pub(super) fn shards(&self) -> &[CachePadded<Mutex<Shard>>] {
         &self.shards
-    }
-
-    /// The store's time ([`MemoryStore::now`]), for a snapshot.
-    #[cfg(feature = "snapshot")]
-    pub(super) fn snapshot_now(&self) -> u64 {
-        self.now()
     }
 
     /// The hasher keys are placed with.

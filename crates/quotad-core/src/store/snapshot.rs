@@ -174,7 +174,7 @@ impl MemoryStore {
     /// [`SnapshotError::Io`] when `writer` fails; what was written is then
     /// not a snapshot.
     pub fn export<W: Write>(&self, writer: W, header: &[u8]) -> Result<Exported, SnapshotError> {
-        let now = self.snapshot_now();
+        let now = self.now_ms();
         let mut out = Hashed::new(writer);
         out.write(&MAGIC)?;
         out.write(&SNAPSHOT_VERSION.to_le_bytes())?;
