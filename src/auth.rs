@@ -131,7 +131,10 @@ where
             // A quotad.v1 method no group names (one added later) is closed
             // once any allowlist is set, rather than open by omission.
             if !self.rules.methods.is_empty()
-                && path.starts_with(&format!("/{QUOTA_SERVICE}/"))
+                && path
+                    .strip_prefix('/')
+                    .and_then(|p| p.strip_prefix(QUOTA_SERVICE))
+                    .is_some_and(|p| p.starts_with('/'))
                 && !self.rules.known.iter().any(|known| known == path)
             {
                 let status = Status::permission_denied(format!(

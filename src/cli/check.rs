@@ -34,7 +34,6 @@ struct Asking {
     uri: String,
     client: quotad_client::Client,
     check: Check,
-    cost: u64,
 }
 
 impl Target {
@@ -43,7 +42,6 @@ impl Target {
         let client = client(&uri, self.timeout)?;
         Ok(Asking {
             check: Check::named(self.policy, self.key).cost(self.cost),
-            cost: self.cost,
             uri,
             client,
         })
@@ -98,8 +96,8 @@ pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Fa
         uri,
         client,
         check: request,
-        cost,
     } = args.target.connect()?;
+    let cost = request.cost_units();
     let width = args.count.to_string().len();
     let (mut allowed, mut denied) = (0_u64, 0_u64);
     for n in 1..=args.count {
@@ -134,12 +132,8 @@ pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Fa
 ///
 /// As [`check`].
 pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Failure> {
-    let Asking {
-        uri,
-        client,
-        check,
-        cost,
-    } = args.target.connect()?;
+    let Asking { uri, client, check } = args.target.connect()?;
+    let cost = check.cost_units();
     let decision = client
         .peek(&check)
         .await

@@ -173,14 +173,11 @@ impl RlsSettings {
 
 /// Checks an HTTP header name: one or more token characters (RFC 9110).
 fn header_name(name: &str) -> Result<(), String> {
-    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    if !name.is_empty() && name.chars().all(token) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)"
-        ))
-    }
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map(drop)
+        .map_err(|_| {
+            format!("{name:?} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+        })
 }
 
 #[cfg(test)]

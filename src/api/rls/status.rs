@@ -126,8 +126,8 @@ fn limited(
     let counted = applied.charge().counts();
     let (over, remaining, reset_ms) = match outcome {
         Outcome::Decided(d) => {
-            // Fitted, but not counted because another descriptor was over.
-            let over = !d.allowed && d.reason != Reason::BatchRejected;
+            // (One that fitted but was not counted is not over.)
+            let over = outcome.over();
             if counted && let Some(c) = counters {
                 c.decisions.record(&d);
             }
