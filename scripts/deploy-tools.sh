@@ -58,17 +58,16 @@ print(*(s.getsockname()[1] for s in socks))' "$1"
 }
 
 # quotad_binary: builds the server (debug) and prints its path.
-quotad_binary() {
-  cargo build -q -p quotad >&2
-  echo "$(cargo metadata -q --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/quotad"
-}
+quotad_binary() { cargo_bin quotad quotad; }
 
 # loadgen_binary: builds quotad-bench's load generator (debug), prints its path.
-loadgen_binary() {
-  cargo build -q -p quotad-bench --bin loadgen >&2
+loadgen_binary() { cargo_bin quotad-bench loadgen; }
+
+# cargo_bin PACKAGE BIN: builds BIN of PACKAGE (debug), prints its path.
+cargo_bin() {
+  cargo build -q -p "$1" --bin "$2" >&2
   echo "$(cargo metadata -q --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/loadgen"
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/$2"
 }
 
 # wait_ready URL: waits up to 10 s for URL to answer 200.

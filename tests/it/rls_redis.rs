@@ -227,7 +227,7 @@ async fn with_the_store_down_a_request_fails_only_when_its_answer_depends_on_the
     let mut redis = RedisServer::start();
     let target = format!("url = {:?}", redis.url());
     let (server, mut client, _dir) = serve(MIXED, "", "on_error = \"error\"", &target).await;
-    server.ready().await;
+    server.readyz_turns(200).await;
     redis.stop();
     // Keys written `?k` are probes.
     let call = |keys: &[&str]| {

@@ -90,13 +90,15 @@ impl TestServer {
         http_get(self.admin_addr, path).await
     }
 
-    /// Waits (at most 10 s) until the server has started: `/readyz`
-    /// answers 200. Start contacts the store, so a test that stops the
-    /// store must wait for this first.
-    pub(crate) async fn ready(&self) {
-        eventually(Duration::from_secs(10), "/readyz answers 200", || async {
-            self.get("/readyz").await.0 == 200
-        })
+    /// Waits (at most 10 s) until `/readyz` answers `status`. 200 once the
+    /// server has started: start contacts the store, so a test that stops
+    /// the store must wait for it first.
+    pub(crate) async fn readyz_turns(&self, status: u16) {
+        eventually(
+            Duration::from_secs(10),
+            &format!("/readyz answers {status}"),
+            || async { self.get("/readyz").await.0 == status },
+        )
         .await;
     }
 

@@ -2,12 +2,10 @@
 //! probe is a `PING` within the store's timeout, on every primary of a
 //! Cluster.
 
-use std::time::Duration;
 
 use quotad::Config;
 
 use crate::common::TestServer;
-use crate::common::eventually;
 use crate::common::redis::{RedisCluster, RedisServer};
 
 fn config(target: &str) -> Config {
@@ -32,35 +30,26 @@ window = "1m"
     .expect("valid config")
 }
 
-async fn readyz_turns(server: &TestServer, status: u16) {
-    eventually(
-        Duration::from_secs(10),
-        &format!("/readyz answers {status}"),
-        || async { server.get("/readyz").await.0 == status },
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_while_redis_is_stopped_and_200_once_it_runs_again() {
     let mut redis = RedisServer::start();
     let server = TestServer::start(config(&format!("url = {:?}", redis.url()))).await;
-    readyz_turns(&server, 200).await;
+    server.readyz_turns(200).await;
     redis.pause();
-    readyz_turns(&server, 503).await;
+    server.readyz_turns(503).await;
     // Liveness does not follow the store: the process is fine.
     assert_eq!(server.get("/healthz").await.0, 200);
     redis.resume();
-    readyz_turns(&server, 200).await;
+    server.readyz_turns(200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_stopped_cluster_primary_makes_quotad_not_ready() {
     let mut cluster = RedisCluster::start();
     let server = TestServer::start(config(&format!("cluster_nodes = {:?}", cluster.urls()))).await;
-    readyz_turns(&server, 200).await;
+    server.readyz_turns(200).await;
     cluster.nodes[1].pause();
-    readyz_turns(&server, 503).await;
+    server.readyz_turns(503).await;
     cluster.nodes[1].resume();
-    readyz_turns(&server, 200).await;
+    server.readyz_turns(200).await;
 }
