@@ -2,7 +2,6 @@
 //! probe is a `PING` within the store's timeout, on every primary of a
 //! Cluster.
 
-
 use quotad::Config;
 
 use crate::common::TestServer;
