@@ -33,17 +33,25 @@ use super::Unit;
 /// The prefix of every RLS state namespace.
 pub const NAMESPACE_PREFIX: &str = "rls:";
 
-/// Appends `text` with the reserved characters percent-encoded.
+/// Whether `byte` is written percent-encoded. Every reserved character is
+/// ASCII, so a byte of a multi-byte character never is.
+fn reserved(byte: u8) -> bool {
+    matches!(byte, b'%' | b'/' | b'=' | b'|' | b'#' | b'{' | b'}' | b' ') || byte.is_ascii_control()
+}
+
+/// Appends `text` with the reserved characters percent-encoded, copying the
+/// runs between them whole.
 pub(super) fn push_escaped(out: &mut impl Write, text: &str) {
     // Writing to a string cannot fail.
-    for c in text.chars() {
-        let _ =
-            if matches!(c, '%' | '/' | '=' | '|' | '#' | '{' | '}' | ' ') || c.is_ascii_control() {
-                write!(out, "%{:02X}", u32::from(c))
-            } else {
-                out.write_char(c)
-            };
+    let mut rest = text;
+    while let Some(at) = rest.bytes().position(reserved) {
+        let _ = out.write_str(&rest[..at]);
+        let _ = write!(out, "%{:02X}", rest.as_bytes()[at]);
+        // A reserved byte is a whole (ASCII) character: `at + 1` is a
+        // character boundary.
+        rest = &rest[at + 1..];
     }
+    let _ = out.write_str(rest);
 }
 
 /// `rls:<domain>`, the start of every namespace of the domain.

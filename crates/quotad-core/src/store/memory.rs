@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::CachePadded;
-use foldhash::HashMap;
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 use thiserror::Error;
 
 use super::item::{BatchMode, CheckItem};
@@ -240,6 +240,39 @@ struct Pending<'a> {
     fresh_at: u64,
 }
 
+/// The shards of a set of items, locked, with each item's hash, shard and
+/// entry (where its key was when the shards were locked).
+struct Locked<'s> {
+    hashes: Small<u64>,
+    shards: Small<usize>,
+    found: Small<Option<usize>>,
+    /// The shards locked, ascending; `guards` in the same order.
+    order: Small<usize>,
+    guards: Small<MutexGuard<'s, Shard>>,
+}
+
+impl Locked<'_> {
+    fn guard_index(&self, shard: usize) -> usize {
+        self.order
+            .binary_search(&shard)
+            .expect("every item's shard was locked")
+    }
+
+    fn shard_mut(&mut self, shard: usize) -> &mut Shard {
+        let g = self.guard_index(shard);
+        &mut self.guards[g]
+    }
+
+    /// The shard of item `i`.
+    fn item_shard(&self, i: usize) -> &Shard {
+        &self.guards[self.guard_index(self.shards[i])]
+    }
+
+    fn item_shard_mut(&mut self, i: usize) -> &mut Shard {
+        self.shard_mut(self.shards[i])
+    }
+}
+
 impl MemoryStore {
     /// An empty store reading time from `clock`.
     ///
@@ -284,7 +317,19 @@ impl MemoryStore {
     pub fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<Decision> {
         let now = self.now();
         match mode {
-            BatchMode::Independent => items.iter().map(|i| self.check_at(i, now)).collect(),
+            BatchMode::Independent => {
+                let mut decisions = Vec::with_capacity(items.len());
+                // A few items at a time, so that no shard stays locked for
+                // long while the chunk's lookups still overlap.
+                for chunk in items.chunks(SMALL) {
+                    let mut locked = self.lock_all(chunk);
+                    for (i, item) in chunk.iter().enumerate() {
+                        let hash = locked.hashes[i];
+                        decisions.push(self.check_in(locked.item_shard_mut(i), item, hash, now));
+                    }
+                }
+                decisions
+            }
             BatchMode::AllOrNothing => self.check_all_or_nothing(items, now),
         }
     }
@@ -406,9 +451,13 @@ impl MemoryStore {
     }
 
     fn check_at(&self, item: &CheckItem<'_>, now: u64) -> Decision {
+        let hash = key_hash(&self.hasher, item.name(), item.key());
+        self.check_in(&mut self.lock(self.shard_of(hash)), item, hash, now)
+    }
+
+    /// Decides one item hashed `hash` in its shard, which the caller holds.
+    fn check_in(&self, shard: &mut Shard, item: &CheckItem<'_>, hash: u64, now: u64) -> Decision {
         let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
-        let hash = key_hash(&self.hasher, name, key);
-        let mut shard = self.lock(self.shard_of(hash));
         let this = |k: &StoreKey| k.is(name, key);
         // One probe: the entry found is written back in place. A state that
         // must grow and finds no room gets room made once (never by evicting
@@ -431,7 +480,7 @@ impl MemoryStore {
                 keys: 0,
                 bytes: wanted.saturating_sub(held),
             };
-            if attempt > 0 || !self.make_room(&mut shard, &|_| grow, now, &this) {
+            if attempt > 0 || !self.make_room(shard, &|_| grow, now, &this) {
                 return decision;
             }
         }
@@ -441,7 +490,7 @@ impl MemoryStore {
                 keys: 1,
                 bytes: extra_bytes(name, key, &state),
             };
-            if !self.make_room(&mut shard, &|_| need, now, &|_| false) {
+            if !self.make_room(shard, &|_| need, now, &|_| false) {
                 return capacity_denial(policy);
             }
             shard.insert(hash, name, key, state, fresh_at(now, &decision));
@@ -449,34 +498,56 @@ impl MemoryStore {
         decision
     }
 
-    fn check_all_or_nothing(&self, items: &[CheckItem<'_>], now: u64) -> Vec<Decision> {
-        let hashes: Vec<u64> = items
+    /// Locks the shards of `items` in ascending order (so that two callers
+    /// can never deadlock) and looks every key up in one pass before
+    /// anything is decided: the lookups do not depend on each other, so in
+    /// a table larger than the cache their misses overlap instead of each
+    /// waiting for the one before (a decision between two lookups would
+    /// keep them apart).
+    fn lock_all(&self, items: &[CheckItem<'_>]) -> Locked<'_> {
+        let hashes: Small<u64> = items
             .iter()
             .map(|i| key_hash(&self.hasher, i.name(), i.key()))
             .collect();
-        let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        let shards: Small<usize> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        let mut order = shards.clone();
         order.sort_unstable();
         order.dedup();
-        // Ascending shard order: any two batches lock in the same order.
-        let mut guards: Vec<MutexGuard<'_, Shard>> = order.iter().map(|&i| self.lock(i)).collect();
-        let guard_of = |shard: usize| {
-            order
-                .binary_search(&shard)
-                .expect("every item's shard was locked")
+        let guards = order.iter().map(|&i| self.lock(i)).collect();
+        let mut locked = Locked {
+            hashes,
+            shards,
+            found: Small::new(),
+            order,
+            guards,
         };
+        locked.found = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| {
+                locked
+                    .item_shard(i)
+                    .find(locked.hashes[i], item.name(), item.key())
+            })
+            .collect();
+        locked
+    }
 
-        let mut pending: Vec<Pending<'_>> = Vec::new();
-        let mut index_of: HashMap<(&str, &str), usize> = HashMap::default();
+    fn check_all_or_nothing(&self, items: &[CheckItem<'_>], now: u64) -> Vec<Decision> {
+        let mut locked = self.lock_all(items);
+        let first = first_of_each_key(items, &locked.hashes);
+        let mut pending: Small<Pending<'_>> = Small::new();
         let mut decisions = Vec::with_capacity(items.len());
-        let mut slot_of_item = Vec::with_capacity(items.len());
-        for (item, &hash) in items.iter().zip(&hashes) {
-            let (name, key) = (item.name(), item.key());
-            let p = *index_of.entry((name, key)).or_insert_with(|| {
-                let shard = self.shard_of(hash);
-                let guard = &guards[guard_of(shard)];
-                let original = guard
-                    .find(hash, name, key)
-                    .and_then(|i| guard.state(i, now))
+        let mut slot_of_item: Small<usize> = Small::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let p = if first[i] < i {
+                // A key named before shares that item's pending state.
+                slot_of_item[first[i]]
+            } else {
+                let (name, key, hash, shard) =
+                    (item.name(), item.key(), locked.hashes[i], locked.shards[i]);
+                let original = locked.found[i]
+                    .and_then(|f| locked.item_shard(i).state(f, now))
                     .cloned();
                 pending.push(Pending {
                     name,
@@ -488,7 +559,7 @@ impl MemoryStore {
                     fresh_at: 0,
                 });
                 pending.len() - 1
-            });
+            };
             let entry = &mut pending[p];
             let (state, decision) = algorithm::decide_spending(
                 item.policy(),
@@ -507,9 +578,9 @@ impl MemoryStore {
         // batch changes nothing, not even by evicting someone else's state;
         // and it never evicts its own keys.
         if decisions.iter().all(|d| d.allowed) {
-            for (g, guard) in guards.iter_mut().enumerate() {
-                let shard = order[g];
-                let members: Vec<&Pending<'_>> =
+            for (g, guard) in locked.guards.iter_mut().enumerate() {
+                let shard = locked.order[g];
+                let members: Small<&Pending<'_>> =
                     pending.iter().filter(|p| p.shard == shard).collect();
                 // New keys, and the bytes the shard's entries grow by in all
                 // (beyond the slots of new keys, which the shard counts).
@@ -545,9 +616,9 @@ impl MemoryStore {
         if decisions.iter().all(|d| d.allowed) {
             // Slots for every new key first, so no insert grows the table
             // into bytes another entry of the batch was counted on.
-            for (g, guard) in guards.iter_mut().enumerate() {
+            for (g, guard) in locked.guards.iter_mut().enumerate() {
                 let (mut keys, mut keep) = (0, 0);
-                for p in pending.iter().filter(|p| p.shard == order[g]) {
+                for p in pending.iter().filter(|p| p.shard == locked.order[g]) {
                     let (new, before, after) = p.change(guard);
                     keys += usize::from(new);
                     keep += after.saturating_sub(before);
@@ -555,7 +626,7 @@ impl MemoryStore {
                 guard.reserve(keys, keep);
             }
             for p in pending {
-                let shard = &mut guards[guard_of(p.shard)];
+                let shard = locked.shard_mut(p.shard);
                 match (shard.find(p.hash, p.name, p.key), p.state) {
                     (Some(i), state) => shard.write(i, state, p.fresh_at),
                     (None, Some(state)) => shard.insert(p.hash, p.name, p.key, state, p.fresh_at),
@@ -661,6 +732,36 @@ impl Pending<'_> {
             .map_or(0, |s| extra_bytes(self.name, self.key, s));
         (found.is_none() && self.state.is_some(), before, after)
     }
+}
+
+/// The batch size up to which an all-or-nothing batch's working lists need
+/// no heap allocation.
+const SMALL: usize = 8;
+
+/// A working list of an all-or-nothing batch.
+type Small<T> = SmallVec<[T; SMALL]>;
+
+/// For each item, the first item of the batch with the same name and key
+/// (itself when none comes before it). Sorted by hash, items of one key are
+/// neighbours, so this neither hashes a key again nor builds a map.
+fn first_of_each_key(items: &[CheckItem<'_>], hashes: &[u64]) -> Small<usize> {
+    let mut first: Small<usize> = (0..items.len()).collect();
+    let mut by_hash: Small<usize> = (0..items.len()).collect();
+    by_hash.sort_unstable_by_key(|&i| (hashes[i], i));
+    for (n, &i) in by_hash.iter().enumerate() {
+        let same =
+            |j: usize| items[j].name() == items[i].name() && items[j].key() == items[i].key();
+        // Items of the same hash before `i` here came before it in the batch.
+        if let Some(&j) = by_hash[..n]
+            .iter()
+            .rev()
+            .take_while(|&&j| hashes[j] == hashes[i])
+            .find(|&&j| same(j))
+        {
+            first[i] = first[j];
+        }
+    }
+    first
 }
 
 fn fresh_at(now: u64, decision: &Decision) -> u64 {
