@@ -123,6 +123,64 @@ fn opposite_order_all_or_nothing_batches_never_deadlock_nor_consume_partially() 
 }
 
 #[test]
+fn independent_and_all_or_nothing_batches_in_opposite_orders_admit_exactly_each_limit() {
+    // Independent batches lock a few items' shards at a time and
+    // all-or-nothing batches all of theirs: in any mix and any key order
+    // they must neither deadlock nor admit a key past its limit.
+    for round in 0..30 {
+        let allowed = within_a_minute(move || {
+            let store = Arc::new(store());
+            let threads = 16;
+            let barrier = Arc::new(Barrier::new(threads));
+            let keys: Vec<String> = (0..20).map(|k| format!("user-{k}")).collect();
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let store = Arc::clone(&store);
+                    let barrier = Arc::clone(&barrier);
+                    let mut keys = keys.clone();
+                    if t % 2 == 1 {
+                        keys.reverse();
+                    }
+                    let mode = if t % 4 < 2 {
+                        BatchMode::Independent
+                    } else {
+                        BatchMode::AllOrNothing
+                    };
+                    thread::spawn(move || {
+                        let policy = policy(Algorithm::FixedWindow, 50);
+                        barrier.wait();
+                        let mut allowed = std::collections::HashMap::<String, u64>::new();
+                        for _ in 0..10 {
+                            let items: Vec<CheckItem<'_>> = keys
+                                .iter()
+                                .map(|k| CheckItem::new("api", policy, k, 1).expect("valid"))
+                                .collect();
+                            for (k, d) in keys.iter().zip(store.check(&items, mode)) {
+                                *allowed.entry(k.clone()).or_default() += u64::from(d.allowed);
+                            }
+                        }
+                        allowed
+                    })
+                })
+                .collect();
+            let mut total = std::collections::HashMap::<String, u64>::new();
+            for h in handles {
+                for (k, n) in h.join().expect("no panic") {
+                    *total.entry(k).or_default() += n;
+                }
+            }
+            total
+        });
+        // 80 independent checks of each key alone exceed its limit of 50.
+        assert_eq!(allowed.len(), 20, "round {round}");
+        assert!(
+            allowed.values().all(|&n| n == 50),
+            "round {round}: {allowed:?}"
+        );
+    }
+}
+
+#[test]
 fn a_rejected_batch_reports_which_item_failed_and_consumes_nothing() {
     let store = store();
     let per_second =

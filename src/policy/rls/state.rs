@@ -155,6 +155,11 @@ mod tests {
         let mut braces = String::new();
         push_escaped(&mut braces, "{tag} 100%|\n");
         assert_eq!(braces, "%7Btag%7D%20100%25%7C%0A");
+        // Multi-byte characters pass whole, next to and between reserved
+        // ones; DEL is a control character.
+        let mut mixed = String::new();
+        push_escaped(&mut mixed, "é/日本=\u{7f}ü|");
+        assert_eq!(mixed, "é%2F日本%3D%7Fü%7C");
     }
 
     /// Strings over an alphabet rich in the reserved characters.

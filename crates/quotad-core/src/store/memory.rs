@@ -789,6 +789,36 @@ mod tests {
     use crate::clock::FakeClock;
     use crate::policy::Algorithm;
 
+    #[test]
+    fn repeated_keys_point_at_their_first_item_even_when_hashes_collide() {
+        let policy = Policy::try_new(Algorithm::FixedWindow, 5, Duration::from_secs(1), None)
+            .expect("valid");
+        let item = |name, key| CheckItem::new(name, policy, key, 1).expect("valid");
+        let items = [
+            item("a", "x"),
+            item("a", "y"),
+            item("b", "x"),
+            item("a", "x"),
+            item("a", "y"),
+            item("a", "x"),
+        ];
+        // Every item under one hash: only the names and keys tell them apart.
+        assert_eq!(
+            first_of_each_key(&items, &[7; 6]).as_slice(),
+            [0, 1, 2, 0, 1, 0]
+        );
+        // Equal keys under their real hashes.
+        let hasher = KeyHasher::default();
+        let hashes: Vec<u64> = items
+            .iter()
+            .map(|i| key_hash(&hasher, i.name(), i.key()))
+            .collect();
+        assert_eq!(
+            first_of_each_key(&items, &hashes).as_slice(),
+            [0, 1, 2, 0, 1, 0]
+        );
+    }
+
     /// Policies the operations pick from: small limits, so logs fill and
     /// windows pass within a run.
     fn policies() -> [Policy; 4] {
