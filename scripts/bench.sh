@@ -589,7 +589,7 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
   [[ $REDIS_REQUESTS -gt 10000 ]] || REDIS_REQUESTS=10000
   timeout $((DURATION * 5 + 30)) redis-benchmark -p "$REDIS_PORT" -c "$CONCURRENCY" \
     -n "$REDIS_REQUESTS" -r 100000 --csv \
-    EVALSHA "$SHA" 1 "quotad:bench|{key:__rand_int__}" check "" \
+    EVALSHA "$SHA" 1 "quotad:bench|{key:__rand_int__}|2x1000" check 99999999999999 "" \
     1 1000000000000 1000 1000000000000 1 >"$WORK/redis-benchmark.csv"
   stop_server "$REDIS_PID"
   # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"

@@ -162,6 +162,30 @@ mod tests {
         assert_eq!(mixed, "é%2F日本%3D%7Fü%7C");
     }
 
+    /// Escaping one character at a time: what [`push_escaped`] must equal.
+    fn escaped_by_char(text: &str) -> String {
+        let mut out = String::new();
+        for c in text.chars() {
+            if matches!(c, '%' | '/' | '=' | '|' | '#' | '{' | '}' | ' ') || c.is_ascii_control() {
+                out.push_str(&format!("%{:02X}", u32::from(c)));
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn escaping_by_runs_equals_escaping_by_character(text in any::<String>(), reserved in text()) {
+            for text in [text.as_str(), reserved.as_str()] {
+                let mut out = String::new();
+                push_escaped(&mut out, text);
+                prop_assert_eq!(out, escaped_by_char(text));
+            }
+        }
+    }
+
     /// Strings over an alphabet rich in the reserved characters.
     fn text() -> impl Strategy<Value = String> {
         proptest::string::string_regex("[ab/=|#%{}* \\x00]{0,4}").expect("a valid regex")

@@ -1,10 +1,10 @@
 //! The embedded default store: a fixed number of shards, each a mutex over
 //! its own table.
 //!
-//! One file of about 680 lines (tests apart): finding, deciding and writing
-//! back, making room and the all-or-nothing path are one locking protocol
-//! over the shards (at most one shard lock, or several taken in ascending
-//! order), read together; the shard's table is in `shard.rs`.
+//! One file of about 780 lines (tests apart): finding, deciding and writing
+//! back, making room and the batch paths are one locking protocol over the
+//! shards (one shard lock, or several taken in ascending order), read
+//! together; the shard's table is in `shard.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -245,6 +245,8 @@ struct Pending<'a> {
 struct Locked<'s> {
     hashes: Small<u64>,
     shards: Small<usize>,
+    /// Valid only until the first write to a shard: a write of fresh
+    /// state, an eviction or a purge moves entries.
     found: Small<Option<usize>>,
     /// The shards locked, ascending; `guards` in the same order.
     order: Small<usize>,
@@ -503,7 +505,9 @@ impl MemoryStore {
     /// anything is decided: the lookups do not depend on each other, so in
     /// a table larger than the cache their misses overlap instead of each
     /// waiting for the one before (a decision between two lookups would
-    /// keep them apart).
+    /// keep them apart). An independent batch uses the pass only to bring
+    /// its entries into the cache: each item looks its key up again, since
+    /// an earlier item's write may have moved entries.
     fn lock_all(&self, items: &[CheckItem<'_>]) -> Locked<'_> {
         let hashes: Small<u64> = items
             .iter()
@@ -735,10 +739,11 @@ impl Pending<'_> {
 }
 
 /// The batch size up to which an all-or-nothing batch's working lists need
-/// no heap allocation.
+/// no heap allocation, and the items an independent batch decides per
+/// [`MemoryStore::lock_all`] (so its lists never need one).
 const SMALL: usize = 8;
 
-/// A working list of an all-or-nothing batch.
+/// A working list of a batch.
 type Small<T> = SmallVec<[T; SMALL]>;
 
 /// For each item, the first item of the batch with the same name and key
@@ -788,6 +793,35 @@ mod tests {
     use super::*;
     use crate::clock::FakeClock;
     use crate::policy::Algorithm;
+
+    #[test]
+    fn a_batch_locks_each_of_its_shards_once_in_ascending_order() {
+        let config = StoreConfig::try_new(10_000, 64, OnFull::Deny).expect("valid config");
+        let store = MemoryStore::new(config, Arc::new(FakeClock::new(0)));
+        let policy = policies()[0];
+        // Keys in descending order, over nearly every shard, some twice.
+        let keys: Vec<String> = (0..200)
+            .rev()
+            .map(|k| format!("user-{}", k % 150))
+            .collect();
+        let items: Vec<CheckItem<'_>> = keys
+            .iter()
+            .map(|k| CheckItem::new("a", policy, k, 1).expect("valid"))
+            .collect();
+        let locked = store.lock_all(&items);
+        assert!(locked.order.len() > 32, "{} shards", locked.order.len());
+        assert!(
+            locked.order.windows(2).all(|w| w[0] < w[1]),
+            "{:?}",
+            locked.order
+        );
+        for i in 0..items.len() {
+            assert_eq!(
+                locked.order[locked.guard_index(locked.shards[i])],
+                locked.shards[i]
+            );
+        }
+    }
 
     #[test]
     fn repeated_keys_point_at_their_first_item_even_when_hashes_collide() {
@@ -850,6 +884,7 @@ mod tests {
     enum Op {
         Check(Req),
         Batch(Vec<Req>),
+        Independent(Vec<Req>),
         Peek(Req),
         Reset(u8, u8),
         Sweep,
@@ -869,6 +904,8 @@ mod tests {
         prop_oneof![
             8 => req().prop_map(Op::Check),
             2 => prop::collection::vec(req(), 1..5).prop_map(Op::Batch),
+            // Past the 8 items an independent batch decides per locking.
+            2 => prop::collection::vec(req(), 1..20).prop_map(Op::Independent),
             1 => req().prop_map(Op::Peek),
             1 => (0u8..2, 0u8..40).prop_map(|(n, k)| Op::Reset(n, k)),
             1 => Just(Op::Sweep),
@@ -919,6 +956,10 @@ mod tests {
                         let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
                         store.check(&items, BatchMode::AllOrNothing);
                     }
+                    Op::Independent(rs) => {
+                        let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
+                        store.check(&items, BatchMode::Independent);
+                    }
                     Op::Peek(r) => {
                         store.peek(&item(r));
                     }
@@ -932,6 +973,68 @@ mod tests {
                 }
                 assert_accounting_exact(&store)?;
             }
+        }
+
+        #[test]
+        fn an_independent_batch_decides_as_its_items_checked_one_by_one(
+            batches in prop::collection::vec(
+                (prop::collection::vec(req(), 1..20), prop_oneof![3 => 0u64..20, 1 => 0u64..3_000]),
+                1..40,
+            ),
+        ) {
+            // Budgets nothing fills: each store places keys by its own
+            // random hash, so only a store with room decides independently
+            // of where its keys land.
+            let config = || StoreConfig::try_new(100_000, 4, OnFull::Deny).expect("valid config");
+            let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+            let (batched, alone) = (
+                MemoryStore::new(config(), clock.clone()),
+                MemoryStore::new(config(), clock.clone()),
+            );
+            let policies = policies();
+            let names = ["a", "b"];
+            let keys: Vec<String> = (0..40).map(key).collect();
+            let item = |&(n, p, k, cost): &Req| {
+                CheckItem::new(names[usize::from(n)], policies[usize::from(p)], &keys[usize::from(k)], cost)
+                    .expect("valid item")
+            };
+            for (rs, ms) in &batches {
+                let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
+                let one_by_one: Vec<Decision> = items.iter().map(|i| alone.check_one(i)).collect();
+                prop_assert_eq!(batched.check(&items, BatchMode::Independent), one_by_one);
+                clock.advance(Duration::from_millis(*ms));
+            }
+        }
+
+        #[test]
+        fn repeated_keys_match_a_pairwise_search(
+            reqs in prop::collection::vec((0u8..2, 0u8..4), 0..30),
+            salt in 0u64..3,
+        ) {
+            let policy = policies()[0];
+            let names = ["a", "b"];
+            let keys = ["x", "y", "z", "w"];
+            let items: Vec<CheckItem<'_>> = reqs
+                .iter()
+                .map(|&(n, k)| {
+                    CheckItem::new(names[usize::from(n)], policy, keys[usize::from(k)], 1).expect("valid")
+                })
+                .collect();
+            // Three hash values for eight keys: unequal keys often share a
+            // hash; equal keys always do, as with real hashes.
+            let hashes: Vec<u64> = reqs
+                .iter()
+                .map(|&(n, k)| (u64::from(n) * 4 + u64::from(k) + salt) % 3)
+                .collect();
+            let first: Vec<usize> = (0..items.len())
+                .map(|i| {
+                    (0..=i)
+                        .find(|&j| items[j].name() == items[i].name() && items[j].key() == items[i].key())
+                        .expect("an item is its own match")
+                })
+                .collect();
+            let found = first_of_each_key(&items, &hashes);
+            prop_assert_eq!(found.as_slice(), first.as_slice());
         }
     }
 }
