@@ -1,6 +1,7 @@
 //! Behaviour under contention: every transition of a key is atomic, and
 //! all-or-nothing batches neither deadlock nor consume partially.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -60,52 +61,66 @@ fn a_hundred_threads_on_one_key_admit_exactly_the_limit_every_time() {
     }
 }
 
+/// Runs `batches(t, keys)` on `threads` threads started together, each with
+/// `keys` (reversed on odd threads); their results, in thread order.
+fn on_threads<T, F>(threads: usize, keys: &[String], batches: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize, &[String]) -> T + Send + Sync + 'static,
+{
+    let batches = Arc::new(batches);
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (batches, barrier) = (Arc::clone(&batches), Arc::clone(&barrier));
+            let mut keys = keys.to_vec();
+            if t % 2 == 1 {
+                keys.reverse();
+            }
+            thread::spawn(move || {
+                barrier.wait();
+                batches(t, &keys)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .collect()
+}
+
 #[test]
 fn opposite_order_all_or_nothing_batches_never_deadlock_nor_consume_partially() {
     for round in 0..50 {
         let outcome = within_a_minute(move || {
             let store = Arc::new(store());
-            let threads = 16;
-            let barrier = Arc::new(Barrier::new(threads));
             // Keys chosen to spread over many shards; each batch names them
             // all, half the threads in reverse order.
             let keys: Vec<String> = (0..8).map(|k| format!("user-{k}")).collect();
             let small = policy(Algorithm::FixedWindow, 30);
             let large = policy(Algorithm::FixedWindow, 1_000);
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let store = Arc::clone(&store);
-                    let barrier = Arc::clone(&barrier);
-                    let mut keys = keys.clone();
-                    if t % 2 == 1 {
-                        keys.reverse();
-                    }
-                    thread::spawn(move || {
-                        barrier.wait();
-                        let mut admitted = 0;
-                        for _ in 0..10 {
-                            // The first key is held to 30; the rest could
-                            // take 1,000, so any partial commit would show.
-                            let items: Vec<CheckItem<'_>> = keys
-                                .iter()
-                                .map(|k| {
-                                    let p = if k == "user-0" { small } else { large };
-                                    CheckItem::new("api", p, k, 1).expect("valid")
-                                })
-                                .collect();
-                            let decisions = store.check(&items, BatchMode::AllOrNothing);
-                            let all = decisions.iter().all(|d| d.allowed);
-                            assert!(all || decisions.iter().all(|d| !d.allowed));
-                            admitted += u32::from(all);
-                        }
-                        admitted
-                    })
-                })
-                .collect();
-            let admitted: u32 = handles
-                .into_iter()
-                .map(|h| h.join().expect("no panic"))
-                .sum();
+            let shared = Arc::clone(&store);
+            let admitted: u32 = on_threads(16, &keys, move |_, keys| {
+                let mut admitted = 0;
+                for _ in 0..10 {
+                    // The first key is held to 30; the rest could take
+                    // 1,000, so any partial commit would show.
+                    let items: Vec<CheckItem<'_>> = keys
+                        .iter()
+                        .map(|k| {
+                            let p = if k == "user-0" { small } else { large };
+                            CheckItem::new("api", p, k, 1).expect("valid")
+                        })
+                        .collect();
+                    let decisions = shared.check(&items, BatchMode::AllOrNothing);
+                    let all = decisions.iter().all(|d| d.allowed);
+                    assert!(all || decisions.iter().all(|d| !d.allowed));
+                    admitted += u32::from(all);
+                }
+                admitted
+            })
+            .into_iter()
+            .sum();
             let used: Vec<u64> = keys
                 .iter()
                 .map(|k| {
@@ -130,44 +145,29 @@ fn independent_and_all_or_nothing_batches_in_opposite_orders_admit_exactly_each_
     for round in 0..30 {
         let allowed = within_a_minute(move || {
             let store = Arc::new(store());
-            let threads = 16;
-            let barrier = Arc::new(Barrier::new(threads));
             let keys: Vec<String> = (0..20).map(|k| format!("user-{k}")).collect();
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let store = Arc::clone(&store);
-                    let barrier = Arc::clone(&barrier);
-                    let mut keys = keys.clone();
-                    if t % 2 == 1 {
-                        keys.reverse();
+            let policy = policy(Algorithm::FixedWindow, 50);
+            let mut total = HashMap::<String, u64>::new();
+            let per_thread = on_threads(16, &keys, move |t, keys| {
+                let mode = if t % 4 < 2 {
+                    BatchMode::Independent
+                } else {
+                    BatchMode::AllOrNothing
+                };
+                let mut allowed = HashMap::<String, u64>::new();
+                for _ in 0..10 {
+                    let items: Vec<CheckItem<'_>> = keys
+                        .iter()
+                        .map(|k| CheckItem::new("api", policy, k, 1).expect("valid"))
+                        .collect();
+                    for (k, d) in keys.iter().zip(store.check(&items, mode)) {
+                        *allowed.entry(k.clone()).or_default() += u64::from(d.allowed);
                     }
-                    let mode = if t % 4 < 2 {
-                        BatchMode::Independent
-                    } else {
-                        BatchMode::AllOrNothing
-                    };
-                    thread::spawn(move || {
-                        let policy = policy(Algorithm::FixedWindow, 50);
-                        barrier.wait();
-                        let mut allowed = std::collections::HashMap::<String, u64>::new();
-                        for _ in 0..10 {
-                            let items: Vec<CheckItem<'_>> = keys
-                                .iter()
-                                .map(|k| CheckItem::new("api", policy, k, 1).expect("valid"))
-                                .collect();
-                            for (k, d) in keys.iter().zip(store.check(&items, mode)) {
-                                *allowed.entry(k.clone()).or_default() += u64::from(d.allowed);
-                            }
-                        }
-                        allowed
-                    })
-                })
-                .collect();
-            let mut total = std::collections::HashMap::<String, u64>::new();
-            for h in handles {
-                for (k, n) in h.join().expect("no panic") {
-                    *total.entry(k).or_default() += n;
                 }
+                allowed
+            });
+            for (k, n) in per_thread.into_iter().flatten() {
+                *total.entry(k).or_default() += n;
             }
             total
         });

@@ -913,6 +913,37 @@ mod tests {
         ]
     }
 
+    /// The policy names, policies and keys a [`Req`] picks from.
+    struct Universe {
+        policies: [Policy; 4],
+        keys: Vec<String>,
+    }
+
+    const NAMES: [&str; 2] = ["a", "b"];
+
+    impl Universe {
+        fn new() -> Self {
+            Self {
+                policies: policies(),
+                keys: (0..40).map(key).collect(),
+            }
+        }
+
+        fn item(&self, &(n, p, k, cost): &Req) -> CheckItem<'_> {
+            CheckItem::new(
+                NAMES[usize::from(n)],
+                self.policies[usize::from(p)],
+                &self.keys[usize::from(k)],
+                cost,
+            )
+            .expect("valid item")
+        }
+
+        fn items(&self, reqs: &[Req]) -> Vec<CheckItem<'_>> {
+            reqs.iter().map(|r| self.item(r)).collect()
+        }
+    }
+
     fn assert_accounting_exact(store: &MemoryStore) -> Result<(), TestCaseError> {
         let keys = store.config.max_keys() / store.shards.len();
         let bytes = store.config.max_bytes / store.shards.len();
@@ -940,31 +971,23 @@ mod tests {
                 .expect("valid config");
             let clock = Arc::new(FakeClock::new(1_767_268_800_000));
             let store = MemoryStore::new(config, clock.clone());
-            let policies = policies();
-            let names = ["a", "b"];
-            let keys: Vec<String> = (0..40).map(key).collect();
-            let item = |&(n, p, k, cost): &Req| {
-                CheckItem::new(names[usize::from(n)], policies[usize::from(p)], &keys[usize::from(k)], cost)
-                    .expect("valid item")
-            };
+            let u = Universe::new();
             for op in &ops {
                 match op {
                     Op::Check(r) => {
-                        store.check_one(&item(r));
+                        store.check_one(&u.item(r));
                     }
                     Op::Batch(rs) => {
-                        let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
-                        store.check(&items, BatchMode::AllOrNothing);
+                        store.check(&u.items(rs), BatchMode::AllOrNothing);
                     }
                     Op::Independent(rs) => {
-                        let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
-                        store.check(&items, BatchMode::Independent);
+                        store.check(&u.items(rs), BatchMode::Independent);
                     }
                     Op::Peek(r) => {
-                        store.peek(&item(r));
+                        store.peek(&u.item(r));
                     }
                     Op::Reset(n, k) => {
-                        store.reset(names[usize::from(*n)], &keys[usize::from(*k)]);
+                        store.reset(NAMES[usize::from(*n)], &u.keys[usize::from(*k)]);
                     }
                     Op::Sweep => {
                         store.sweep_step();
@@ -991,15 +1014,9 @@ mod tests {
                 MemoryStore::new(config(), clock.clone()),
                 MemoryStore::new(config(), clock.clone()),
             );
-            let policies = policies();
-            let names = ["a", "b"];
-            let keys: Vec<String> = (0..40).map(key).collect();
-            let item = |&(n, p, k, cost): &Req| {
-                CheckItem::new(names[usize::from(n)], policies[usize::from(p)], &keys[usize::from(k)], cost)
-                    .expect("valid item")
-            };
+            let u = Universe::new();
             for (rs, ms) in &batches {
-                let items: Vec<CheckItem<'_>> = rs.iter().map(item).collect();
+                let items = u.items(rs);
                 let one_by_one: Vec<Decision> = items.iter().map(|i| alone.check_one(i)).collect();
                 prop_assert_eq!(batched.check(&items, BatchMode::Independent), one_by_one);
                 clock.advance(Duration::from_millis(*ms));
@@ -1012,12 +1029,11 @@ mod tests {
             salt in 0u64..3,
         ) {
             let policy = policies()[0];
-            let names = ["a", "b"];
             let keys = ["x", "y", "z", "w"];
             let items: Vec<CheckItem<'_>> = reqs
                 .iter()
                 .map(|&(n, k)| {
-                    CheckItem::new(names[usize::from(n)], policy, keys[usize::from(k)], 1).expect("valid")
+                    CheckItem::new(NAMES[usize::from(n)], policy, keys[usize::from(k)], 1).expect("valid")
                 })
                 .collect();
             // Three hash values for eight keys: unequal keys often share a
