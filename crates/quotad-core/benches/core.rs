@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use quotad_core::{
-    Algorithm, CheckItem, Clock, MemoryStore, OnFull, Policy, State, StoreConfig, SystemClock,
-    decide,
+    Algorithm, BatchMode, CheckItem, Clock, MemoryStore, OnFull, Policy, State, StoreConfig,
+    SystemClock, decide,
 };
 
 /// Time between two requests of one key: a hot key at 1,000 requests/s.
@@ -47,6 +47,8 @@ const MANY_KEYS: usize = 1_000_000;
 const CACHED_KEYS: usize = 100_000;
 /// Threads of the contended benches: one per core of the reference machine.
 const THREADS: usize = 2;
+/// Items of the batch benches: a `CheckBatch` of the size the gRPC bench sends.
+const BATCH: usize = 100;
 /// Seed of the order the many-keys benches visit keys in.
 const SEED: u64 = 0x5eed;
 /// Shards of the benched store (a power of two, well above the core count).
@@ -306,9 +308,51 @@ fn bench_store(c: &mut Criterion) {
             assert_eq!(store.live_keys(), n, "no key was added or lost");
         }
     }
+
+    // [`BATCH`] items in visiting order, decided as one independent batch
+    // (which looks 8 keys up together before deciding them) and one by one
+    // (each lookup after the last): the time is per batch of 100.
+    let mut fixture = None;
+    let mut j = 0;
+    for batched in [true, false] {
+        group.bench_function(BenchmarkId::new("1m_keys_100_items", mode(batched)), |b| {
+            let Populated { store, items } = fixture.get_or_insert_with(|| {
+                let keys = keys.get_or_init(|| Keys::new(MANY_KEYS, SEED));
+                Populated::new(keys, allowed_policy(Algorithm::FixedWindow))
+            });
+            b.iter(|| {
+                j = if j + 2 * BATCH > items.len() {
+                    0
+                } else {
+                    j + BATCH
+                };
+                check_items(store, &items[j..j + BATCH], batched);
+            });
+        });
+    }
+    drop(fixture);
     group.finish();
 
     bench_two_threads(c, &keys);
+}
+
+fn mode(batched: bool) -> &'static str {
+    if batched {
+        "independent_batch"
+    } else {
+        "one_by_one"
+    }
+}
+
+/// Decides `items` as one independent batch, or each with `check_one`.
+fn check_items(store: &MemoryStore, items: &[CheckItem<'_>], batched: bool) {
+    if batched {
+        black_box(store.check(black_box(items), BatchMode::Independent));
+    } else {
+        for item in items {
+            black_box(store.check_one(black_box(item)));
+        }
+    }
 }
 
 /// [`THREADS`] threads calling `check_one` at once. Each thread runs `iters`
@@ -342,6 +386,30 @@ fn bench_two_threads(c: &mut Criterion, keys: &OnceCell<Keys>) {
             })
         });
     });
+
+    // Both threads deciding batches of [`BATCH`] items over the 1M keys: an
+    // independent batch holds up to 8 shards at once, where checking one by
+    // one holds one; the time is per batch.
+    for batched in [true, false] {
+        let id = BenchmarkId::new("1m_keys_uniform_100_items", mode(batched));
+        group.bench_function(id, |b| {
+            let Populated { store, items } = fixture.get_or_insert_with(|| {
+                Populated::new(keys.get_or_init(|| Keys::new(MANY_KEYS, SEED)), policy)
+            });
+            let (store, items, part) = (&*store, &*items, MANY_KEYS / THREADS);
+            b.iter_custom(|iters| {
+                run_threads(iters, |t, iters| {
+                    let mine = &items[t * part..(t + 1) * part];
+                    let mut j = cursors[t].load(Ordering::Relaxed);
+                    for _ in 0..iters {
+                        j = if j + 2 * BATCH > part { 0 } else { j + BATCH };
+                        check_items(store, &mine[j..j + BATCH], batched);
+                    }
+                    cursors[t].store(j, Ordering::Relaxed);
+                })
+            });
+        });
+    }
     drop(fixture);
 
     // Both threads on one key: every check contends for the same shard lock.
@@ -410,7 +478,7 @@ fn run_threads(iters: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
 }
 
 fn config() -> Criterion {
-    // Bounded: 23 benches x (1 s warm-up + 3 s measuring + analysis) plus
+    // Bounded: 27 benches x (1 s warm-up + 3 s measuring + analysis) plus
     // building the populated stores keeps the run near a minute and a half.
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
