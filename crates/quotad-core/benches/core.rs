@@ -479,7 +479,7 @@ fn run_threads(iters: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
 
 fn config() -> Criterion {
     // Bounded: 27 benches x (1 s warm-up + 3 s measuring + analysis) plus
-    // building the populated stores keeps the run near a minute and a half.
+    // building the populated stores keeps the run near two minutes.
     Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
