@@ -47,9 +47,10 @@ pub enum OnFull {
     #[default]
     Deny,
     /// Evict live keys closest to fresh (about the least recently used)
-    /// until there is room; never the key being decided, nor any key of the
-    /// batch. An evicted key's budget starts over; every eviction is
-    /// counted.
+    /// until there is room; never the key being decided, nor any key of an
+    /// all-or-nothing batch (an independent batch's item protects only its
+    /// own key, as a separate check would). An evicted key's budget starts
+    /// over; every eviction is counted.
     Evict,
 }
 
