@@ -373,16 +373,9 @@ fn bench_two_threads(c: &mut Criterion, keys: &OnceCell<Keys>) {
         let Populated { store, items } = fixture.get_or_insert_with(|| {
             Populated::new(keys.get_or_init(|| Keys::new(MANY_KEYS, SEED)), policy)
         });
-        let (store, items, part) = (&*store, &*items, MANY_KEYS / THREADS);
         b.iter_custom(|iters| {
-            run_threads(iters, |t, iters| {
-                let mine = &items[t * part..(t + 1) * part];
-                let mut j = cursors[t].load(Ordering::Relaxed);
-                for _ in 0..iters {
-                    j = if j + 1 == part { 0 } else { j + 1 };
-                    black_box(store.check_one(black_box(&mine[j])));
-                }
-                cursors[t].store(j, Ordering::Relaxed);
+            walk_parts(iters, items, &cursors, 1, |item| {
+                black_box(store.check_one(black_box(&item[0])));
             })
         });
     });
@@ -396,16 +389,9 @@ fn bench_two_threads(c: &mut Criterion, keys: &OnceCell<Keys>) {
             let Populated { store, items } = fixture.get_or_insert_with(|| {
                 Populated::new(keys.get_or_init(|| Keys::new(MANY_KEYS, SEED)), policy)
             });
-            let (store, items, part) = (&*store, &*items, MANY_KEYS / THREADS);
             b.iter_custom(|iters| {
-                run_threads(iters, |t, iters| {
-                    let mine = &items[t * part..(t + 1) * part];
-                    let mut j = cursors[t].load(Ordering::Relaxed);
-                    for _ in 0..iters {
-                        j = if j + 2 * BATCH > part { 0 } else { j + BATCH };
-                        check_items(store, &mine[j..j + BATCH], batched);
-                    }
-                    cursors[t].store(j, Ordering::Relaxed);
+                walk_parts(iters, items, &cursors, BATCH, |batch| {
+                    check_items(store, batch, batched);
                 })
             });
         });
@@ -452,6 +438,29 @@ fn bench_floor(c: &mut Criterion) {
         });
     });
     group.finish();
+}
+
+/// [`THREADS`] threads, each walking its own part of `items` in the
+/// shuffled order, `step` items a call to `decide`, from where its last
+/// sample stopped (so no sample starts on keys the previous one left in
+/// cache); the wall time divided by the thread count.
+fn walk_parts(
+    iters: u64,
+    items: &[CheckItem<'_>],
+    cursors: &[AtomicUsize; THREADS],
+    step: usize,
+    decide: impl Fn(&[CheckItem<'_>]) + Sync,
+) -> Duration {
+    let part = items.len() / THREADS;
+    run_threads(iters, |t, iters| {
+        let mine = &items[t * part..(t + 1) * part];
+        let mut j = cursors[t].load(Ordering::Relaxed);
+        for _ in 0..iters {
+            j = if j + 2 * step > part { 0 } else { j + step };
+            decide(&mine[j..j + step]);
+        }
+        cursors[t].store(j, Ordering::Relaxed);
+    })
 }
 
 /// Starts [`THREADS`] threads together on `work(thread, iters)` and returns
