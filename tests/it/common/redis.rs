@@ -134,6 +134,15 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// `CONFIG SET name value`, which must answer OK.
+    pub(crate) fn config_set(&self, name: &str, value: &str) {
+        assert_eq!(
+            self.cli(&["config", "set", name, value]).trim(),
+            "OK",
+            "CONFIG SET {name} {value}"
+        );
+    }
+
     /// Runs `redis-cli -p PORT args...` and returns its output.
     pub(crate) fn cli(&self, args: &[&str]) -> String {
         let mut command = Command::new(binary("redis-cli", "QUOTAD_REDIS_CLI"));
@@ -167,7 +176,7 @@ impl RedisServer {
     pub(crate) fn fail_persistence(&self) {
         std::fs::remove_dir_all(&self.dir).expect("remove the Redis folder");
         // Redis refuses writes after a failed save only when saves are on.
-        assert_eq!(self.cli(&["config", "set", "save", "3600 1"]).trim(), "OK");
+        self.config_set("save", "3600 1");
         let _ = self.cli(&["bgsave"]);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self

@@ -327,12 +327,7 @@ async fn a_failover_behind_one_address_is_followed_at_the_first_readonly() {
     // Sync the replica at once, not after Redis's default 5 s wait for
     // more replicas.
     for server in [&primary, &replica] {
-        assert_eq!(
-            server
-                .cli(&["config", "set", "repl-diskless-sync-delay", "0"])
-                .trim(),
-            "OK"
-        );
+        server.config_set("repl-diskless-sync-delay", "0");
     }
     assert_eq!(
         replica
@@ -384,12 +379,7 @@ async fn refused_credentials_are_an_outage_subject_to_on_error() {
     ));
     // The server starts requiring a password and drops quotad's
     // connection: the new one is refused with NOAUTH.
-    assert_eq!(
-        redis
-            .cli(&["config", "set", "requirepass", "now-secret"])
-            .trim(),
-        "OK"
-    );
+    redis.config_set("requirepass", "now-secret");
     let _ = redis.cli(&[
         "-a",
         "now-secret",

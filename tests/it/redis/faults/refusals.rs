@@ -35,19 +35,9 @@ async fn a_redis_without_the_replicas_it_requires_is_an_outage() {
         ask(&mut client, "norep", "err").await,
         Answer::Decided(_)
     ));
-    assert_eq!(
-        redis
-            .cli(&["config", "set", "min-replicas-to-write", "1"])
-            .trim(),
-        "OK"
-    );
+    redis.config_set("min-replicas-to-write", "1");
     every_policy_gets_its_on_error(&server, "norep").await;
-    assert_eq!(
-        redis
-            .cli(&["config", "set", "min-replicas-to-write", "0"])
-            .trim(),
-        "OK"
-    );
+    redis.config_set("min-replicas-to-write", "0");
     assert!(matches!(
         ask(&mut client, "norep", "err").await,
         Answer::Decided(_)
