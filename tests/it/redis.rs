@@ -275,6 +275,48 @@ async fn all_or_nothing_batches_past_max_atomic_items_are_refused_and_consume_no
     assert!(fits.decisions.iter().all(|d| d.allowed), "{fits:?}");
 }
 
+/// An independent batch past one script goes as several pipelined
+/// scripts; when Redis has lost its scripts (a restart, a failover) every
+/// one of them answers NOSCRIPT and is sent again, in order: each item is
+/// decided exactly once and a key's items in the batch's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_batch_after_redis_lost_its_scripts_decides_each_item_once_in_order() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(replica_config(&format!("url = {:?}", redis.url()))).await;
+    let mut client = server.client().await;
+    // Load the script, then lose it.
+    check(&mut client, named("warm", "per_day", None)).await;
+    assert_eq!(redis.cli(&["script", "flush"]).trim(), "OK");
+    // 50 keys, each named three times, 50 items apart: 150 items, three
+    // scripts of at most 64, so every key's items are in different ones.
+    let keys: Vec<String> = (0..50).map(|i| format!("lost-{i}")).collect();
+    let items: Vec<(&str, &str)> = (0..150)
+        .map(|i| (keys[i % 50].as_str(), "per_day"))
+        .collect();
+    let mut request = batch(&items);
+    request.mode = pb::BatchMode::Independent.into();
+    let decisions = client
+        .check_batch(request)
+        .await
+        .expect("decided after NOSCRIPT")
+        .into_inner()
+        .decisions;
+    assert_eq!(decisions.len(), 150);
+    // A budget of 2: each key's first two items in, its third out.
+    for (i, d) in decisions.iter().enumerate() {
+        assert_eq!(d.allowed, i < 100, "item {i}: {d:?}");
+    }
+    for key in &keys {
+        assert_eq!(
+            peek(&mut client, named(key, "per_day", None))
+                .await
+                .remaining,
+            0,
+            "{key}: counted exactly twice"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_or_nothing_on_one_key_is_atomic_on_a_cluster_and_spares_the_other_budget() {
     let cluster = RedisCluster::start();
