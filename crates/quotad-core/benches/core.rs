@@ -49,6 +49,9 @@ const CACHED_KEYS: usize = 100_000;
 const THREADS: usize = 2;
 /// Items of the batch benches: a `CheckBatch` of the size the gRPC bench sends.
 const BATCH: usize = 100;
+/// Items of the small all-or-nothing batch bench: an Envoy request's
+/// descriptors.
+const DESCRIPTORS: usize = 3;
 /// Seed of the order the many-keys benches visit keys in.
 const SEED: u64 = 0x5eed;
 /// Shards of the benched store (a power of two, well above the core count).
@@ -331,6 +334,33 @@ fn bench_store(c: &mut Criterion) {
         });
     }
     drop(fixture);
+
+    // [`DESCRIPTORS`] keys as one all-or-nothing batch, the shape of an
+    // Envoy ShouldRateLimit with that many descriptors: over keys that stay
+    // in the CPU cache and over 1M keys.
+    for (name, keys, n) in [
+        ("100k_keys", &cached, CACHED_KEYS),
+        ("1m_keys", &keys, MANY_KEYS),
+    ] {
+        let mut fixture = None;
+        let mut j = 0;
+        let id = BenchmarkId::new(format!("{name}_{DESCRIPTORS}_items"), "all_or_nothing");
+        group.bench_function(id, |b| {
+            let Populated { store, items } = fixture.get_or_insert_with(|| {
+                let keys = keys.get_or_init(|| Keys::new(n, SEED));
+                Populated::new(keys, allowed_policy(Algorithm::FixedWindow))
+            });
+            b.iter(|| {
+                j = if j + 2 * DESCRIPTORS > items.len() {
+                    0
+                } else {
+                    j + DESCRIPTORS
+                };
+                let batch = &items[j..j + DESCRIPTORS];
+                black_box(store.check(black_box(batch), BatchMode::AllOrNothing))
+            });
+        });
+    }
     group.finish();
 
     bench_two_threads(c, &keys);

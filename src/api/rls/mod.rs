@@ -41,6 +41,7 @@ use std::sync::Arc;
 use quotad_core::{BatchMode, CheckItem, Clock, Decision, Reason, Spend};
 use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::envoy::service::ratelimit::v3 as pb;
+use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
 
 use super::error::ServiceError;
@@ -82,11 +83,18 @@ pub(crate) struct RlsService<S> {
     store_ops: StoreOps,
 }
 
+/// The descriptors of a request up to which its working lists need no
+/// heap allocation.
+const FEW: usize = 4;
+
+/// A working list of a request's descriptors.
+type Few<T> = SmallVec<[T; FEW]>;
+
 /// Store items decided together, with the descriptor of each.
 #[derive(Default)]
 struct Batch<'a> {
-    descriptors: Vec<usize>,
-    items: Vec<CheckItem<'a>>,
+    descriptors: Few<usize>,
+    items: Few<CheckItem<'a>>,
 }
 
 impl<'a> Batch<'a> {
@@ -143,14 +151,14 @@ fn reject(results: &mut [ItemResult]) {
 /// What the store said about a request's descriptors so far, and the first
 /// failure that `store.on_error` passes on (`error`, or a fault).
 struct Answers {
-    outcomes: Vec<Outcome>,
+    outcomes: Few<Outcome>,
     failure: Option<BackendError>,
 }
 
 impl Answers {
     fn new(descriptors: usize) -> Self {
         Answers {
-            outcomes: vec![Outcome::NoLimit; descriptors],
+            outcomes: SmallVec::from_elem(Outcome::NoLimit, descriptors),
             failure: None,
         }
     }
@@ -469,7 +477,7 @@ impl<S: Backend> RlsService<S> {
             Batch::default(),
         );
         // Each probe's role, in order.
-        let mut probe_roles = Vec::new();
+        let mut probe_roles: Few<Role> = Few::new();
         // Whether the request is over before the store is asked.
         let mut doomed = false;
         let mut quota = QuotaState::default();
@@ -706,6 +714,9 @@ impl<S: Backend> RlsService<S> {
 
     /// Looks at each item, all at once.
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
+        if items.is_empty() {
+            return Vec::new();
+        }
         self.store_ops.peek.increment(items.len() as u64);
         futures_util::future::join_all(items.iter().map(|item| self.backend.peek(item, deadline)))
             .await

@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use thiserror::Error;
 
 use super::item::{BatchMode, CheckItem};
-use super::shard::{ENTRY_BYTES, KeyHasher, Room, Shard, StoreKey, extra_bytes, key_hash};
+use super::shard::{ENTRY_BYTES, Found, KeyHasher, Room, Shard, StoreKey, extra_bytes, key_hash};
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
@@ -236,6 +236,8 @@ struct Pending<'a> {
     key: &'a str,
     hash: u64,
     shard: usize,
+    /// Where its entry was when the shards were locked.
+    found: Found,
     original: Option<State>,
     state: Option<State>,
     fresh_at: u64,
@@ -246,9 +248,7 @@ struct Pending<'a> {
 struct Locked<'s> {
     hashes: Small<u64>,
     shards: Small<usize>,
-    /// Valid only until the first write to a shard: a write of fresh
-    /// state, an eviction or a purge moves entries.
-    found: Small<Option<usize>>,
+    found: Small<Found>,
     /// The shards locked, ascending; `guards` in the same order.
     order: Small<usize>,
     guards: Small<MutexGuard<'s, Shard>>,
@@ -532,7 +532,7 @@ impl MemoryStore {
             .map(|(i, item)| {
                 locked
                     .item_shard(i)
-                    .find(locked.hashes[i], item.name(), item.key())
+                    .lookup(locked.hashes[i], item.name(), item.key())
             })
             .collect();
         locked
@@ -551,7 +551,9 @@ impl MemoryStore {
             } else {
                 let (name, key, hash, shard) =
                     (item.name(), item.key(), locked.hashes[i], locked.shards[i]);
-                let original = locked.found[i]
+                let found = locked.found[i];
+                let original = found
+                    .index()
                     .and_then(|f| locked.item_shard(i).state(f, now))
                     .cloned();
                 pending.push(Pending {
@@ -559,6 +561,7 @@ impl MemoryStore {
                     key,
                     hash,
                     shard,
+                    found,
                     state: original.clone(),
                     original,
                     fresh_at: 0,
@@ -632,7 +635,7 @@ impl MemoryStore {
             }
             for p in pending {
                 let shard = locked.shard_mut(p.shard);
-                match (shard.find(p.hash, p.name, p.key), p.state) {
+                match (p.find(shard), p.state) {
                     (Some(i), state) => shard.write(i, state, p.fresh_at),
                     (None, Some(state)) => shard.insert(p.hash, p.name, p.key, state, p.fresh_at),
                     (None, None) => {}
@@ -726,10 +729,15 @@ impl MemoryStore {
 }
 
 impl Pending<'_> {
+    /// Where this key's entry is in `shard` now.
+    fn find(&self, shard: &Shard) -> Option<usize> {
+        shard.refind(self.found, self.hash, self.name, self.key)
+    }
+
     /// What writing this key's outcome changes in `shard`: whether it adds
     /// a key, and the entry's bytes beyond its slot before and after.
     fn change(&self, shard: &Shard) -> (bool, usize, usize) {
-        let found = shard.find(self.hash, self.name, self.key);
+        let found = self.find(shard);
         let before = found.map_or(0, |i| shard.extra_at(i));
         let after = self
             .state

@@ -169,6 +169,28 @@ pub(super) struct Shard {
     next_expiry: u64,
     /// Where the next eviction sample starts.
     cursor: usize,
+    /// Counts the changes that may move entries (a removal: a write of
+    /// fresh state, a purge, an eviction), so that where a key was found
+    /// stays known until one happens ([`Found`]). An insert appends, and
+    /// growing or shrinking the table keeps every entry where it is.
+    moves: u64,
+}
+
+/// Where a key's entry was (or that it had none) when it was looked up
+/// ([`Shard::lookup`]), and the shard's count of moves then. The caller
+/// holds the shard's lock from the lookup on, and inserts no entry for
+/// this key meanwhile.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Found {
+    index: Option<usize>,
+    moves: u64,
+}
+
+impl Found {
+    /// The index of the entry when it was looked up.
+    pub(super) fn index(self) -> Option<usize> {
+        self.index
+    }
 }
 
 impl Shard {
@@ -183,6 +205,7 @@ impl Shard {
             bytes: 0,
             next_expiry: u64::MAX,
             cursor: 0,
+            moves: 0,
         }
     }
 
@@ -275,6 +298,26 @@ impl Shard {
             .index_from_hash(hash, |k| k.is(name, key))
     }
 
+    /// Looks the key up, for [`Shard::refind`] to answer again without a
+    /// lookup while no entry has moved.
+    pub(super) fn lookup(&self, hash: u64, name: &str, key: &str) -> Found {
+        Found {
+            index: self.find(hash, name, key),
+            moves: self.moves,
+        }
+    }
+
+    /// Where the key `found` was looked up for is now: where it was, unless
+    /// entries may have moved since, and then looked up again.
+    pub(super) fn refind(&self, found: Found, hash: u64, name: &str, key: &str) -> Option<usize> {
+        if found.moves == self.moves {
+            debug_assert_eq!(found.index, self.find(hash, name, key));
+            found.index
+        } else {
+            self.find(hash, name, key)
+        }
+    }
+
     /// The state at `index`, taken out for one transition at `now`; until
     /// it is written back, its bytes are not counted. State fresh by `now`
     /// (as of the policy that wrote it) is none, swept or not.
@@ -324,6 +367,7 @@ impl Shard {
             None => {
                 self.bytes -= key.heap_bytes();
                 self.map.swap_remove_index(index);
+                self.moves += 1;
             }
         }
     }
@@ -409,6 +453,9 @@ impl Shard {
         });
         self.bytes -= freed;
         self.next_expiry = next;
+        if self.map.len() < before {
+            self.moves += 1;
+        }
         // A table left under a quarter full gives most of its room back,
         // as the keys that needed it are gone.
         let len = self.map.len();
@@ -458,6 +505,7 @@ impl Shard {
         match victim.and_then(|(i, _)| self.map.swap_remove_index(i)) {
             Some((key, slot)) => {
                 self.bytes -= extra_of(&key, &slot);
+                self.moves += 1;
                 true
             }
             None => false,
@@ -467,7 +515,51 @@ impl Shard {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU64;
+    use std::time::Duration;
+
     use super::*;
+    use crate::algorithm::{Spend, decide_spending};
+    use crate::policy::{Algorithm, Policy};
+
+    fn some_state() -> State {
+        let policy = Policy::try_new(Algorithm::FixedWindow, 10, Duration::from_secs(60), None)
+            .expect("valid policy");
+        decide_spending(&policy, None, 0, NonZeroU64::MIN, Spend::WhenAdmitted)
+            .0
+            .expect("a check leaves state")
+    }
+
+    #[test]
+    fn a_key_found_before_entries_moved_is_found_where_it_is_now() {
+        let hasher = KeyHasher::default();
+        let hash = |key: &str| key_hash(&hasher, "p", key);
+        // Each way an entry leaves the table: the last one takes its place
+        // (a write of fresh state, an eviction) or moves down (a purge).
+        for removal in ["write fresh state", "purge", "evict"] {
+            let mut shard = Shard::new(100, usize::MAX, hasher.clone());
+            for (key, fresh_at) in [("a", 10), ("b", 1000), ("c", 1000), ("d", 1000)] {
+                shard.insert(hash(key), "p", key, some_state(), fresh_at);
+            }
+            let d = shard.lookup(hash("d"), "p", "d");
+            let e = shard.lookup(hash("e"), "p", "e");
+            assert_eq!(d.index(), Some(3));
+            assert_eq!(
+                shard.refind(d, hash("d"), "p", "d"),
+                Some(3),
+                "nothing moved yet"
+            );
+            match removal {
+                "write fresh state" => shard.write(0, None, 0),
+                "purge" => assert_eq!(shard.purge_expired(10), 1),
+                _ => assert!(shard.evict_one(&|k| !k.is("p", "a"))),
+            }
+            let now = shard.find(hash("d"), "p", "d");
+            assert!(now.is_some() && now != Some(3), "{removal}: d moved");
+            assert_eq!(shard.refind(d, hash("d"), "p", "d"), now, "{removal}");
+            assert_eq!(shard.refind(e, hash("e"), "p", "e"), None, "{removal}");
+        }
+    }
 
     #[test]
     fn a_key_hashes_the_same_from_its_parts_and_as_a_whole() {
