@@ -324,11 +324,7 @@ fn bench_store(c: &mut Criterion) {
                 Populated::new(keys, allowed_policy(Algorithm::FixedWindow))
             });
             b.iter(|| {
-                j = if j + 2 * BATCH > items.len() {
-                    0
-                } else {
-                    j + BATCH
-                };
+                j = next_window(j, BATCH, items.len());
                 check_items(store, &items[j..j + BATCH], batched);
             });
         });
@@ -351,11 +347,7 @@ fn bench_store(c: &mut Criterion) {
                 Populated::new(keys, allowed_policy(Algorithm::FixedWindow))
             });
             b.iter(|| {
-                j = if j + 2 * DESCRIPTORS > items.len() {
-                    0
-                } else {
-                    j + DESCRIPTORS
-                };
+                j = next_window(j, DESCRIPTORS, items.len());
                 let batch = &items[j..j + DESCRIPTORS];
                 black_box(store.check(black_box(batch), BatchMode::AllOrNothing))
             });
@@ -364,6 +356,12 @@ fn bench_store(c: &mut Criterion) {
     group.finish();
 
     bench_two_threads(c, &keys);
+}
+
+/// Where the window of `size` items after the one at `j` starts, among
+/// `len`: the next one, or the first once the next would not fit.
+fn next_window(j: usize, size: usize, len: usize) -> usize {
+    if j + 2 * size > len { 0 } else { j + size }
 }
 
 fn mode(batched: bool) -> &'static str {
@@ -486,7 +484,7 @@ fn walk_parts(
         let mine = &items[t * part..(t + 1) * part];
         let mut j = cursors[t].load(Ordering::Relaxed);
         for _ in 0..iters {
-            j = if j + 2 * step > part { 0 } else { j + step };
+            j = next_window(j, step, part);
             decide(&mine[j..j + step]);
         }
         cursors[t].store(j, Ordering::Relaxed);

@@ -248,3 +248,35 @@ fn an_all_or_nothing_batch_never_evicts_its_own_keys_nor_overfills() {
         );
     }
 }
+
+#[test]
+fn an_all_or_nothing_batch_that_makes_room_by_dropping_spent_state_writes_each_key_where_it_is() {
+    // One full shard; its first key's window ends, so room for a new key
+    // comes from dropping that key, which moves every entry after it.
+    let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+    let config = StoreConfig::try_new(16, 1, OnFull::Deny).expect("valid config");
+    let store = MemoryStore::new(config, clock.clone());
+    let (short, long) = (per(Duration::from_secs(1)), per(Duration::from_secs(3_600)));
+    for i in 0..16 {
+        let key = format!("key-{i}");
+        let policy = if i == 0 { short } else { long };
+        let item = CheckItem::new("api", policy, &key, 1).expect("valid");
+        assert!(store.check_one(&item).allowed);
+    }
+    clock.advance(Duration::from_secs(2));
+    let items = [
+        CheckItem::new("api", long, "key-15", 1).expect("valid"),
+        CheckItem::new("api", long, "newcomer", 1).expect("valid"),
+    ];
+    let d = store.check(&items, BatchMode::AllOrNothing);
+    assert!(d.iter().all(|d| d.allowed), "{d:?}");
+    assert_eq!(store.reclaimed(), 1, "the spent key made the room");
+    assert_eq!(store.live_keys(), 16);
+    for i in 1..16 {
+        let key = format!("key-{i}");
+        let item = CheckItem::new("api", long, &key, 1).expect("valid");
+        let used = if i == 15 { 2 } else { 1 };
+        assert_eq!(store.peek(&item).remaining, 100 - used, "{key}");
+    }
+    assert_eq!(store.peek(&items[1]).remaining, 99, "newcomer");
+}

@@ -238,7 +238,7 @@ struct Pending<'a> {
     shard: usize,
     /// Where its entry was when the shards were locked.
     found: Found,
-    original: Option<State>,
+    /// Its state as the batch's items so far leave it.
     state: Option<State>,
     fresh_at: u64,
 }
@@ -552,7 +552,9 @@ impl MemoryStore {
                 let (name, key, hash, shard) =
                     (item.name(), item.key(), locked.hashes[i], locked.shards[i]);
                 let found = locked.found[i];
-                let original = found
+                // Decided on a copy: the shard keeps the state as it was
+                // until the batch commits.
+                let state = found
                     .index()
                     .and_then(|f| locked.item_shard(i).state(f, now))
                     .cloned();
@@ -562,8 +564,7 @@ impl MemoryStore {
                     hash,
                     shard,
                     found,
-                    state: original.clone(),
-                    original,
+                    state,
                     fresh_at: 0,
                 });
                 pending.len() - 1
@@ -645,7 +646,12 @@ impl MemoryStore {
         }
         for (i, item) in items.iter().enumerate() {
             if decisions[i].allowed {
-                let original = pending[slot_of_item[i]].original.as_ref();
+                // Nothing was written: the shard holds the state the batch
+                // started from.
+                let shard = locked.item_shard(i);
+                let original = pending[slot_of_item[i]]
+                    .find(shard)
+                    .and_then(|f| shard.state(f, now));
                 let current = algorithm::peek(item.policy(), original, now, item.cost());
                 decisions[i] = Decision {
                     allowed: false,

@@ -366,10 +366,17 @@ impl Shard {
             }
             None => {
                 self.bytes -= key.heap_bytes();
-                self.map.swap_remove_index(index);
-                self.moves += 1;
+                self.remove_at(index);
             }
         }
+    }
+
+    /// Removes the entry at `index` (the last one takes its place), counted
+    /// as a move; the caller accounts for its bytes.
+    fn remove_at(&mut self, index: usize) -> Option<(StoreKey, Slot)> {
+        let removed = self.map.swap_remove_index(index);
+        self.moves += 1;
+        removed
     }
 
     /// Adds a key that has no entry yet. The caller has made room.
@@ -502,10 +509,9 @@ impl Shard {
             .take(EVICTION_SAMPLE)
             .min_by_key(|&(_, fresh_at)| fresh_at);
         self.cursor = start + EVICTION_SAMPLE;
-        match victim.and_then(|(i, _)| self.map.swap_remove_index(i)) {
+        match victim.and_then(|(i, _)| self.remove_at(i)) {
             Some((key, slot)) => {
                 self.bytes -= extra_of(&key, &slot);
-                self.moves += 1;
                 true
             }
             None => false,
@@ -544,18 +550,28 @@ mod tests {
             let d = shard.lookup(hash("d"), "p", "d");
             let e = shard.lookup(hash("e"), "p", "e");
             assert_eq!(d.index(), Some(3));
+            // An insert appends; growing and shrinking the table keep every
+            // entry where it is.
+            shard.insert(hash("f"), "p", "f", some_state(), 1000);
+            shard.reserve(50, 0);
+            shard.shrink(0);
+            assert_eq!(shard.find(hash("d"), "p", "d"), Some(3), "d stayed");
             assert_eq!(
                 shard.refind(d, hash("d"), "p", "d"),
                 Some(3),
                 "nothing moved yet"
             );
+            let f = shard.lookup(hash("f"), "p", "f");
+            assert_eq!(f.index(), Some(4));
             match removal {
                 "write fresh state" => shard.write(0, None, 0),
                 "purge" => assert_eq!(shard.purge_expired(10), 1),
                 _ => assert!(shard.evict_one(&|k| !k.is("p", "a"))),
             }
+            let now = shard.find(hash("f"), "p", "f");
+            assert!(now.is_some() && now != Some(4), "{removal}: f moved");
+            assert_eq!(shard.refind(f, hash("f"), "p", "f"), now, "{removal}");
             let now = shard.find(hash("d"), "p", "d");
-            assert!(now.is_some() && now != Some(3), "{removal}: d moved");
             assert_eq!(shard.refind(d, hash("d"), "p", "d"), now, "{removal}");
             assert_eq!(shard.refind(e, hash("e"), "p", "e"), None, "{removal}");
         }
