@@ -280,3 +280,37 @@ fn an_all_or_nothing_batch_that_makes_room_by_dropping_spent_state_writes_each_k
     }
     assert_eq!(store.peek(&items[1]).remaining, 99, "newcomer");
 }
+
+#[test]
+fn a_batch_refused_for_room_answers_from_the_state_it_started_from_after_entries_moved() {
+    // One full shard; key-i has used i of its 100; key-0's window ends, so
+    // dropping it moves every entry after it, and frees one key of the two
+    // the batch needs.
+    let clock = Arc::new(FakeClock::new(1_767_268_800_000));
+    let config = StoreConfig::try_new(16, 1, OnFull::Deny).expect("valid config");
+    let store = MemoryStore::new(config, clock.clone());
+    let (short, long) = (per(Duration::from_secs(1)), per(Duration::from_secs(3_600)));
+    for i in 0..16u64 {
+        let key = format!("key-{i}");
+        let policy = if i == 0 { short } else { long };
+        let item = CheckItem::new("api", policy, &key, i.max(1)).expect("valid");
+        assert!(store.check_one(&item).allowed);
+    }
+    clock.advance(Duration::from_secs(2));
+    let items = [
+        CheckItem::new("api", long, "key-15", 1).expect("valid"),
+        CheckItem::new("api", long, "new-a", 1).expect("valid"),
+        CheckItem::new("api", long, "new-b", 1).expect("valid"),
+    ];
+    let d = store.check(&items, BatchMode::AllOrNothing);
+    assert_eq!(store.reclaimed(), 1, "the spent key was dropped");
+    assert_eq!(d[1].reason, Reason::Capacity);
+    assert_eq!(d[2].reason, Reason::Capacity);
+    assert_eq!(d[0].reason, Reason::BatchRejected);
+    assert_eq!(d[0].remaining, 85, "key-15 as it was: 15 used");
+    for i in 1..16u64 {
+        let key = format!("key-{i}");
+        let item = CheckItem::new("api", long, &key, 1).expect("valid");
+        assert_eq!(store.peek(&item).remaining, 100 - i, "{key} unchanged");
+    }
+}

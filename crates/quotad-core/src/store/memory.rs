@@ -583,41 +583,50 @@ impl MemoryStore {
             slot_of_item.push(p);
         }
 
-        // Only a batch whose every item fits may make room, so a rejected
-        // batch changes nothing, not even by evicting someone else's state;
-        // and it never evicts its own keys.
+        // Only a batch whose every item fits may make room, and only once
+        // every shard of the batch is known to have room or to be able to
+        // make it: so a rejected batch changes nothing, not even by
+        // evicting someone else's state in one shard while another has no
+        // room; and it never evicts its own keys.
         if decisions.iter().all(|d| d.allowed) {
-            for (g, guard) in locked.guards.iter_mut().enumerate() {
-                let shard = locked.order[g];
-                let members: Small<&Pending<'_>> =
-                    pending.iter().filter(|p| p.shard == shard).collect();
-                // New keys, and the bytes the shard's entries grow by in all
-                // (beyond the slots of new keys, which the shard counts).
-                let needed = |s: &Shard| {
-                    let (mut keys, mut grows, mut shrinks) = (0, 0, 0);
-                    for p in &members {
-                        let (new, before, after) = p.change(s);
-                        keys += usize::from(new);
-                        grows += after.saturating_sub(before);
-                        shrinks += before.saturating_sub(after);
+            let mut spaces: Small<Space> = Small::new();
+            for making in [false, true] {
+                for (g, guard) in locked.guards.iter_mut().enumerate() {
+                    if making && spaces[g] != Space::ToMake {
+                        continue;
                     }
-                    Room {
-                        keys,
-                        bytes: grows.saturating_sub(shrinks),
-                    }
-                };
-                let protect = |k: &StoreKey| members.iter().any(|p| k.is(p.name, p.key));
-                if !self.make_room(guard, &needed, now, &protect) {
-                    for (i, item) in items.iter().enumerate() {
-                        let p = &pending[slot_of_item[i]];
-                        if p.shard != shard {
-                            continue;
+                    let shard = locked.order[g];
+                    let members: Small<&Pending<'_>> =
+                        pending.iter().filter(|p| p.shard == shard).collect();
+                    let needed = |s: &Shard| needed_by(&members, s);
+                    let protect = |k: &StoreKey| members.iter().any(|p| k.is(p.name, p.key));
+                    let space = if making {
+                        // Known to be there: every shard stayed locked.
+                        if self.make_room(guard, &needed, now, &protect) {
+                            Space::Free
+                        } else {
+                            Space::Lacking
                         }
-                        let (new, before, after) = p.change(guard);
-                        if new || after > before {
-                            decisions[i] = capacity_denial(item.policy());
+                    } else {
+                        let space = self.space_for(guard, &needed, now, &protect);
+                        spaces.push(space);
+                        space
+                    };
+                    if space == Space::Lacking {
+                        for (i, item) in items.iter().enumerate() {
+                            let p = &pending[slot_of_item[i]];
+                            if p.shard != shard {
+                                continue;
+                            }
+                            let (new, before, after) = p.change(guard);
+                            if new || after > before {
+                                decisions[i] = capacity_denial(item.policy());
+                            }
                         }
                     }
+                }
+                if spaces.contains(&Space::Lacking) {
+                    break;
                 }
             }
         }
@@ -646,8 +655,8 @@ impl MemoryStore {
         }
         for (i, item) in items.iter().enumerate() {
             if decisions[i].allowed {
-                // Nothing was written: the shard holds the state the batch
-                // started from.
+                // Nothing of the batch's keys was written: the shard holds
+                // the state the batch started from.
                 let shard = locked.item_shard(i);
                 let original = pending[slot_of_item[i]]
                     .find(shard)
@@ -664,6 +673,34 @@ impl MemoryStore {
         decisions
     }
 
+    /// Whether `shard` has `needed` free, keys and bytes, or
+    /// [`MemoryStore::make_room`] can make it. Drops state that is already
+    /// fresh, which changes no decision, and changes nothing else.
+    fn space_for(
+        &self,
+        shard: &mut Shard,
+        needed: &dyn Fn(&Shard) -> Room,
+        now: u64,
+        protect: &dyn Fn(&StoreKey) -> bool,
+    ) -> Space {
+        if shard.short(needed(shard), false).is_empty() {
+            return Space::Free;
+        }
+        // `needed` is counted again, as a purge may have dropped a key about
+        // to be written.
+        self.reclaim(shard.purge_expired(now), now);
+        let need = needed(shard);
+        let makeable = match self.config.on_full() {
+            OnFull::Evict => shard.can_evict_for(need, protect),
+            OnFull::Deny => shard.short(need, true).is_empty(),
+        };
+        if makeable {
+            Space::ToMake
+        } else {
+            Space::Lacking
+        }
+    }
+
     /// Makes `needed` free in `shard`, keys and bytes: first by dropping
     /// state that is already fresh and table slots no entry uses, then as
     /// `on_full` says, evicting only keys `protect` does not cover. Returns
@@ -675,17 +712,14 @@ impl MemoryStore {
         now: u64,
         protect: &dyn Fn(&StoreKey) -> bool,
     ) -> bool {
-        if shard.short(needed(shard), false).is_empty() {
-            return true;
+        match self.space_for(shard, needed, now, protect) {
+            Space::Free => return true,
+            Space::Lacking => return false,
+            Space::ToMake => {}
         }
-        // Neither dropping fresh-equivalent state nor unused slots changes
-        // a decision. `needed` is counted again after each step, as a purge
-        // may have dropped a key about to be written.
-        self.reclaim(shard.purge_expired(now), now);
         let evict = self.config.on_full() == OnFull::Evict;
-        if evict && !shard.can_evict_for(needed(shard), protect) {
-            return false;
-        }
+        // Neither dropping unused slots nor evicting a key `protect` does
+        // not cover changes a decision of the change.
         loop {
             let need = needed(shard);
             if shard.short(need, false).is_empty() {
@@ -731,6 +765,34 @@ impl MemoryStore {
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         self.shards[shard].lock()
+    }
+}
+
+/// Whether a shard has the room a change needs ([`MemoryStore::space_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Space {
+    /// It has.
+    Free,
+    /// It can be made: by dropping unused slots or evicting.
+    ToMake,
+    /// It cannot.
+    Lacking,
+}
+
+/// What writing `members`, the pending keys of one shard, needs in it: new
+/// keys, and the bytes the shard's entries grow by in all (beyond the slots
+/// of new keys, which the shard counts).
+fn needed_by(members: &[&Pending<'_>], shard: &Shard) -> Room {
+    let (mut keys, mut grows, mut shrinks) = (0, 0, 0);
+    for p in members {
+        let (new, before, after) = p.change(shard);
+        keys += usize::from(new);
+        grows += after.saturating_sub(before);
+        shrinks += before.saturating_sub(after);
+    }
+    Room {
+        keys,
+        bytes: grows.saturating_sub(shrinks),
     }
 }
 
@@ -835,6 +897,48 @@ mod tests {
                 locked.order[locked.guard_index(locked.shards[i])],
                 locked.shards[i]
             );
+        }
+    }
+
+    #[test]
+    fn an_all_or_nothing_batch_without_room_in_one_shard_evicts_nothing_in_another() {
+        // Two shards of 64 keys, both full: one of strangers, the other of
+        // the batch's own keys, which it may not evict. Shards are locked
+        // and their room made in ascending order: each side comes first once.
+        for (theirs, ours) in [(0, 1), (1, 0)] {
+            let config = StoreConfig::try_new(128, 2, OnFull::Evict).expect("valid config");
+            let store = MemoryStore::new(config, Arc::new(FakeClock::new(0)));
+            assert_eq!(store.shards.len(), 2);
+            let policy = policies()[0];
+            let shard_of = |key: &str| store.shard_of(key_hash(&store.hasher, "a", key));
+            let keys_in = |shard: usize, prefix: &str| {
+                (0..)
+                    .map(|i| format!("{prefix}-{i}"))
+                    .filter(|k| shard_of(k) == shard)
+                    .take(65)
+                    .collect::<Vec<_>>()
+            };
+            let (strangers, own) = (keys_in(theirs, "stranger"), keys_in(ours, "own"));
+            for key in strangers[..64].iter().chain(&own[..64]) {
+                let item = CheckItem::new("a", policy, key, 1).expect("valid");
+                assert!(store.check_one(&item).allowed, "{key}");
+            }
+            assert_eq!(store.live_keys(), 128);
+            // A new key in each shard: the strangers' shard could evict one
+            // of them, the batch's own cannot make room: refused whole.
+            let keys = [&strangers[64], &own[64]].into_iter().chain(&own[..64]);
+            let items: Vec<CheckItem<'_>> = keys
+                .map(|k| CheckItem::new("a", policy, k, 1).expect("valid"))
+                .collect();
+            let decisions = store.check(&items, BatchMode::AllOrNothing);
+            assert!(decisions.iter().all(|d| !d.allowed));
+            assert_eq!(decisions[1].reason, Reason::Capacity);
+            assert_eq!(store.evictions(), 0, "nothing evicted");
+            assert_eq!(store.live_keys(), 128);
+            for key in strangers[..64].iter().chain(&own[..64]) {
+                let item = CheckItem::new("a", policy, key, 1).expect("valid");
+                assert_eq!(store.peek(&item).remaining, 4, "{key} kept its state");
+            }
         }
     }
 
