@@ -249,21 +249,28 @@ fn an_all_or_nothing_batch_never_evicts_its_own_keys_nor_overfills() {
     }
 }
 
-#[test]
-fn an_all_or_nothing_batch_that_makes_room_by_dropping_spent_state_writes_each_key_where_it_is() {
-    // One full shard; its first key's window ends, so room for a new key
-    // comes from dropping that key, which moves every entry after it.
+/// A full one-shard store (`on_full = deny`) of 16 keys, `key-i` having
+/// used `used(i)` of 100 under a window of an hour, but `key-0` under a
+/// window of a second, which has ended: room comes from dropping it, which
+/// moves every entry after it. Returns the store and the hour's policy.
+fn full_store_with_one_spent(used: impl Fn(u64) -> u64) -> (MemoryStore, Policy) {
     let clock = Arc::new(FakeClock::new(1_767_268_800_000));
     let config = StoreConfig::try_new(16, 1, OnFull::Deny).expect("valid config");
     let store = MemoryStore::new(config, clock.clone());
     let (short, long) = (per(Duration::from_secs(1)), per(Duration::from_secs(3_600)));
-    for i in 0..16 {
+    for i in 0..16u64 {
         let key = format!("key-{i}");
         let policy = if i == 0 { short } else { long };
-        let item = CheckItem::new("api", policy, &key, 1).expect("valid");
+        let item = CheckItem::new("api", policy, &key, used(i)).expect("valid");
         assert!(store.check_one(&item).allowed);
     }
     clock.advance(Duration::from_secs(2));
+    (store, long)
+}
+
+#[test]
+fn an_all_or_nothing_batch_that_makes_room_by_dropping_spent_state_writes_each_key_where_it_is() {
+    let (store, long) = full_store_with_one_spent(|_| 1);
     let items = [
         CheckItem::new("api", long, "key-15", 1).expect("valid"),
         CheckItem::new("api", long, "newcomer", 1).expect("valid"),
@@ -283,20 +290,9 @@ fn an_all_or_nothing_batch_that_makes_room_by_dropping_spent_state_writes_each_k
 
 #[test]
 fn a_batch_refused_for_room_answers_from_the_state_it_started_from_after_entries_moved() {
-    // One full shard; key-i has used i of its 100; key-0's window ends, so
-    // dropping it moves every entry after it, and frees one key of the two
-    // the batch needs.
-    let clock = Arc::new(FakeClock::new(1_767_268_800_000));
-    let config = StoreConfig::try_new(16, 1, OnFull::Deny).expect("valid config");
-    let store = MemoryStore::new(config, clock.clone());
-    let (short, long) = (per(Duration::from_secs(1)), per(Duration::from_secs(3_600)));
-    for i in 0..16u64 {
-        let key = format!("key-{i}");
-        let policy = if i == 0 { short } else { long };
-        let item = CheckItem::new("api", policy, &key, i.max(1)).expect("valid");
-        assert!(store.check_one(&item).allowed);
-    }
-    clock.advance(Duration::from_secs(2));
+    // Each key used a different amount, so a state read from the wrong
+    // entry shows; dropping the spent key frees one key of the two needed.
+    let (store, long) = full_store_with_one_spent(|i| i.max(1));
     let items = [
         CheckItem::new("api", long, "key-15", 1).expect("valid"),
         CheckItem::new("api", long, "new-a", 1).expect("valid"),
