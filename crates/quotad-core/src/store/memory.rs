@@ -601,8 +601,8 @@ impl MemoryStore {
                     let needed = |s: &Shard| needed_by(&members, s);
                     let protect = |k: &StoreKey| members.iter().any(|p| k.is(p.name, p.key));
                     let space = if making {
-                        // Known to be there: every shard stayed locked.
-                        if self.make_room(guard, &needed, now, &protect) {
+                        // Known to be makeable: every shard stayed locked.
+                        if self.make(guard, &needed, &protect) {
                             Space::Free
                         } else {
                             Space::Lacking
@@ -713,13 +713,23 @@ impl MemoryStore {
         protect: &dyn Fn(&StoreKey) -> bool,
     ) -> bool {
         match self.space_for(shard, needed, now, protect) {
-            Space::Free => return true,
-            Space::Lacking => return false,
-            Space::ToMake => {}
+            Space::Free => true,
+            Space::Lacking => false,
+            Space::ToMake => self.make(shard, needed, protect),
         }
+    }
+
+    /// Makes the room [`MemoryStore::space_for`] found can be made, by
+    /// dropping table slots no entry uses or evicting keys `protect` does
+    /// not cover; neither changes a decision of the change. Returns whether
+    /// it did.
+    fn make(
+        &self,
+        shard: &mut Shard,
+        needed: &dyn Fn(&Shard) -> Room,
+        protect: &dyn Fn(&StoreKey) -> bool,
+    ) -> bool {
         let evict = self.config.on_full() == OnFull::Evict;
-        // Neither dropping unused slots nor evicting a key `protect` does
-        // not cover changes a decision of the change.
         loop {
             let need = needed(shard);
             if shard.short(need, false).is_empty() {
