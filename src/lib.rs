@@ -283,6 +283,7 @@ async fn serve<B: Backend>(
     let rls = RlsService::new(
         Arc::clone(&backend),
         policy::rls::start(config, &metrics, tasks)?,
+        Arc::clone(&registry),
         Arc::clone(&metrics),
         RlsOptions::new(config),
     );

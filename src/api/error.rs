@@ -22,7 +22,7 @@ pub(crate) enum ServiceError {
     /// FAILED_PRECONDITION (the server's configuration, not the caller's
     /// identity, forbids it; retrying will not help until it changes).
     #[error(
-        "{field}: inline policies are disabled on this server (limits.allow_inline_policies = false); name a configured policy"
+        "{field}: inline policies are disabled on this server (limits.allow_inline_policies = false): a request may not choose its own limit"
     )]
     InlineDisabled { field: String },
     /// `Reset` on a server that does not serve it: PERMISSION_DENIED.

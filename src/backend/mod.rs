@@ -158,6 +158,19 @@ pub trait Backend: Send + Sync + 'static {
         deadline: Deadline,
     ) -> impl Future<Output = ItemResult> + Send;
 
+    /// What `peek` would answer for each of `items`, consuming and creating
+    /// nothing: one result per item, in order, each looked at on its own
+    /// (a key named twice is answered twice from the same state). The
+    /// default peeks at each, all at once; a backend that can look at
+    /// several in one call (a standalone Redis, by script) does.
+    fn peek_each(
+        &self,
+        items: &[CheckItem<'_>],
+        deadline: Deadline,
+    ) -> impl Future<Output = Vec<ItemResult>> + Send {
+        futures_util::future::join_all(items.iter().map(move |item| self.peek(item, deadline)))
+    }
+
     /// Forgets the state of `key` under the policy namespace `name`, as
     /// counted under `policy` (a backend that binds state to the counting
     /// parameters forgets the state those parameters give meaning to).

@@ -386,6 +386,86 @@ async fn a_limit_sent_by_envoy_replaces_the_rules_for_known_domains() {
     assert_eq!(unknown.statuses[0], no_limit(0));
 }
 
+/// A descriptor with a `limit` sent for `remote_address` 10.0.0.6.
+fn sent_limit(requests_per_unit: u32, unit: i32) -> RateLimitDescriptor {
+    let mut d = descriptor(&[("remote_address", "10.0.0.6")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit,
+        unit,
+    });
+    d
+}
+
+#[tokio::test]
+async fn a_limit_sent_by_envoy_is_bounded_as_an_inline_policy_and_refused_whole() {
+    const DAY: i32 = 4;
+    const WEEK: i32 = 7;
+    const YEAR: i32 = 6;
+    let dir = rules_dir(&[("edge.yaml", EDGE)]);
+    let plain = || descriptor(&[("remote_address", "10.0.0.6")]);
+    let refused = |status: tonic::Status, code, field: &str, setting: &str| {
+        assert_eq!(status.code(), code, "{}", status.message());
+        assert!(status.message().starts_with(field), "{}", status.message());
+        assert!(status.message().contains(setting), "{}", status.message());
+    };
+
+    // Off: every sent limit is refused, known domain or not, and the
+    // request's other descriptors count nothing.
+    let (_clock, server) = start(&dir, "[limits]\nallow_inline_policies = false").await;
+    let mut client = rls_client(&server).await;
+    for domain in ["edge", "nowhere"] {
+        let status = client
+            .should_rate_limit(request(domain, vec![plain(), sent_limit(1, DAY)]))
+            .await
+            .expect_err("refused");
+        refused(
+            status,
+            tonic::Code::FailedPrecondition,
+            "descriptors[1].limit: ",
+            "limits.allow_inline_policies",
+        );
+    }
+    let answer = ask(&mut client, request("edge", vec![plain()])).await;
+    assert_eq!(answer.statuses[0].limit_remaining, 2, "nothing was counted");
+
+    // On, with the default bounds: a day at most, a limit of 1,000,000.
+    let (_clock, server) = start(&dir, "").await;
+    let mut client = rls_client(&server).await;
+    let cases = [
+        (
+            sent_limit(5, WEEK),
+            "descriptors[1].limit.unit: ",
+            "limits.max_inline_window",
+        ),
+        (
+            sent_limit(1_000_001, DAY),
+            "descriptors[1].limit.requests_per_unit: ",
+            "limits.max_inline_limit",
+        ),
+    ];
+    for (sent, field, setting) in cases {
+        let status = client
+            .should_rate_limit(request("edge", vec![plain(), sent]))
+            .await
+            .expect_err("refused");
+        refused(status, tonic::Code::InvalidArgument, field, setting);
+    }
+    let answer = ask(&mut client, request("edge", vec![plain()])).await;
+    assert_eq!(answer.statuses[0].limit_remaining, 2, "nothing was counted");
+    let day = ask(
+        &mut client,
+        request("edge", vec![sent_limit(1_000_000, DAY)]),
+    )
+    .await;
+    assert_eq!(day.statuses[0].limit_remaining, 999_999);
+
+    // Raised: a year is taken, as the reference takes it.
+    let (_clock, server) = start(&dir, "[limits]\nmax_inline_window = \"365d\"").await;
+    let mut client = rls_client(&server).await;
+    let year = ask(&mut client, request("edge", vec![sent_limit(3, YEAR)])).await;
+    assert_eq!(year.statuses[0].limit_remaining, 2);
+}
+
 #[tokio::test]
 async fn bad_requests_are_refused_naming_the_field_and_count_nothing() {
     let dir = rules_dir(&[("edge.yaml", EDGE)]);

@@ -180,8 +180,13 @@ const WITH_SHADOW: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit
 #[tokio::test]
 async fn a_store_failure_on_a_shadow_descriptor_fails_nothing_else_of_the_request() {
     let redis = RedisServer::start();
-    let (server, mut client, _dir) =
-        serve(WITH_SHADOW, "", "", &format!("url = {:?}", redis.url())).await;
+    let (server, mut client, _dir) = serve(
+        WITH_SHADOW,
+        "response_headers = [\"reference\"]",
+        "",
+        &format!("url = {:?}", redis.url()),
+    )
+    .await;
     let key = format!("k-{}", std::process::id());
     // s alone first, so that its key is the only one in Redis.
     assert!(is_ok(
@@ -209,6 +214,13 @@ async fn a_store_failure_on_a_shadow_descriptor_fails_nothing_else_of_the_reques
         assert_eq!(response.statuses[0].limit_remaining, 5 - n);
         // s could not be decided: UNKNOWN, and no shadow denial counted.
         assert_eq!(response.statuses[1].code, Code::Unknown as i32);
+        // The headers show a's count, not s's unknown remaining 0.
+        let remaining = response
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == "RateLimit-Remaining")
+            .map(|h| h.value.clone());
+        assert_eq!(remaining, Some((5 - n).to_string()), "request {n}");
     }
     let metrics = server.metrics().await;
     assert_eq!(
@@ -301,4 +313,85 @@ async fn a_request_past_max_atomic_items_is_counted_one_by_one_not_failed() {
     let refused = ask(&mut client, two(&fresh)).await;
     assert_eq!(refused.overall_code, Code::OverLimit as i32);
     assert_eq!(refused.statuses[1].limit_remaining, 1, "b not counted");
+}
+
+/// The scripts Redis has run (EVALSHA and EVAL calls), from its own count.
+fn script_calls(redis: &RedisServer) -> u64 {
+    let stats = redis.cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| {
+            let calls = l.split_once("calls=").expect("calls=").1;
+            let calls = calls.split(',').next().expect("a number");
+            calls.parse::<u64>().expect("a count")
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn many_probes_or_denied_hits_in_one_request_cost_a_few_scripts_not_one_each() {
+    let redis = RedisServer::start();
+    let url = format!("url = {:?}", redis.url());
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+
+    // 200 probes: looked at in scripts of 64, not one call each.
+    let (_server, mut client, _dir) = serve(APP, "", "", &url).await;
+    let probes = request(
+        "app",
+        keys.iter()
+            .map(|k| {
+                let mut d = descriptor(&[("a", k)]);
+                d.hits_addend = Some(0);
+                d
+            })
+            .collect(),
+    );
+    // Redis has the script once a call has run it.
+    ask(
+        &mut client,
+        request("app", vec![descriptor(&[("c", "warm")])]),
+    )
+    .await;
+    let before = script_calls(&redis);
+    let looked = ask(&mut client, probes).await;
+    let remaining: std::collections::BTreeSet<(i32, u32)> = looked
+        .statuses
+        .iter()
+        .map(|s| (s.code, s.limit_remaining))
+        .collect();
+    assert_eq!(remaining, [(Code::Ok as i32, 5)].into(), "nothing counted");
+    assert_eq!(script_calls(&redis) - before, 4, "200 probes in 4 scripts");
+
+    // The reference's counting: 100 denied hits with budget left are spent
+    // by second checks, together (2 scripts of 64), not one after another.
+    let (_server, mut client, _dir) = serve(APP, "count_mode = \"reference\"", "", &url).await;
+    let mut over = request(
+        "app",
+        keys[..100]
+            .iter()
+            .map(|k| descriptor(&[("a", k)]))
+            .collect(),
+    );
+    over.hits_addend = 6;
+    let before = script_calls(&redis);
+    let denied = ask(&mut client, over).await;
+    assert!(
+        denied
+            .statuses
+            .iter()
+            .all(|s| s.code == Code::OverLimit as i32)
+    );
+    assert_eq!(
+        script_calls(&redis) - before,
+        4,
+        "2 scripts to decide, 2 to spend"
+    );
+    let one = request("app", vec![descriptor(&[("a", &keys[99])])]);
+    let after = ask(&mut client, one).await;
+    assert_eq!(
+        (after.overall_code, after.statuses[0].limit_remaining),
+        (Code::OverLimit as i32, 0),
+        "the denied hits spent the budget"
+    );
 }

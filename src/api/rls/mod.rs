@@ -38,7 +38,7 @@ mod status;
 
 use std::sync::Arc;
 
-use quotad_core::{BatchMode, CheckItem, Clock, Decision, Reason, Spend};
+use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, Policy, Reason, Spend};
 use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::envoy::service::ratelimit::v3 as pb;
 use smallvec::SmallVec;
@@ -48,8 +48,9 @@ use super::error::ServiceError;
 use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
 use crate::backend::{Backend, BackendError, Deadline, ItemResult};
-use crate::config::{BackendSettings, Config, CountMode, OnError, ResponseHeaders};
+use crate::config::{BackendSettings, Config, CountMode, LimitSettings, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
+use crate::policy::PolicyRegistry;
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
 
 /// How `ShouldRateLimit` answers, from `[rls]` and `[store]`.
@@ -78,6 +79,9 @@ pub(crate) struct RlsOptions {
 pub(crate) struct RlsService<S> {
     backend: Arc<S>,
     rules: Arc<RlsRegistry>,
+    /// The named policies' registry, for `[limits]` as in force now: a
+    /// `limit` sent on a descriptor is bounded as an inline policy is.
+    policies: Arc<PolicyRegistry>,
     metrics: Arc<Metrics>,
     options: RlsOptions,
     store_ops: StoreOps,
@@ -134,6 +138,12 @@ impl Outcome {
     /// Whether the store failed, and `store.on_error` passed it on.
     pub(crate) fn failed(self) -> bool {
         matches!(self, Outcome::Decided(d) if d.reason == Reason::Unavailable)
+    }
+
+    /// Whether the store did not answer (it failed, whatever `on_error`
+    /// made of it): the budget it left is not known.
+    pub(crate) fn unknown(self) -> bool {
+        matches!(self, Outcome::Decided(d) if matches!(d.reason, Reason::Unavailable | Reason::FailOpen | Reason::FailClosed))
     }
 }
 
@@ -257,6 +267,7 @@ impl<S: Backend> RlsService<S> {
     pub(crate) fn new(
         backend: Arc<S>,
         rules: Arc<RlsRegistry>,
+        policies: Arc<PolicyRegistry>,
         metrics: Arc<Metrics>,
         options: RlsOptions,
     ) -> Self {
@@ -271,6 +282,7 @@ impl<S: Backend> RlsService<S> {
         RlsService {
             backend,
             rules,
+            policies,
             metrics,
             options,
             store_ops,
@@ -288,6 +300,9 @@ impl<S: Backend> RlsService<S> {
             .rules()
             .resolve(&request)
             .map_err(|e| ServiceError::invalid(&e.field, e.message))?;
+        if request.descriptors.iter().any(|d| d.limit.is_some()) {
+            check_overrides(&request, self.policies.snapshot().limits())?;
+        }
         for resolution in &mut resolved {
             if let Resolution::Limited(applied) = resolution {
                 applied.bound_key(self.options.max_key_bytes);
@@ -371,12 +386,12 @@ impl<S: Backend> RlsService<S> {
             Charge::Hits(_) => {
                 self.store_ops.check.increment(1);
                 let item = item.with_spend(spend);
-                let mut result = self.backend.check_one(&item, deadline).await;
-                if let Ok(decision) = &mut result
-                    && !self.backend.spends_when_denied()
-                {
-                    Box::pin(self.spend_rest(&item, decision, deadline)).await;
+                let mut result = [self.backend.check_one(&item, deadline).await];
+                if !self.backend.spends_when_denied() {
+                    Box::pin(self.spend_rest(std::slice::from_ref(&item), &mut result, deadline))
+                        .await;
                 }
+                let [result] = result;
                 result
             }
         }
@@ -668,8 +683,21 @@ impl<S: Backend> RlsService<S> {
     }
 
     async fn independent(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        let mut results = match items {
-            [] => return Vec::new(),
+        let mut results = self.check_independent(items, deadline).await;
+        if !self.backend.spends_when_denied() {
+            Box::pin(self.spend_rest(items, &mut results, deadline)).await;
+        }
+        results
+    }
+
+    /// One store call deciding each item on its own.
+    async fn check_independent(
+        &self,
+        items: &[CheckItem<'_>],
+        deadline: Deadline,
+    ) -> Vec<ItemResult> {
+        match items {
+            [] => Vec::new(),
             [item] => {
                 self.store_ops.check.increment(1);
                 vec![self.backend.check_one(item, deadline).await]
@@ -680,47 +708,94 @@ impl<S: Backend> RlsService<S> {
                     .check(items, BatchMode::Independent, deadline)
                     .await
             }
-        };
-        if !self.backend.spends_when_denied() {
-            for (item, result) in items.iter().zip(&mut results) {
-                if let Ok(decision) = result {
-                    Box::pin(self.spend_rest(item, decision, deadline)).await;
-                }
+        }
+    }
+
+    /// For a backend that does not spend on denial: each item marked
+    /// [`Spend::Always`] that was denied with budget left spends it by a
+    /// second check of exactly that much, all of them in one store call.
+    /// Never admits more than the limit; another request may take the
+    /// budget in between, and then the second check is simply denied.
+    async fn spend_rest(
+        &self,
+        items: &[CheckItem<'_>],
+        results: &mut [ItemResult],
+        deadline: Deadline,
+    ) {
+        // Which results the second checks are for, and the checks.
+        let (mut of, mut rests): (Few<usize>, Few<CheckItem<'_>>) = Default::default();
+        for (i, (item, result)) in items.iter().zip(results.iter()).enumerate() {
+            if let Ok(decision) = result
+                && item.spend() == Spend::Always
+                && !decision.allowed
+                && decision.remaining > 0
+                && let Ok(rest) =
+                    CheckItem::new(item.name(), *item.policy(), item.key(), decision.remaining)
+            {
+                of.push(i);
+                rests.push(rest);
             }
         }
-        results
-    }
-
-    /// For a backend that does not spend on denial: an item marked
-    /// [`Spend::Always`] that was denied with budget left spends it by a
-    /// second check of exactly that much. Never admits more than the
-    /// limit; another request may take the budget in between, and then the
-    /// second check is simply denied.
-    async fn spend_rest(&self, item: &CheckItem<'_>, decision: &mut Decision, deadline: Deadline) {
-        if item.spend() != Spend::Always || decision.allowed || decision.remaining == 0 {
-            return;
-        }
-        let Ok(rest) = CheckItem::new(item.name(), *item.policy(), item.key(), decision.remaining)
-        else {
-            return;
-        };
-        self.store_ops.check.increment(1);
-        match self.backend.check_one(&rest, deadline).await {
-            Ok(_) => decision.remaining = 0,
-            // A failure is logged (throttled); the hit stays uncounted.
-            Err(error) => crate::log::store_failed(&error),
+        let spent = self.check_independent(&rests, deadline).await;
+        for (i, result) in of.into_iter().zip(spent) {
+            match (result, &mut results[i]) {
+                (Ok(_), Ok(decision)) => decision.remaining = 0,
+                // A failure is logged (throttled); the hit stays uncounted.
+                (Err(error), _) => crate::log::store_failed(&error),
+                // Only decided items have second checks.
+                (Ok(_), Err(_)) => {}
+            }
         }
     }
 
-    /// Looks at each item, all at once.
+    /// Looks at each item, in one store call where the store can.
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
         if items.is_empty() {
             return Vec::new();
         }
         self.store_ops.peek.increment(items.len() as u64);
-        futures_util::future::join_all(items.iter().map(|item| self.backend.peek(item, deadline)))
-            .await
+        self.backend.peek_each(items, deadline).await
     }
+}
+
+/// Refuses the `limit`s sent on descriptors that `[limits]` does not allow.
+/// Such a limit is chosen by the caller, as an inline policy of
+/// `quotad.v1` is (a fixed window of the unit), and is bounded the same
+/// way: refused when inline policies are off, above
+/// `limits.max_inline_window` or `limits.max_inline_limit`. Otherwise a
+/// caller could pin a key for a year per descriptor value it makes up.
+/// Called once the request resolved (every sent unit is known).
+fn check_overrides(
+    request: &rules::Request<'_>,
+    limits: &LimitSettings,
+) -> Result<(), ServiceError> {
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        let Some(sent) = descriptor.limit else {
+            continue;
+        };
+        let field = |name: &str| format!("descriptors[{i}].limit{name}");
+        if !limits.allow_inline_policies {
+            return Err(ServiceError::InlineDisabled { field: field("") });
+        }
+        let unit = rules::Unit::from_number(sent.unit).expect("resolve refuses unknown units");
+        // A limit of 0 stores nothing, and is bounded as a limit of 1.
+        let policy = Policy::try_new(
+            Algorithm::FixedWindow,
+            u64::from(sent.requests_per_unit.max(1)),
+            unit.window(),
+            None,
+        )
+        .expect("a fixed window takes any 32-bit limit over any unit");
+        limits.check_inline(&policy).map_err(|(name, message)| {
+            let name = if name == "window_ms" {
+                ".unit"
+            } else {
+                ".requests_per_unit"
+            };
+            ServiceError::invalid(&field(name), message)
+        })?;
+    }
+    Ok(())
 }
 
 /// The matcher's view of a request, borrowing its strings.

@@ -44,7 +44,9 @@ pub(super) fn respond(
     let mut statuses = Vec::with_capacity(resolved.len());
     let (mut failed, mut quota_total, mut quota_failed) = (0usize, 0usize, 0usize);
     // The descriptor closest to its limit, for the headers (the reference's
-    // choice: the lowest remaining, or the last one over).
+    // choice: the lowest remaining, or the last one over). One the store
+    // did not answer is shown only when over (`fail_closed`): its
+    // remaining 0 is not a count.
     let mut closest: Option<usize> = None;
     let mut lowest = u32::MAX;
     for (i, (resolution, outcome)) in resolved.iter().zip(outcomes).enumerate() {
@@ -67,7 +69,7 @@ pub(super) fn respond(
             statuses.push(status);
             continue;
         };
-        if status.current_limit.is_some() && status.limit_remaining < lowest {
+        if status.current_limit.is_some() && !outcome.unknown() && status.limit_remaining < lowest {
             (closest, lowest) = (Some(i), status.limit_remaining);
         }
         let over = status.code == Code::OverLimit as i32;

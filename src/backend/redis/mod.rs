@@ -445,16 +445,28 @@ impl RedisBackend {
         }
     }
 
-    /// On a Cluster, independent items may live in different slots, so each
-    /// goes in its own call (all concurrently, over one multiplexed
-    /// connection per node) and a node that is down fails only its own
-    /// items; a standalone server takes the batch in one call.
-    async fn independent(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
+    /// Items decided (or, by [`Mode::Peek`], looked at) each on its own.
+    /// On a Cluster, they may live in different slots, so each goes in its
+    /// own call (all concurrently, over one multiplexed connection per
+    /// node) and a node that is down fails only its own items; a
+    /// standalone server takes them in scripts of at most [`CHUNK`] units.
+    async fn each(
+        &self,
+        mode: Mode,
+        items: &[CheckItem<'_>],
+        deadline: Deadline,
+    ) -> Vec<ItemResult> {
         if self.connections.is_cluster() {
-            let calls = items.iter().map(|item| self.check_one(item, deadline));
-            futures_util::future::join_all(calls).await
+            let calls = items
+                .iter()
+                .map(|item| self.eval_each(mode, std::slice::from_ref(item), deadline));
+            futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
         } else if units(items) <= CHUNK {
-            self.eval_each(Mode::Check, items, deadline).await
+            self.eval_each(mode, items, deadline).await
         } else {
             // Pipelined chunks over one link with one deadline: Redis serves
             // other clients between them. Each chunk's script is sent at its
@@ -470,7 +482,7 @@ impl RedisBackend {
                 let keys = self.keys(c);
                 let call = &call;
                 async move {
-                    match self.eval_on(call, Mode::Check, c, &keys).await {
+                    match self.eval_on(call, mode, c, &keys).await {
                         Ok(results) => results,
                         Err(error) => vec![Err(error); c.len()],
                     }
@@ -624,7 +636,7 @@ impl Backend for RedisBackend {
         deadline: Deadline,
     ) -> Vec<ItemResult> {
         match mode {
-            BatchMode::Independent => self.independent(items, deadline).await,
+            BatchMode::Independent => self.each(Mode::Check, items, deadline).await,
             BatchMode::AllOrNothing if !self.fits_one_batch(items.iter().copied()) => {
                 let error = BackendError::TooManyAtomicItems {
                     max: self.max_atomic_items,
@@ -644,6 +656,10 @@ impl Backend for RedisBackend {
         self.eval(Mode::Peek, std::slice::from_ref(item), deadline)
             .await?
             .remove(0)
+    }
+
+    async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
+        self.each(Mode::Peek, items, deadline).await
     }
 
     /// Forgets the key by a script with the same deadline as a check's (the

@@ -328,7 +328,9 @@ fn find<'r>(
     entries: &[Entry<'_>],
 ) -> Option<(&'r Rule, SmallVec<[Option<&'r str>; 2]>)> {
     let mut level = root;
-    let mut shared = SmallVec::with_capacity(entries.len());
+    // Grown as levels match: a descriptor deeper than any rule reserves
+    // nothing for the entries past the last match.
+    let mut shared = SmallVec::new();
     for (i, entry) in entries.iter().enumerate() {
         let (node, pattern) = level.lookup(entry.key, entry.value)?;
         shared.push(pattern);

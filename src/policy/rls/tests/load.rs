@@ -469,3 +469,27 @@ fn yaml_merge_keys_share_a_rate_limit_as_in_the_reference() {
         .collect();
     assert_eq!(limits, [(5, Unit::Second), (9, Unit::Second)]);
 }
+
+/// The rules of docs/envoy.md's quick start load as shown, and the reload
+/// error the page shows for a bad unit is the one a user gets, line and
+/// column included.
+#[test]
+fn the_quick_start_rules_in_the_docs_load_and_their_error_reads_as_shown() {
+    let page = include_str!("../../../../docs/envoy.md");
+    let start = page
+        .find("```yaml\n# rules/edge.yaml\n")
+        .expect("the quick start's rules")
+        + "```yaml\n".len();
+    let text = &page[start..][..page[start..].find("```").expect("the block's end")];
+    let file = Path::new("rules/edge.yaml");
+    let rules = RlsRules::from_sources([(file, text)], LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rules.rules("edge").len(), 2);
+
+    let bad = text.replacen("unit: second", "unit: fortnight", 1);
+    assert_ne!(bad, text, "the example has a rule per second");
+    let error = RlsRules::from_sources([(file, bad.as_str())], LoadOptions::default())
+        .expect_err("a bad unit is refused");
+    let shown = format!("error={error}\n");
+    assert!(page.contains(&shown), "docs/envoy.md should show {shown}");
+}
