@@ -401,7 +401,8 @@ section! {
     /// written.
     pub struct LimitSettings at "limits", flags "" {
         /// Whether requests may carry their own policy instead of naming a
-        /// configured one
+        /// configured one (an inline policy, or the limit Envoy sends on a
+        /// descriptor)
         allow_inline_policies: bool = Bool("true"), Live;
         /// Whether the Reset RPC is served
         ///
@@ -409,13 +410,13 @@ section! {
         /// clients are not trusted to leave their own budgets alone (or allow
         /// it per client identity with `[auth]`).
         allow_reset: bool = Bool("true"), Live;
-        /// Longest window an inline policy may ask for
+        /// Longest window an inline policy (or a limit Envoy sends) may ask for
         ///
         /// A key's state lives about one window after its last use, so this
         /// bounds how long a caller can make quotad hold state.
         #[serde(deserialize_with = "human_duration")]
         max_inline_window: Duration = Str("1d"), Live;
-        /// Largest limit (and burst) an inline policy may ask for
+        /// Largest limit (and burst) an inline policy (or a limit Envoy sends) may ask for
         max_inline_limit: u64 = Int("1000000"), Live;
         /// Largest limit an inline sliding_log policy may ask for
         ///

@@ -134,7 +134,8 @@ async fn a_redis_outage_answers_as_store_on_error_says() {
     let (mut servers, mut clients) = (Vec::new(), Vec::new());
     for on_error in ["fail_open", "fail_closed", "error"] {
         let store = format!("on_error = \"{on_error}\"");
-        let (server, client, dir) = serve(APP, "", &store, &target).await;
+        let headers = "response_headers = [\"reference\"]";
+        let (server, client, dir) = serve(APP, headers, &store, &target).await;
         servers.push((server, dir));
         clients.push(client);
     }
@@ -154,6 +155,15 @@ async fn a_redis_outage_answers_as_store_on_error_says() {
             ]
         );
     }
+    // Failed open, the store said nothing: no header claims 0 remaining.
+    let down = request("app", vec![descriptor(&[("a", "down-headers")])]);
+    let open = ask(&mut clients[0], down).await;
+    assert!(is_ok(&open));
+    assert!(
+        open.response_headers_to_add.is_empty(),
+        "{:?}",
+        open.response_headers_to_add
+    );
 }
 
 #[tokio::test]
@@ -329,69 +339,132 @@ fn script_calls(redis: &RedisServer) -> u64 {
         .sum()
 }
 
+/// Each status's code and remaining, in order.
+fn each_status(
+    response: &quotad_proto::envoy::service::ratelimit::v3::RateLimitResponse,
+) -> Vec<(i32, u32)> {
+    response
+        .statuses
+        .iter()
+        .map(|s| (s.code, s.limit_remaining))
+        .collect()
+}
+
 #[tokio::test]
 async fn many_probes_or_denied_hits_in_one_request_cost_a_few_scripts_not_one_each() {
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     let redis = RedisServer::start();
     let url = format!("url = {:?}", redis.url());
     let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
-
-    // 200 probes: looked at in scripts of 64, not one call each.
     let (_server, mut client, _dir) = serve(APP, "", "", &url).await;
-    let probes = request(
+    // Key i has spent 1 + i % 5 of its 5: 4 - i % 5 left.
+    let spend = request(
         "app",
         keys.iter()
-            .map(|k| {
+            .enumerate()
+            .map(|(i, k)| {
                 let mut d = descriptor(&[("a", k)]);
+                d.hits_addend = Some(1 + i as u64 % 5);
+                d
+            })
+            .collect(),
+    );
+    assert!(is_ok(&ask(&mut client, spend).await));
+    let left = |i: usize| 4 - (i % 5) as u32;
+
+    // 200 probes, and k7 twice: looked at in scripts of 64 (4), not one
+    // call each, every answer its own key's.
+    let mut probed: Vec<usize> = (0..200).collect();
+    probed.push(7);
+    let probes = request(
+        "app",
+        probed
+            .iter()
+            .map(|&i| {
+                let mut d = descriptor(&[("a", &keys[i])]);
                 d.hits_addend = Some(0);
                 d
             })
             .collect(),
     );
-    // Redis has the script once a call has run it.
-    ask(
-        &mut client,
-        request("app", vec![descriptor(&[("c", "warm")])]),
-    )
-    .await;
     let before = script_calls(&redis);
     let looked = ask(&mut client, probes).await;
-    let remaining: std::collections::BTreeSet<(i32, u32)> = looked
-        .statuses
+    assert_eq!(script_calls(&redis) - before, 4, "201 probes in 4 scripts");
+    // A probe asks whether one more hit fits; where none is left it is over.
+    let expected: Vec<(i32, u32)> = probed
         .iter()
-        .map(|s| (s.code, s.limit_remaining))
+        .map(|&i| {
+            if left(i) > 0 {
+                (ok, left(i))
+            } else {
+                (over, 0)
+            }
+        })
         .collect();
-    assert_eq!(remaining, [(Code::Ok as i32, 5)].into(), "nothing counted");
-    assert_eq!(script_calls(&redis) - before, 4, "200 probes in 4 scripts");
+    assert_eq!(each_status(&looked), expected);
 
-    // The reference's counting: 100 denied hits with budget left are spent
-    // by second checks, together (2 scripts of 64), not one after another.
+    // The reference's counting on the first 100 keys: even ones take 1 hit,
+    // odd ones 6 (never fit). The 40 odd ones with budget left spend it by
+    // second checks, all in one script after the 2 that decide.
     let (_server, mut client, _dir) = serve(APP, "count_mode = \"reference\"", "", &url).await;
-    let mut over = request(
+    let hits = |i: usize| if i.is_multiple_of(2) { 1 } else { 6 };
+    let counted = request(
         "app",
-        keys[..100]
-            .iter()
-            .map(|k| descriptor(&[("a", k)]))
+        (0..100)
+            .map(|i| {
+                let mut d = descriptor(&[("a", &keys[i])]);
+                d.hits_addend = Some(hits(i));
+                d
+            })
             .collect(),
     );
-    over.hits_addend = 6;
     let before = script_calls(&redis);
-    let denied = ask(&mut client, over).await;
-    assert!(
-        denied
-            .statuses
-            .iter()
-            .all(|s| s.code == Code::OverLimit as i32)
-    );
+    let answer = ask(&mut client, counted).await;
     assert_eq!(
         script_calls(&redis) - before,
-        4,
-        "2 scripts to decide, 2 to spend"
+        3,
+        "2 scripts to decide, 1 to spend"
     );
-    let one = request("app", vec![descriptor(&[("a", &keys[99])])]);
-    let after = ask(&mut client, one).await;
-    assert_eq!(
-        (after.overall_code, after.statuses[0].limit_remaining),
-        (Code::OverLimit as i32, 0),
-        "the denied hits spent the budget"
+    let after = |i: usize| {
+        if hits(i) <= u64::from(left(i)) {
+            left(i) - 1
+        } else {
+            0
+        }
+    };
+    let expected: Vec<(i32, u32)> = (0..100)
+        .map(|i| {
+            (
+                if hits(i) <= u64::from(left(i)) {
+                    ok
+                } else {
+                    over
+                },
+                after(i),
+            )
+        })
+        .collect();
+    assert_eq!(each_status(&answer), expected);
+    // What the store holds now: each key as answered.
+    let probes = request(
+        "app",
+        (0..100)
+            .map(|i| {
+                let mut d = descriptor(&[("a", &keys[i])]);
+                d.hits_addend = Some(0);
+                d
+            })
+            .collect(),
     );
+    let looked = ask(&mut client, probes).await;
+    let expected: Vec<(i32, u32)> = (0..100)
+        .map(|i| {
+            if after(i) > 0 {
+                (ok, after(i))
+            } else {
+                (over, 0)
+            }
+        })
+        .collect();
+    assert_eq!(each_status(&looked), expected);
 }

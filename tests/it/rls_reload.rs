@@ -140,3 +140,51 @@ fn validate_config_names_the_rules_file_field_and_line() {
         out.transcript()
     );
 }
+
+/// `[limits]` is read as reloaded for the limits Envoy sends too: the
+/// switch turned off in the config file refuses them without a restart.
+#[tokio::test]
+async fn a_reloaded_limits_section_bounds_the_limits_envoy_sends() {
+    use quotad::Overrides;
+    use quotad_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+
+    let rules = rules_dir(&[("api.yaml", &rule("3"))]);
+    let folder = tempfile::tempdir().expect("temp dir");
+    let path = folder.path().join("quotad.toml");
+    let text = |allow: bool| {
+        format!(
+            "[server]\nconfig_poll_interval = \"20ms\"\n\n[limits]\nallow_inline_policies = {allow}\n\n{}",
+            rls_toml(&rules, "")
+        )
+    };
+    write_atomically(&path, &text(true));
+    let config = Config::load(Some(&path), &Overrides::default())
+        .expect("valid config")
+        .with_clock(Arc::new(FakeClock::new(NOON_30)));
+    let server = TestServer::start(config).await;
+    let mut client = rls_client(&server).await;
+    let sent = || {
+        let mut d = descriptor(&[("user", "bob")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 100,
+            unit: 2,
+        });
+        request("api", vec![d])
+    };
+    assert_eq!(
+        ask(&mut client, sent()).await.statuses[0].limit_remaining,
+        99
+    );
+
+    write_atomically(&path, &text(false));
+    eventually(RELOAD_LIMIT, "sent limits are refused", || {
+        let mut client = client.clone();
+        async move {
+            client
+                .should_rate_limit(sent())
+                .await
+                .is_err_and(|s| s.code() == tonic::Code::FailedPrecondition)
+        }
+    })
+    .await;
+}

@@ -753,7 +753,9 @@ impl<S: Backend> RlsService<S> {
         if items.is_empty() {
             return Vec::new();
         }
-        self.store_ops.peek.increment(items.len() as u64);
+        // One call, however many items it looks at (as a batch counts one
+        // `check_batch`).
+        self.store_ops.peek.increment(1);
         self.backend.peek_each(items, deadline).await
     }
 }
@@ -787,12 +789,15 @@ fn check_overrides(
         )
         .expect("a fixed window takes any 32-bit limit over any unit");
         limits.check_inline(&policy).map_err(|(name, message)| {
-            let name = if name == "window_ms" {
-                ".unit"
+            if name == "window_ms" {
+                let message = format!(
+                    "a {} is longer than limits.max_inline_window allows for a limit the caller sends ({message})",
+                    unit.as_str()
+                );
+                ServiceError::invalid(&field(".unit"), message)
             } else {
-                ".requests_per_unit"
-            };
-            ServiceError::invalid(&field(name), message)
+                ServiceError::invalid(&field(".requests_per_unit"), message)
+            }
         })?;
     }
     Ok(())

@@ -490,6 +490,11 @@ fn the_quick_start_rules_in_the_docs_load_and_their_error_reads_as_shown() {
     assert_ne!(bad, text, "the example has a rule per second");
     let error = RlsRules::from_sources([(file, bad.as_str())], LoadOptions::default())
         .expect_err("a bad unit is refused");
-    let shown = format!("error={error}\n");
+    let line = error.line().expect("a line");
+    let shown = format!(
+        "file={} field={} line={line} error={error}\n",
+        error.file().display(),
+        error.field()
+    );
     assert!(page.contains(&shown), "docs/envoy.md should show {shown}");
 }
