@@ -708,11 +708,22 @@ for i = 1, #KEYS do
   end
   local d = { 0, 0, 0, 0, 0, UNREADABLE }
   if not unreadable[key] then
-    local m
-    m, d = evaluate(p, states[key], now, cost, mode ~= 'peek')
-    if mode ~= 'peek' then
-      states[key] = METERS[p.alg].into(m)
-      resets[key] = d[5]
+    local ok, m, decided = true, nil, nil
+    if p.alg == LOG_ID then
+      -- A denial's wait reads a member the load did not: one that is not
+      -- quotad's fails this item only (the key's state stays as the items
+      -- before it left it), or the whole of an all-or-nothing batch.
+      ok, m, decided = pcall(evaluate, p, states[key], now, cost, mode ~= 'peek')
+      if not ok and mode == 'all' then return corrupt(key, 'not a sliding log') end
+    else
+      m, decided = evaluate(p, states[key], now, cost, mode ~= 'peek')
+    end
+    if ok then
+      d = decided
+      if mode ~= 'peek' then
+        states[key] = METERS[p.alg].into(m)
+        resets[key] = d[5]
+      end
     end
   end
   -- Kept to answer a refused all-or-nothing batch.
@@ -734,18 +745,22 @@ if mode == 'all' and not all_allowed then
   end
 elseif mode ~= 'peek' then
   for _, key in ipairs(order) do
-    local st = states[key]
-    local ttl = max(resets[key], 1) + ttl_slack
-    if algs[key] == LOG_ID then
-      -- UNLINK: a log of thousands of entries is freed off Redis's thread.
-      if stale[key] then redis.call('UNLINK', key) end
-      if st then METERS[LOG_ID].store(key, st, ttl) end
-    elseif algs[key] == FIXED_ID then
-      store_fixed(key, st, loaded[key] or nil, ttl)
-    elseif st then
-      redis.call('SET', key, string.format(FORMATS[algs[key]], unpack(st)), 'PX', ttl)
-    elseif loaded[key] then
-      redis.call('DEL', key)
+    -- A key none of whose items was decided (each failed on a member of
+    -- its log) is left as it was.
+    if resets[key] ~= nil then
+      local st = states[key]
+      local ttl = max(resets[key], 1) + ttl_slack
+      if algs[key] == LOG_ID then
+        -- UNLINK: a log of thousands of entries is freed off Redis's thread.
+        if stale[key] then redis.call('UNLINK', key) end
+        if st then METERS[LOG_ID].store(key, st, ttl) end
+      elseif algs[key] == FIXED_ID then
+        store_fixed(key, st, loaded[key] or nil, ttl)
+      elseif st then
+        redis.call('SET', key, string.format(FORMATS[algs[key]], unpack(st)), 'PX', ttl)
+      elseif loaded[key] then
+        redis.call('DEL', key)
+      end
     end
   end
 end

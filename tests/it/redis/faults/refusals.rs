@@ -9,7 +9,7 @@ use tonic::Code;
 
 use super::{Answer, POLICIES, ask, stall_config};
 use crate::common::redis::RedisServer;
-use crate::common::{TestServer, eventually, named};
+use crate::common::{TestServer, check, eventually, inline, named, policy};
 
 /// Each policy's answer once Redis refuses writes: its `on_error`.
 async fn every_policy_gets_its_on_error(server: &TestServer, key: &str) {
@@ -142,4 +142,95 @@ async fn unreadable_state_under_one_key_fails_only_that_keys_items() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_member_that_is_not_quotads_fails_only_the_item_that_reads_it() {
+    let redis = RedisServer::start();
+    let server = TestServer::start(stall_config(&format!("url = {:?}", redis.url()), "1s")).await;
+    let mut client = server.client().await;
+    let log = policy(pb::Algorithm::SlidingLog, 3, 86_400_000, None);
+    let on_log = |cost| inline("log-secret", log, Some(cost));
+    // Three entries, in three milliseconds.
+    for _ in 0..3 {
+        assert!(check(&mut client, on_log(1)).await.allowed);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let key = redis.cli(&["--scan", "--pattern", "*log-secret*"]);
+    let key = key.trim();
+    let members = redis.cli(&["zrange", key, "0", "-1"]);
+    let members: Vec<&str> = members.lines().collect();
+    assert_eq!(members.len(), 3, "{members:?}");
+    // The middle entry, which a check reads only to say how long a denied
+    // cost of 2 waits (the load reads the first and the last), is garbage.
+    redis.cli(&["zrem", key, members[1]]);
+    redis.cli(&["zadd", key, "1", "garbage"]);
+
+    // A cost of 1 is denied without reading it: decided.
+    let one = check(&mut client, on_log(1)).await;
+    assert_eq!(
+        (one.allowed, one.reason()),
+        (false, pb::Reason::LimitExceeded)
+    );
+    // A cost of 2 reads it: that item fails, the batch's others are decided.
+    let batch = pb::CheckBatchRequest {
+        items: vec![on_log(2), named("fine-log", "open", None), on_log(1)],
+        mode: pb::BatchMode::Independent.into(),
+    };
+    let decisions = client
+        .check_batch(batch)
+        .await
+        .expect("an independent batch answers per item")
+        .into_inner()
+        .decisions;
+    let answers: Vec<(bool, pb::Reason)> =
+        decisions.iter().map(|d| (d.allowed, d.reason())).collect();
+    assert_eq!(
+        answers,
+        [
+            (false, pb::Reason::Unavailable),
+            (true, pb::Reason::WithinLimit),
+            (false, pb::Reason::LimitExceeded),
+        ]
+    );
+    // With no other item on the key, the key is left as it was.
+    let batch = pb::CheckBatchRequest {
+        items: vec![on_log(2), named("fine-log-2", "open", None)],
+        mode: pb::BatchMode::Independent.into(),
+    };
+    let decisions = client
+        .check_batch(batch)
+        .await
+        .expect("an independent batch answers per item")
+        .into_inner()
+        .decisions;
+    let answers: Vec<(bool, pb::Reason)> =
+        decisions.iter().map(|d| (d.allowed, d.reason())).collect();
+    assert_eq!(
+        answers,
+        [
+            (false, pb::Reason::Unavailable),
+            (true, pb::Reason::WithinLimit)
+        ]
+    );
+    assert_eq!(redis.cli(&["zcard", key]).trim(), "3");
+    // Alone, and all or nothing: the call fails, INTERNAL, counting nothing.
+    let status = client
+        .check(on_log(2))
+        .await
+        .expect_err("an unreadable member is not a decision");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    let all = pb::CheckBatchRequest {
+        items: vec![named("fine-log-all", "open", None), on_log(2)],
+        mode: pb::BatchMode::AllOrNothing.into(),
+    };
+    let status = client.check_batch(all).await.expect_err("decided whole");
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert!(
+        redis
+            .cli(&["--scan", "--pattern", "*fine-log-all*"])
+            .trim()
+            .is_empty(),
+        "nothing of the refused batch counted"
+    );
 }
