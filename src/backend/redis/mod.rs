@@ -36,6 +36,7 @@ mod tls;
 
 pub use self::tls::RedisTls;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -468,30 +469,41 @@ impl RedisBackend {
         } else if units(items) <= CHUNK {
             self.eval_each(mode, items, deadline).await
         } else {
-            // Pipelined chunks over one link with one deadline: Redis serves
-            // other clients between them. Each chunk's script is sent at its
-            // first poll, and join_all polls them first in order, so the
-            // chunks reach Redis, and a key's items are decided, in the
-            // batch's order.
+            // Pipelined scripts over one link with one deadline: Redis
+            // serves other clients between them. Each key's items are in
+            // one script, in the batch's order ([`scripts`]), so they are
+            // decided in that order whatever order the scripts run in (a
+            // script that met a lost script cache is sent again after the
+            // next ones ran). Only a key with more than one script's worth
+            // of items spans scripts; those are sent in order (each at its
+            // first poll, which join_all gives them in order).
             let bound = self.connections.bound(deadline);
             let call = match self.start(0, &bound).await {
                 Ok(call) => call,
                 Err(error) => return vec![Err(error); items.len()],
             };
-            let calls = scripts(items).map(|c| {
-                let keys = self.keys(c);
+            let cut = scripts(items);
+            let calls = cut.iter().map(|script| {
+                let chunk: Vec<CheckItem<'_>> = script.iter().map(|&i| items[i]).collect();
+                let keys = self.keys(&chunk);
                 let call = &call;
                 async move {
-                    match self.eval_on(call, mode, c, &keys).await {
+                    match self.eval_on(call, mode, &chunk, &keys).await {
                         Ok(results) => results,
-                        Err(error) => vec![Err(error); c.len()],
+                        Err(error) => vec![Err(error); chunk.len()],
                     }
                 }
             });
-            futures_util::future::join_all(calls)
-                .await
+            let answers = futures_util::future::join_all(calls).await;
+            let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
+            for (script, answers) in cut.iter().zip(answers) {
+                for (&i, answer) in script.iter().zip(answers) {
+                    results[i] = Some(answer);
+                }
+            }
+            results
                 .into_iter()
-                .flatten()
+                .map(|r| r.expect("every item is in one script, which answers each"))
                 .collect()
         }
     }
@@ -512,23 +524,48 @@ fn units(items: &[CheckItem<'_>]) -> usize {
     items.iter().map(weight).sum()
 }
 
-/// `items` cut, in order, into scripts of at most [`CHUNK`] units each (64
-/// checks, or 16 sliding logs).
-fn scripts<'a, 'i>(items: &'a [CheckItem<'i>]) -> impl Iterator<Item = &'a [CheckItem<'i>]> {
-    let mut rest = items;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
+/// `items` cut into scripts of at most [`CHUNK`] units each (64 checks, or
+/// 16 sliding logs), as the indices of the items each holds. Each key's
+/// items go together, in the batch's order, into one script when they fit
+/// in one; keys come in the order of their first item. A key with more
+/// items than one script holds spans consecutive scripts, in order.
+fn scripts(items: &[CheckItem<'_>]) -> Vec<Vec<usize>> {
+    let mut by_key: Vec<Vec<usize>> = Vec::new();
+    let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let group = *group_of
+            .entry((item.name(), item.key()))
+            .or_insert_with(|| {
+                by_key.push(Vec::new());
+                by_key.len() - 1
+            });
+        by_key[group].push(i);
+    }
+    let (mut cut, mut script, mut used) = (Vec::new(), Vec::new(), 0);
+    for group in by_key {
+        let units: usize = group.iter().map(|&i| weight(&items[i])).sum();
+        if units <= CHUNK {
+            if used + units > CHUNK {
+                cut.push(std::mem::take(&mut script));
+                used = 0;
+            }
+            script.extend(group);
+            used += units;
+            continue;
         }
-        let (mut end, mut used) = (0, 0);
-        while end < rest.len() && (end == 0 || used + weight(&rest[end]) <= CHUNK) {
-            used += weight(&rest[end]);
-            end += 1;
+        for i in group {
+            if used + weight(&items[i]) > CHUNK && !script.is_empty() {
+                cut.push(std::mem::take(&mut script));
+                used = 0;
+            }
+            script.push(i);
+            used += weight(&items[i]);
         }
-        let (script, after) = rest.split_at(end);
-        rest = after;
-        Some(script)
-    })
+    }
+    if !script.is_empty() {
+        cut.push(script);
+    }
+    cut
 }
 
 /// One call's link, bound, slot and deadline in Redis's clock.
@@ -799,18 +836,72 @@ mod tests {
                 CheckItem::new("p", p, k, 1).expect("valid")
             })
             .collect();
-        let cut: Vec<&[CheckItem<'_>]> = super::scripts(&items).collect();
-        let sizes: Vec<usize> = cut.iter().map(|c| c.len()).collect();
+        let cut = super::scripts(&items);
+        let sizes: Vec<usize> = cut.iter().map(Vec::len).collect();
         // 64; 36 + 7 logs (28 units); 13 logs (52) + 10 fixed (10).
         assert_eq!(sizes, [64, 43, 23]);
-        assert!(cut.iter().all(|c| super::units(c) <= super::CHUNK));
-        let order: Vec<&str> = cut
-            .iter()
-            .flat_map(|c| c.iter().map(CheckItem::key))
-            .collect();
-        assert_eq!(order, keys.iter().map(String::as_str).collect::<Vec<_>>());
+        let units = |script: &Vec<usize>| {
+            script
+                .iter()
+                .map(|&i| super::weight(&items[i]))
+                .sum::<usize>()
+        };
+        assert!(cut.iter().all(|c| units(c) <= super::CHUNK));
+        // Distinct keys keep the batch's order.
+        let order: Vec<usize> = cut.iter().flatten().copied().collect();
+        assert_eq!(order, (0..130).collect::<Vec<_>>());
         // One item heavier than a script still goes, alone.
-        assert_eq!(super::scripts(&items[100..101]).count(), 1);
+        assert_eq!(super::scripts(&items[100..101]).len(), 1);
+    }
+
+    #[test]
+    fn a_keys_items_share_one_script_in_order_unless_they_fill_more_than_one() {
+        use quotad_core::{Algorithm, CheckItem, Policy};
+        let fixed = Policy::try_new(
+            Algorithm::FixedWindow,
+            10,
+            std::time::Duration::from_secs(1),
+            None,
+        )
+        .expect("valid");
+        // 150 items over 30 keys, key i % 30, and then "big" 70 times.
+        let names: Vec<String> = (0..150)
+            .map(|i| format!("k{}", i % 30))
+            .chain((0..70).map(|_| "big".to_owned()))
+            .collect();
+        let items: Vec<CheckItem<'_>> = names
+            .iter()
+            .map(|k| CheckItem::new("p", fixed, k, 1).expect("valid"))
+            .collect();
+        let cut = super::scripts(&items);
+        assert!(cut.iter().all(|c| c.len() <= super::CHUNK), "{cut:?}");
+        let mut seen: Vec<usize> = cut.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..220).collect::<Vec<_>>(), "every item once");
+        for key in (0..30).map(|i| format!("k{i}")) {
+            let holding: Vec<&Vec<usize>> = cut
+                .iter()
+                .filter(|c| c.iter().any(|&i| names[i] == key))
+                .collect();
+            assert_eq!(holding.len(), 1, "{key} in one script");
+            let mine: Vec<usize> = holding[0]
+                .iter()
+                .copied()
+                .filter(|&i| names[i] == key)
+                .collect();
+            assert!(mine.is_sorted(), "{key} in the batch's order");
+        }
+        // 30 keys of 5 units: 12 a script (60), 12, 6; then 70 of one key
+        // fill the third script (34) and a fourth (36), in order.
+        let sizes: Vec<usize> = cut.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [60, 60, 64, 36]);
+        let big: Vec<usize> = cut
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&i| i >= 150)
+            .collect();
+        assert_eq!(big, (150..220).collect::<Vec<_>>());
     }
     use super::*;
 
