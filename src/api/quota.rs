@@ -375,7 +375,12 @@ impl<S: Backend> QuotaService<S> {
                     .map_err(|e| e.at_item(i))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        self.store_ops.check_batch.increment(1);
+        // A batch the store refuses by its size is not a call to it.
+        if batch.mode == BatchMode::Independent
+            || self.backend.fits_one_batch(items.iter().copied())
+        {
+            self.store_ops.check_batch.increment(1);
+        }
         let results = self.backend.check(&items, batch.mode, deadline).await;
         let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
         targets.record(&decisions);

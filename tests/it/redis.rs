@@ -228,6 +228,12 @@ async fn all_or_nothing_batches_past_max_atomic_items_are_refused_and_consume_no
             "{}",
             status.message()
         );
+        let metrics = server.metrics().await;
+        let batches = metrics.value(
+            "quotad_store_operations_total",
+            &[("backend", "redis"), ("op", "check_batch")],
+        );
+        assert_eq!(batches, 0.0, "a refused batch never called the store");
         // Nothing was consumed: every key still has its whole budget.
         for (key, policy) in &over {
             assert_eq!(
