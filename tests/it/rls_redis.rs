@@ -288,6 +288,31 @@ async fn with_the_store_down_a_request_fails_only_when_its_answer_depends_on_the
     assert_eq!(answer(&["?s", "nomatch"]).await, Ok(Code::Ok));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_failed_open_in_a_denied_request_is_counted_as_failed_open() {
+    let mut redis = RedisServer::start();
+    let target = format!("url = {:?}", redis.url());
+    let (server, mut client, _dir) = serve(MIXED, "", "on_error = \"fail_open\"", &target).await;
+    server.readyz_turns(200).await;
+    redis.stop();
+    // z (a limit of 0) denies; s, shadow mode, is only looked at.
+    let denied = request(
+        "m",
+        vec![descriptor(&[("z", "1")]), descriptor(&[("s", "1")])],
+    );
+    let answer = ask(&mut client, denied).await;
+    assert_eq!(answer.overall_code, Code::OverLimit as i32);
+    assert_eq!(answer.statuses[1].code, Code::Ok as i32);
+    let metrics = server.metrics().await;
+    let of_s: Vec<(&str, &str, f64)> = metrics
+        .series("quotad_decisions_total")
+        .into_iter()
+        .filter(|(labels, _)| labels["policy"] == "rls:m/s")
+        .map(|(labels, n)| (labels["outcome"].as_str(), labels["reason"].as_str(), n))
+        .collect();
+    assert_eq!(of_s, [("allowed", "fail_open", 1.0)]);
+}
+
 const FIVE: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: d\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: e\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
 
 /// A request with more descriptors than one Redis script may hold
