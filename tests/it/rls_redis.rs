@@ -313,6 +313,47 @@ async fn a_look_failed_open_in_a_denied_request_is_counted_as_failed_open() {
     assert_eq!(of_s, [("allowed", "fail_open", 1.0)]);
 }
 
+/// A call that fails after some of its descriptors were counted (decided
+/// one by one: here the reference's counting) still records the decisions
+/// the store made.
+#[tokio::test]
+async fn a_failed_call_still_records_the_decisions_the_store_made() {
+    let redis = RedisServer::start();
+    let url = format!("url = {:?}", redis.url());
+    let (server, mut client, _dir) = serve(APP, "count_mode = \"reference\"", "", &url).await;
+    // c's state, then garbage in its place.
+    assert!(is_ok(
+        &ask(&mut client, request("app", vec![descriptor(&[("c", "x")])])).await
+    ));
+    let stored = redis.cli(&["--scan", "--pattern", "*rls:app/c*"]);
+    let c_key = stored.trim();
+    redis.cli(&["del", c_key]);
+    redis.cli(&["lpush", c_key, "not a counter"]);
+
+    let both = request(
+        "app",
+        vec![descriptor(&[("a", "x")]), descriptor(&[("c", "x")])],
+    );
+    let status = client
+        .should_rate_limit(both)
+        .await
+        .expect_err("c is unreadable");
+    assert_eq!(status.code(), tonic::Code::Internal, "{status:?}");
+    let metrics = server.metrics().await;
+    let of_a: Vec<(&str, &str, f64)> = metrics
+        .series("quotad_decisions_total")
+        .into_iter()
+        .filter(|(labels, _)| labels["policy"] == "rls:app/a")
+        .map(|(labels, n)| (labels["outcome"].as_str(), labels["reason"].as_str(), n))
+        .collect();
+    assert_eq!(of_a, [("allowed", "within_limit", 1.0)], "a was counted");
+    let remaining = ask(&mut client, request("app", vec![descriptor(&[("a", "x")])])).await;
+    assert_eq!(
+        remaining.statuses[0].limit_remaining, 3,
+        "a holds the failed call's hit"
+    );
+}
+
 const FIVE: &str = "domain: app\ndescriptors:\n  - key: a\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: d\n    rate_limit: {unit: day, requests_per_unit: 1}\n  - key: e\n    rate_limit: {unit: day, requests_per_unit: 1}\n";
 
 /// A request with more descriptors than one Redis script may hold

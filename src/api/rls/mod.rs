@@ -325,7 +325,9 @@ impl<S: Backend> RlsService<S> {
             // case's, and would otherwise be part of every call's future.
             Box::pin(self.check_many(&resolved, spend, deadline, &mut answers)).await;
         }
-        self.verdict(&resolved, &answers)?;
+        let verdict = self.verdict(&resolved, &answers);
+        status::record(&resolved, &answers.outcomes, &set, verdict.is_ok());
+        verdict?;
         Ok(status::respond(
             &resolved,
             &answers.outcomes,

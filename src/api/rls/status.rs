@@ -112,7 +112,35 @@ pub(super) fn respond(
     }
 }
 
-/// The status of a descriptor with a limit, counted in its rule's metrics.
+/// Records the decisions of a request's counted descriptors in their
+/// rules' metrics: every one the store made, whether or not the call then
+/// fails (a descriptor decided before another failed stays counted), and
+/// a store failure only when the call answers it (`UNKNOWN`).
+pub(super) fn record(
+    resolved: &[Resolution<'_>],
+    outcomes: &[Outcome],
+    set: &RlsSet,
+    answered: bool,
+) {
+    for (resolution, outcome) in resolved.iter().zip(outcomes) {
+        let Resolution::Limited(applied) = resolution else {
+            continue;
+        };
+        if !applied.charge().counts() {
+            continue;
+        }
+        let Some(counters) = set.counters(applied) else {
+            continue;
+        };
+        match outcome {
+            Outcome::Decided(d) if answered || !outcome.failed() => counters.decisions.record(d),
+            Outcome::Decided(_) => {}
+            Outcome::Zero | Outcome::NoLimit => counters.decisions.record(&zero_denial()),
+        }
+    }
+}
+
+/// The status of a descriptor with a limit.
 fn limited(
     applied: &Applied<'_>,
     outcome: Outcome,
@@ -125,14 +153,10 @@ fn limited(
         .policy()
         .map_or(Algorithm::FixedWindow, |p| p.algorithm());
     let counters = set.counters(applied);
-    let counted = applied.charge().counts();
     let (over, remaining, reset_ms) = match outcome {
         Outcome::Decided(d) => {
             // (One that fitted but was not counted is not over.)
             let over = outcome.over();
-            if counted && let Some(c) = counters {
-                c.decisions.record(&d);
-            }
             let remaining = if over {
                 0
             } else {
@@ -140,12 +164,7 @@ fn limited(
             };
             (over, remaining, reset_ms(algorithm, unit, &d, over, now))
         }
-        Outcome::Zero | Outcome::NoLimit => {
-            if counted && let Some(c) = counters {
-                c.decisions.record(&zero_denial());
-            }
-            (true, 0, now.window_end(unit))
-        }
+        Outcome::Zero | Outcome::NoLimit => (true, 0, now.window_end(unit)),
     };
     // A store failure `store.on_error` passed on: the call failed unless
     // the answer does not depend on this descriptor (see `verdict`).
