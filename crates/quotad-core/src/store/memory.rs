@@ -266,6 +266,15 @@ impl Locked<'_> {
         &mut self.guards[g]
     }
 
+    /// The latest instant any of the locked shards dropped fresh state at.
+    fn dropped_at(&self) -> u64 {
+        self.guards
+            .iter()
+            .map(|g| g.dropped_at())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The shard of item `i`.
     fn item_shard(&self, i: usize) -> &Shard {
         &self.guards[self.guard_index(self.shards[i])]
@@ -311,7 +320,10 @@ impl MemoryStore {
         self.check_at(item, self.now())
     }
 
-    /// Decides a batch at one instant. `Independent` decides each item alone;
+    /// Decides a batch at one instant (the clock's, or, where a shard
+    /// dropped state that was fresh only from later, that instant; an
+    /// independent batch's item at its own shard's). `Independent` decides
+    /// each item alone;
     /// `AllOrNothing` locks every shard involved in ascending order (so two
     /// batches can never deadlock), decides all items in order (a key named
     /// twice sees its own earlier item), and commits only if every item is
@@ -392,7 +404,7 @@ impl MemoryStore {
         let mut shard = self.lock(self.shard_of(hash));
         match shard.find(hash, name, key) {
             Some(i) => {
-                shard.write(i, None, 0);
+                shard.write(i, None, 0, 0);
                 true
             }
             None => false,
@@ -444,6 +456,12 @@ impl MemoryStore {
         self.clock.now_ms().max(self.floor.load(Ordering::Relaxed))
     }
 
+    /// Keeps the store's time from going back before `fresh_from`, the
+    /// instant from which a state a check dropped was fresh.
+    fn dropped(&self, fresh_from: u64) {
+        self.floor.fetch_max(fresh_from, Ordering::Relaxed);
+    }
+
     /// Counts `dropped` keys let go at `now` as fresh, and keeps the
     /// store's time from going back before `now`.
     fn reclaim(&self, dropped: usize, now: u64) {
@@ -458,8 +476,11 @@ impl MemoryStore {
         self.check_in(&mut self.lock(self.shard_of(hash)), item, hash, now)
     }
 
-    /// Decides one item hashed `hash` in its shard, which the caller holds.
+    /// Decides one item hashed `hash` in its shard, which the caller holds,
+    /// at `now` or at the instant the shard last dropped fresh state, if
+    /// later.
     fn check_in(&self, shard: &mut Shard, item: &CheckItem<'_>, hash: u64, now: u64) -> Decision {
+        let now = now.max(shard.dropped_at());
         let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
         let this = |k: &StoreKey| k.is(name, key);
         // One probe: the entry found is written back in place. A state that
@@ -475,7 +496,9 @@ impl MemoryStore {
             let (state, decision, wanted) =
                 algorithm::decide_within(policy, state, now, cost, item.spend(), room);
             let held = state.as_ref().map_or(0, State::heap_bytes);
-            shard.write(i, state, fresh_at(now, &decision));
+            if let Some(fresh_from) = shard.write(i, state, fresh_at(now, &decision), now) {
+                self.dropped(fresh_from);
+            }
             let Some(wanted) = wanted else {
                 return decision;
             };
@@ -540,6 +563,7 @@ impl MemoryStore {
 
     fn check_all_or_nothing(&self, items: &[CheckItem<'_>], now: u64) -> Vec<Decision> {
         let mut locked = self.lock_all(items);
+        let now = locked.dropped_at().max(now);
         let first = first_of_each_key(items, &locked.hashes);
         let mut pending: Small<Pending<'_>> = Small::new();
         let mut decisions = Vec::with_capacity(items.len());
@@ -646,7 +670,11 @@ impl MemoryStore {
             for p in pending {
                 let shard = locked.shard_mut(p.shard);
                 match (p.find(shard), p.state) {
-                    (Some(i), state) => shard.write(i, state, p.fresh_at),
+                    (Some(i), state) => {
+                        if let Some(fresh_from) = shard.write(i, state, p.fresh_at, now) {
+                            self.dropped(fresh_from);
+                        }
+                    }
                     (None, Some(state)) => shard.insert(p.hash, p.name, p.key, state, p.fresh_at),
                     (None, None) => {}
                 }
@@ -907,6 +935,49 @@ mod tests {
                 locked.order[locked.guard_index(locked.shards[i])],
                 locked.shards[i]
             );
+        }
+    }
+
+    /// A check that read the clock before its key's state was dropped as
+    /// fresh (by the sweep, or by another check that found it fresh), and
+    /// took the shard's lock after, is decided at the instant the state was
+    /// fresh from: deciding at its own earlier instant would find no state
+    /// where there was some, and admit a third hit in a window of two. Not
+    /// at the later instant of the drop: the clock it read is moved only
+    /// as far as exactness needs.
+    #[test]
+    fn a_check_that_read_the_clock_before_its_key_was_dropped_decides_when_it_became_fresh() {
+        let two_a_second = Policy::try_new(Algorithm::FixedWindow, 2, Duration::from_secs(1), None)
+            .expect("valid");
+        let item = CheckItem::new("a", two_a_second, "k", 1).expect("valid");
+        let too_big = CheckItem::new("a", two_a_second, "k", 3).expect("valid");
+        for (by_sweep, batch) in [(true, false), (true, true), (false, false), (false, true)] {
+            let case = format!("dropped by the sweep: {by_sweep}, batch: {batch}");
+            let clock = Arc::new(FakeClock::new(1_000));
+            let config = StoreConfig::try_new(100, 4, OnFull::Deny).expect("valid config");
+            let store = MemoryStore::new(config, clock.clone());
+            assert!(store.check_one(&item).allowed && store.check_one(&item).allowed);
+            assert!(
+                !store.check_at(&item, 1_999).allowed,
+                "the window [1000, 2000) is full"
+            );
+            // At 2500 the state, fresh from 2000, is dropped.
+            clock.set(2_500);
+            if by_sweep {
+                let dropped: usize = (0..4).map(|_| store.sweep_step()).sum();
+                assert_eq!(dropped, 1, "{case}");
+            } else {
+                assert!(!store.check_one(&too_big).allowed, "{case}");
+            }
+            assert_eq!(store.live_keys(), 0, "{case}");
+            // A check whose clock read 1999 gets the lock now.
+            let decision = if batch {
+                store.check_all_or_nothing(&[item, item], 1_999).remove(0)
+            } else {
+                store.check_at(&item, 1_999)
+            };
+            assert!(decision.allowed, "{case}");
+            assert_eq!(decision.reset_after_ms, 1_000, "decided at 2000: {case}");
         }
     }
 
