@@ -94,6 +94,8 @@ impl ClientBuilder {
     /// client drops the entry; one made elsewhere is not seen) and a policy
     /// reload that raises the limit (seen when quotad next answers for the
     /// key). Either way the entry lasts at most the retry time quotad gave.
+    /// The wait a local denial reports counts from when quotad's answer
+    /// arrived (plus a clock margin), so it is never shorter than quotad's.
     #[must_use]
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache_capacity = capacity;

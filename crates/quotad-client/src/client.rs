@@ -218,7 +218,7 @@ impl Client {
             Answer::Failed(status) => return self.unavailable(status, 1).map(first),
         };
         if let (Some(cache), Some(sent)) = (&shared.cache, sent) {
-            cache.record(check, &decision, sent.at(sent_ms));
+            cache.record(check, &decision, sent.at(sent_ms), shared.now_ms());
         }
         Ok(decision)
     }
