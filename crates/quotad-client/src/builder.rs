@@ -12,7 +12,7 @@ use crate::client::{Client, OUTAGE_LOG_INTERVAL, Shared, source_chain};
 use crate::coalesce::{Coalescer, Coalescing, deadline_exceeded};
 use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
 use crate::request::{DEFAULT_DEADLINE, Error, FailurePolicy};
-use crate::transport::{self, TlsConfig};
+use crate::transport::{self, Keepalive, TlsConfig};
 
 /// Settings for a [`Client`].
 #[derive(Clone, Debug)]
@@ -21,6 +21,7 @@ pub struct ClientBuilder {
     deadline: Duration,
     on_unavailable: FailurePolicy,
     tls: Option<TlsConfig>,
+    keepalive: Keepalive,
     coalescing: Coalescing,
     deny_cache_capacity: usize,
     clock: Option<Arc<dyn Clock>>,
@@ -34,6 +35,7 @@ impl ClientBuilder {
             deadline: DEFAULT_DEADLINE,
             on_unavailable: FailurePolicy::default(),
             tls: None,
+            keepalive: Keepalive::default(),
             coalescing: Coalescing::default(),
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
             clock: None,
@@ -65,6 +67,15 @@ impl ClientBuilder {
         self
     }
 
+    /// How a connection that stopped answering is found and dropped, so the
+    /// next call connects again. Default [`Keepalive::default`]: a ping
+    /// after 10 s without a frame from quotad, dropped after 5 s more.
+    #[must_use]
+    pub fn keepalive(mut self, keepalive: Keepalive) -> Self {
+        self.keepalive = keepalive;
+        self
+    }
+
     /// How concurrent checks are coalesced into batches ([`Coalescing::off`]
     /// to send each alone). On by default.
     #[must_use]
@@ -83,6 +94,8 @@ impl ClientBuilder {
     /// client drops the entry; one made elsewhere is not seen) and a policy
     /// reload that raises the limit (seen when quotad next answers for the
     /// key). Either way the entry lasts at most the retry time quotad gave.
+    /// The wait a local denial reports counts from when quotad's answer
+    /// arrived (plus a clock margin), so it is never shorter than quotad's.
     #[must_use]
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache_capacity = capacity;
@@ -123,7 +136,12 @@ impl ClientBuilder {
     }
 
     fn endpoint(&self) -> Result<tonic::transport::Endpoint, Error> {
-        transport::endpoint(&self.address, self.tls.as_ref(), self.deadline)
+        transport::endpoint(
+            &self.address,
+            self.tls.as_ref(),
+            self.deadline,
+            self.keepalive,
+        )
     }
 
     /// A client that connects on first use and reconnects by itself, so it

@@ -218,7 +218,7 @@ impl Client {
             Answer::Failed(status) => return self.unavailable(status, 1).map(first),
         };
         if let (Some(cache), Some(sent)) = (&shared.cache, sent) {
-            cache.record(check, &decision, sent.at(sent_ms));
+            cache.record(check, &decision, sent.at(sent_ms), shared.now_ms());
         }
         Ok(decision)
     }
@@ -334,6 +334,8 @@ impl Client {
         if let Some(suppressed) = self.shared.outage_log.record(self.now_ms()) {
             tracing::warn!(
                 code = %status.code(),
+                error = status.message(),
+                cause = %cause(&status),
                 outcome = %reason,
                 suppressed,
                 "quotad unavailable"
@@ -343,16 +345,28 @@ impl Client {
     }
 }
 
-/// An error with its causes, which tonic keeps out of `Display`.
+/// An error with its causes, which tonic keeps out of `Display`; a cause
+/// an outer error already quotes is not repeated.
 pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
         source = cause.source();
     }
     text
+}
+
+/// What lies under a failed call's status: the errors tonic keeps as its
+/// source (a refused connection; a TLS handshake failing on an unknown CA,
+/// another name or an expired certificate), or `none` when the status came
+/// from quotad itself.
+fn cause(status: &Status) -> String {
+    std::error::Error::source(status).map_or_else(|| "none".to_owned(), source_chain)
 }
 
 /// The domain decision of an answer.
@@ -396,6 +410,37 @@ fn failure_decision(reason: Reason) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn the_cause_of_a_status_is_its_source_chain_without_repeats() {
+        assert_eq!(cause(&Status::unavailable("from quotad")), "none");
+        let handshake = Layer("invalid peer certificate: UnknownIssuer", None);
+        let quoting = Layer(
+            "tls: invalid peer certificate: UnknownIssuer",
+            Some(Box::new(handshake)),
+        );
+        let mut status = Status::unavailable("transport error");
+        status.set_source(Arc::new(Layer("transport error", Some(Box::new(quoting)))));
+        assert_eq!(
+            cause(&status),
+            "transport error: tls: invalid peer certificate: UnknownIssuer"
+        );
+    }
 
     #[test]
     fn refusals_from_the_server_are_rejections_and_local_transport_failures_are_not() {

@@ -28,8 +28,11 @@
 //! - anything else (`INTERNAL`): every caller gets that error.
 //!
 //! An item quotad could not decide while deciding the others comes back as
-//! `REASON_UNAVAILABLE`, which its caller gets as a lone `Check`'s
-//! UNAVAILABLE: its own failure policy.
+//! `REASON_UNAVAILABLE`, with nothing consumed for it. It is sent again on
+//! its own, within its caller's deadline, and its caller gets what that
+//! lone `Check` answers: the real error (a lone check of corrupt state
+//! answers `INTERNAL`, not an outage), or UNAVAILABLE and its own failure
+//! policy, or a decision if the store has recovered.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -163,19 +166,6 @@ pub(crate) enum Answer {
 }
 
 impl Answer {
-    /// An item of an independent batch: `REASON_UNAVAILABLE` stands for the
-    /// UNAVAILABLE status the check alone would have answered, so the
-    /// caller gets the same outcome (its failure policy) either way.
-    fn of_item(decision: pb::Decision) -> Self {
-        if decision.reason == i32::from(pb::Reason::Unavailable) {
-            Answer::Failed(Status::unavailable(
-                "the state store failed for this check and its policy reports errors",
-            ))
-        } else {
-            Answer::Decided(decision)
-        }
-    }
-
     pub(crate) fn of_check(result: Result<pb::CheckResponse, Status>) -> Self {
         match result {
             Ok(response) => response
@@ -474,9 +464,19 @@ async fn send_batch(shared: &Arc<Shared>, mut batch: Vec<Queued>) {
     };
     match result {
         Ok(response) if response.decisions.len() == waiters.len() => {
-            for ((reply, _), decision) in waiters.into_iter().zip(response.decisions) {
-                let _ = reply.send((Answer::of_item(decision), sent_ms));
+            let mut resent = Vec::new();
+            for ((request, (reply, deadline)), decision) in
+                requests.into_iter().zip(waiters).zip(response.decisions)
+            {
+                if decision.reason == i32::from(pb::Reason::Unavailable) {
+                    // Not decided, nothing consumed: the check alone says
+                    // what went wrong, as it would have without the batch.
+                    resent.extend(send_alone(shared, request, reply, deadline));
+                } else {
+                    let _ = reply.send((Answer::Decided(decision), sent_ms));
+                }
             }
+            join(resent).await;
         }
         Ok(_) => {
             for (reply, _) in waiters {
@@ -531,16 +531,34 @@ async fn on_batch_error(
             let _ = reply.send((Answer::Failed(own.clone()), sent_ms));
             continue;
         }
-        if reply.is_closed() || deadline <= Instant::now() {
-            continue;
-        }
-        let shared = Arc::clone(shared);
-        resent.push(tokio::spawn(async move {
-            let sent_ms = shared.now_ms();
-            let answer = shared.unary(request, deadline).await;
-            let _ = reply.send((answer, sent_ms));
-        }));
+        resent.extend(send_alone(shared, request, reply, deadline));
     }
+    join(resent).await;
+}
+
+/// Sends one check of a batch again, alone, on a task of its own, and gives
+/// its caller that answer; nothing when its caller stopped waiting or its
+/// deadline passed (the caller then hears its deadline).
+fn send_alone(
+    shared: &Arc<Shared>,
+    request: pb::CheckRequest,
+    reply: oneshot::Sender<Delivered>,
+    deadline: Instant,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if reply.is_closed() || deadline <= Instant::now() {
+        return None;
+    }
+    let shared = Arc::clone(shared);
+    Some(tokio::spawn(async move {
+        let sent_ms = shared.now_ms();
+        let answer = shared.unary(request, deadline).await;
+        let _ = reply.send((answer, sent_ms));
+    }))
+}
+
+/// Waits for the checks sent again, so the batch keeps its slot until
+/// they are answered.
+async fn join(resent: Vec<tokio::task::JoinHandle<()>>) {
     for task in resent {
         // A re-send that panicked has already dropped its reply, which its
         // caller hears as the client stopping.

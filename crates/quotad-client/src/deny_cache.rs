@@ -12,6 +12,13 @@
 //! quotad's clocks read whole milliseconds at different phases and may run
 //! at slightly different rates.
 //!
+//! What a cached answer *reports* is the other bound: its `retry_after_ms`
+//! (and `reset_after_ms`) count from when quotad's answer *arrived*, plus
+//! the margin, so it is never shorter than what quotad would answer at the
+//! same instant, and a caller that waits it out (an HTTP `Retry-After`) is
+//! never early. The local window is shorter than the wait it reports by
+//! the round trip and two margins.
+//!
 //! Some things make room early, and the cache cannot see them for certain:
 //! an operator's `Reset` (one made through this client drops the entry), a
 //! policy reload that raises the limit or changes the window (the entry is
@@ -69,7 +76,11 @@ struct Entry {
     cost: u64,
     /// ...until this instant (client clock, from the request's send time).
     until_ms: u64,
-    /// When the key's state was due back to fresh, per the denial.
+    /// The wait reported is up to this instant (from the answer's arrival,
+    /// plus the margin): never earlier than quotad's own.
+    retry_until_ms: u64,
+    /// When the key's state is back to fresh at the latest, per the denial
+    /// (timed as `retry_until_ms`).
     reset_until_ms: u64,
     limit: u64,
     remaining: u64,
@@ -122,7 +133,7 @@ impl DenyCache {
         if !entry.is(check) || now_ms >= entry.until_ms || cost < entry.cost || cost > entry.limit {
             return None;
         }
-        let retry_after_ms = entry.until_ms - now_ms;
+        let retry_after_ms = entry.retry_until_ms.saturating_sub(now_ms);
         Some(Decision {
             allowed: false,
             limit: entry.limit,
@@ -144,8 +155,9 @@ impl DenyCache {
         }
     }
 
-    /// Learns from quotad's answer to `check`, sent at `sent`.
-    pub(crate) fn record(&self, check: &Check, decision: &Decision, sent: Sent) {
+    /// Learns from quotad's answer to `check`, sent at `sent` and received
+    /// at `received_ms`.
+    pub(crate) fn record(&self, check: &Check, decision: &Decision, sent: Sent, received_ms: u64) {
         let hash = self.hash(check.policy(), check.key());
         let mut state = self.state.lock();
         // Read under the lock that `forget` bumps it under: a reset either
@@ -154,9 +166,8 @@ impl DenyCache {
         if sent.epoch != self.epoch.load(Ordering::Acquire) {
             return;
         }
-        let hold_ms = decision
-            .retry_after_ms
-            .saturating_sub(margin(decision.retry_after_ms));
+        let margin = margin(decision.retry_after_ms);
+        let hold_ms = decision.retry_after_ms.saturating_sub(margin);
         let cacheable =
             !decision.allowed && decision.reason == Reason::LimitExceeded && hold_ms > 0;
         if !cacheable {
@@ -178,7 +189,12 @@ impl DenyCache {
             key: check.key().to_owned(),
             cost: check.cost_units(),
             until_ms: sent.at_ms.saturating_add(hold_ms),
-            reset_until_ms: sent.at_ms.saturating_add(decision.reset_after_ms),
+            retry_until_ms: received_ms
+                .saturating_add(decision.retry_after_ms)
+                .saturating_add(margin),
+            reset_until_ms: received_ms
+                .saturating_add(decision.reset_after_ms)
+                .saturating_add(margin),
             limit: decision.limit,
             remaining: decision.remaining,
         };
@@ -264,15 +280,18 @@ mod tests {
     }
 
     #[test]
-    fn a_denial_answers_larger_costs_until_its_retry_time_from_the_send() {
+    fn a_denial_answers_larger_costs_until_its_retry_time_from_the_send_and_reports_it_from_the_arrival()
+     {
         let cache = DenyCache::new(10);
         let check = Check::named("api", "k").cost(3);
         let sent = cache.sent(1_000);
-        cache.record(&check, &denial(10, 500), sent);
+        // Sent at 1,000, answered at 1,050: quotad decided in between.
+        cache.record(&check, &denial(10, 500), sent, 1_050);
         let local = cache.lookup(&check, 1_200).expect("denied locally");
-        // Held 1 ms less than quotad's 500 ms (the clocks' margin).
-        assert_eq!(local.retry_after_ms, 299);
-        assert_eq!(local.reset_after_ms, 800);
+        // Held until 1,499 (from the send, less the clocks' 1 ms margin);
+        // reported up to 1,551 (from the arrival, plus the margin).
+        assert_eq!(local.retry_after_ms, 351);
+        assert_eq!(local.reset_after_ms, 851);
         assert_eq!(local.reason, Reason::LimitExceeded);
         assert!(cache.lookup(&check.clone().cost(7), 1_498).is_some());
         assert!(cache.lookup(&check.clone().cost(7), 1_499).is_none());
@@ -311,9 +330,9 @@ mod tests {
                 reason,
                 ..denial(10, 500)
             };
-            cache.record(&check, &d, cache.sent(0));
+            cache.record(&check, &d, cache.sent(0), 0);
         }
-        cache.record(&check, &allowed(10), cache.sent(0));
+        cache.record(&check, &allowed(10), cache.sent(0), 0);
         assert_eq!(cache.len(), 0);
     }
 
@@ -322,16 +341,16 @@ mod tests {
         let cache = DenyCache::new(10);
         let check = Check::named("api", "k");
         let policy = check.policy().clone();
-        cache.record(&check, &denial(10, 500), cache.sent(0));
+        cache.record(&check, &denial(10, 500), cache.sent(0), 0);
         let in_flight = cache.sent(10);
         cache.forget(&policy, "k");
         assert!(cache.lookup(&check, 20).is_none());
-        cache.record(&check, &denial(10, 500), in_flight);
+        cache.record(&check, &denial(10, 500), in_flight, 15);
         assert!(
             cache.lookup(&check, 20).is_none(),
             "decided before the reset"
         );
-        cache.record(&check, &denial(10, 500), cache.sent(30));
+        cache.record(&check, &denial(10, 500), cache.sent(30), 30);
         assert!(
             cache.lookup(&check, 40).is_some(),
             "decided after the reset"
@@ -342,17 +361,17 @@ mod tests {
     fn another_limit_or_an_admitted_larger_cost_drops_the_entry() {
         let cache = DenyCache::new(10);
         let check = Check::named("api", "k").cost(5);
-        cache.record(&check, &denial(10, 500), cache.sent(0));
-        cache.record(&check.clone().cost(1), &allowed(10), cache.sent(1));
+        cache.record(&check, &denial(10, 500), cache.sent(0), 0);
+        cache.record(&check.clone().cost(1), &allowed(10), cache.sent(1), 1);
         assert!(
             cache.lookup(&check, 2).is_some(),
             "a smaller cost proves nothing"
         );
-        cache.record(&check.clone().cost(1), &allowed(20), cache.sent(3));
+        cache.record(&check.clone().cost(1), &allowed(20), cache.sent(3), 3);
         assert!(cache.lookup(&check, 4).is_none(), "the limit was raised");
 
-        cache.record(&check, &denial(10, 500), cache.sent(10));
-        cache.record(&check.clone().cost(6), &allowed(10), cache.sent(11));
+        cache.record(&check, &denial(10, 500), cache.sent(10), 10);
+        cache.record(&check.clone().cost(6), &allowed(10), cache.sent(11), 11);
         assert!(cache.lookup(&check, 12).is_none(), "room came early");
     }
 
@@ -360,7 +379,12 @@ mod tests {
     fn the_cache_holds_at_most_its_capacity_and_makes_room_from_expired_entries() {
         let cache = DenyCache::new(2);
         for (key, retry) in [("a", 100), ("b", 1_000), ("c", 1_000)] {
-            cache.record(&Check::named("api", key), &denial(10, retry), cache.sent(0));
+            cache.record(
+                &Check::named("api", key),
+                &denial(10, retry),
+                cache.sent(0),
+                0,
+            );
         }
         assert_eq!(cache.len(), 2);
         assert!(cache.lookup(&Check::named("api", "c"), 1).is_none(), "full");
@@ -368,6 +392,7 @@ mod tests {
             &Check::named("api", "c"),
             &denial(10, 1_000),
             cache.sent(100),
+            100,
         );
         assert_eq!(cache.len(), 2);
         assert!(cache.lookup(&Check::named("api", "a"), 100).is_none());
@@ -379,11 +404,11 @@ mod tests {
     fn a_weaker_denial_does_not_replace_a_stronger_one() {
         let cache = DenyCache::new(10);
         let check = Check::named("api", "k");
-        cache.record(&check, &denial(10, 1_000), cache.sent(0));
-        cache.record(&check.clone().cost(4), &denial(10, 100), cache.sent(0));
+        cache.record(&check, &denial(10, 1_000), cache.sent(0), 0);
+        cache.record(&check.clone().cost(4), &denial(10, 100), cache.sent(0), 0);
         assert_eq!(
             cache.lookup(&check, 500).map(|d| d.retry_after_ms),
-            Some(500 - margin(1_000))
+            Some(500 + margin(1_000))
         );
     }
 
@@ -395,9 +420,9 @@ mod tests {
         assert_eq!(margin(86_400_000), 86_401);
         let cache = DenyCache::new(10);
         let check = Check::named("api", "k");
-        cache.record(&check, &denial(10, 1), cache.sent(0));
+        cache.record(&check, &denial(10, 1), cache.sent(0), 0);
         assert!(cache.lookup(&check, 0).is_none(), "1 ms is all margin");
-        cache.record(&check, &denial(10, 60_000), cache.sent(0));
+        cache.record(&check, &denial(10, 60_000), cache.sent(0), 0);
         assert!(cache.lookup(&check, 59_938).is_some());
         assert!(cache.lookup(&check, 59_939).is_none());
     }

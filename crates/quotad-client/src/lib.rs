@@ -19,7 +19,7 @@
 //!   denial.
 //!
 //! Layout: `client` (the handle, its settings and errors), `transport`
-//! (addresses and TLS), `coalesce` (the queue and batches), `deny_cache`,
+//! (addresses, TLS and keepalive), `coalesce` (the queue and batches), `deny_cache`,
 //! and `layer` (the HTTP layer).
 //!
 //! Features: `tls` (default) brings rustls with the ring provider for
@@ -66,4 +66,6 @@ pub use layer::{
 };
 pub use quotad_core::{BatchMode, Clock, Decision, Reason};
 pub use request::{Check, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};
-pub use transport::TlsConfig;
+pub use transport::{
+    DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, Keepalive, KeepaliveError, TlsConfig,
+};

@@ -5,9 +5,94 @@ use std::path::Path;
 use std::time::Duration;
 use std::{fmt, io};
 
+use thiserror::Error as ThisError;
 use tonic::transport::Endpoint;
 
 use crate::request::Error;
+
+/// The default time without a frame from quotad after which the client
+/// pings the connection (HTTP/2 `PING`), busy or idle.
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The default time a ping may go unanswered before the connection is
+/// dropped and the next call connects again.
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TCP keepalive on the socket under HTTP/2: the first probe after this
+/// much idle time, then one every [`TCP_KEEPALIVE_PROBE_INTERVAL`], and the
+/// kernel drops the connection after [`TCP_KEEPALIVE_RETRIES`] unanswered.
+/// It keeps NAT and conntrack entries of an idle connection alive; the
+/// HTTP/2 pings are what find a connection that stopped answering.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+const TCP_KEEPALIVE_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// How the client finds a connection that stopped answering (a network
+/// partition, a blackholed route, a replaced pod behind the same address):
+/// after `interval` without a frame from quotad it sends an HTTP/2 ping,
+/// busy or idle, and drops the connection when no answer comes within
+/// `timeout`; the next call connects again. Without it such a connection
+/// would time out every call until the kernel gave up on it (about 15
+/// minutes on Linux).
+///
+/// [`Keepalive::default`]: [`DEFAULT_KEEPALIVE_INTERVAL`] and
+/// [`DEFAULT_KEEPALIVE_TIMEOUT`], so a silent connection is gone within
+/// 15 s. quotad accepts pings at any rate; a proxy in between that limits
+/// them (gRPC's C core refuses pings more often than every 5 minutes by
+/// default) needs a longer interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    interval: Duration,
+    timeout: Duration,
+}
+
+/// A keepalive setting out of range; the message names the setting.
+#[derive(Clone, Copy, Debug, ThisError, PartialEq, Eq)]
+pub enum KeepaliveError {
+    /// A ping interval under a millisecond.
+    #[error("keepalive.interval: must be at least 1 ms")]
+    Interval,
+    /// A ping timeout under a millisecond.
+    #[error("keepalive.timeout: must be at least 1 ms")]
+    Timeout,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self {
+            interval: DEFAULT_KEEPALIVE_INTERVAL,
+            timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
+impl Keepalive {
+    /// Pings after `interval` without a frame from quotad, and drops the
+    /// connection when a ping is not answered within `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeepaliveError`] when either is under a millisecond.
+    pub fn try_new(interval: Duration, timeout: Duration) -> Result<Self, KeepaliveError> {
+        if interval < Duration::from_millis(1) {
+            return Err(KeepaliveError::Interval);
+        }
+        if timeout < Duration::from_millis(1) {
+            return Err(KeepaliveError::Timeout);
+        }
+        Ok(Self { interval, timeout })
+    }
+
+    /// The time without a frame from quotad after which the client pings.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// How long a ping may go unanswered.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
 
 /// TLS settings for an `https://` address: the CA that signed quotad's
 /// certificate, and optionally a client certificate (mTLS) and the name to
@@ -111,6 +196,7 @@ pub(crate) fn endpoint(
     address: &str,
     tls: Option<&TlsConfig>,
     connect_timeout: Duration,
+    keepalive: Keepalive,
 ) -> Result<Endpoint, Error> {
     let invalid = |why: &str| Error::InvalidAddress(format!("{address}: {why}"));
     let scheme = address.split_once(':').map_or("", |(scheme, _)| scheme);
@@ -143,7 +229,13 @@ pub(crate) fn endpoint(
     let endpoint = Endpoint::from_shared(address.to_owned())
         .map_err(|e| invalid(&e.to_string()))?
         .connect_timeout(connect_timeout)
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(keepalive.interval)
+        .keep_alive_timeout(keepalive.timeout)
+        .keep_alive_while_idle(true)
+        .tcp_keepalive(Some(TCP_KEEPALIVE_IDLE))
+        .tcp_keepalive_interval(Some(TCP_KEEPALIVE_PROBE_INTERVAL))
+        .tcp_keepalive_retries(Some(TCP_KEEPALIVE_RETRIES));
     match (secure, tls) {
         (false, None) => Ok(endpoint),
         (false, Some(_)) => Err(invalid("tls: TLS settings need an https:// address")),
@@ -201,7 +293,7 @@ mod tests {
     const TIMEOUT: Duration = Duration::from_secs(1);
 
     fn error(address: &str, tls: Option<&TlsConfig>) -> String {
-        match endpoint(address, tls, TIMEOUT) {
+        match endpoint(address, tls, TIMEOUT, Keepalive::default()) {
             Ok(_) => panic!("{address} should be refused"),
             Err(e) => e.to_string(),
         }
@@ -215,7 +307,53 @@ mod tests {
             "unix:///run/quotad.sock",
             "unix:quotad.sock",
         ] {
-            assert!(endpoint(address, None, TIMEOUT).is_ok(), "{address}");
+            assert!(
+                endpoint(address, None, TIMEOUT, Keepalive::default()).is_ok(),
+                "{address}"
+            );
+        }
+    }
+
+    #[test]
+    fn endpoints_keep_tcp_connections_alive() {
+        let endpoint = endpoint(
+            "http://127.0.0.1:50051",
+            None,
+            TIMEOUT,
+            Keepalive::default(),
+        )
+        .expect("valid address");
+        assert_eq!(endpoint.get_tcp_keepalive(), Some(TCP_KEEPALIVE_IDLE));
+        assert_eq!(
+            endpoint.get_tcp_keepalive_interval(),
+            Some(TCP_KEEPALIVE_PROBE_INTERVAL)
+        );
+        assert_eq!(
+            endpoint.get_tcp_keepalive_retries(),
+            Some(TCP_KEEPALIVE_RETRIES)
+        );
+    }
+
+    #[test]
+    fn keepalive_settings_under_a_millisecond_are_refused_naming_the_setting() {
+        let ms = Duration::from_millis(1);
+        assert_eq!(
+            Keepalive::try_new(ms, ms).map(|k| (k.interval(), k.timeout())),
+            Ok((ms, ms))
+        );
+        for (result, field) in [
+            (Keepalive::try_new(Duration::ZERO, ms), "interval"),
+            (
+                Keepalive::try_new(Duration::from_micros(999), ms),
+                "interval",
+            ),
+            (Keepalive::try_new(ms, Duration::ZERO), "timeout"),
+        ] {
+            let message = result.expect_err("out of range").to_string();
+            assert!(
+                message.starts_with(&format!("keepalive.{field}: ")),
+                "{message}"
+            );
         }
     }
 

@@ -301,8 +301,8 @@ async fn an_unavailable_batch_gives_each_caller_its_own_failure_policy_and_is_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_item_the_backend_failed_gets_its_callers_failure_policy_and_the_others_their_decisions()
-{
+async fn an_item_the_backend_failed_is_sent_again_alone_and_gets_its_callers_failure_policy_and_the_others_their_decisions()
+ {
     let fake = Fake::new(100, Duration::from_secs(60));
     let client = client(&fake, 1).await;
     fake.take_down("down-open");
@@ -313,17 +313,27 @@ async fn an_item_the_backend_failed_gets_its_callers_failure_policy_and_the_othe
     waiting.extend(queue(&client, [Check::named("api", "down-error")]).await);
     waiting.extend(queue(&client, [Check::named("api", "up")]).await);
     let outcomes = release(&fake, first, waiting).await;
+    let calls = fake.calls();
     assert_eq!(
-        fake.calls(),
-        vec![
+        calls[..2],
+        [
             Call::Check("first".into()),
             Call::Batch(vec!["down-open".into(), "down-error".into(), "up".into()]),
-        ],
-        "one batch, nothing sent again"
+        ]
     );
-    // As if each had been sent alone: a lone check of a failed item
-    // answers UNAVAILABLE, which the caller's failure policy turns into
-    // its outcome.
+    let mut resent = calls[2..].to_vec();
+    resent.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(
+        resent,
+        vec![
+            Call::Check("down-error".into()),
+            Call::Check("down-open".into())
+        ],
+        "the items quotad could not decide went again, alone; the decided one did not"
+    );
+    // As each was sent alone: a lone check of a failed item answers
+    // UNAVAILABLE, which the caller's failure policy turns into its
+    // outcome.
     assert_eq!(
         outcomes[0].as_ref().expect("fails open").reason,
         Reason::FailOpen
@@ -335,6 +345,46 @@ async fn an_item_the_backend_failed_gets_its_callers_failure_policy_and_the_othe
         open.check(&Check::named("api", "down-error")).await,
         Ok(d) if d.reason == Reason::FailOpen
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_that_alone_answers_internal_gets_internal_when_coalesced_not_its_failure_policy() {
+    for _ in 0..3 {
+        let fake = Fake::new(100, Duration::from_secs(60));
+        let client = client(&fake, 1).await;
+        fake.corrupt("corrupt");
+        let open = client.with_failure_policy(FailurePolicy::FailOpen);
+        let first = occupy_the_slot(&fake, &client).await;
+        let mut waiting = queue(&open, [Check::named("api", "corrupt")]).await;
+        waiting.extend(queue(&open, [Check::named("api", "up")]).await);
+        let outcomes = release(&fake, first, waiting).await;
+
+        let alone = open.check(&Check::named("api", "corrupt")).await;
+        let Err(Error::Rejected(alone)) = alone else {
+            panic!("a lone check of corrupt state is INTERNAL: {alone:?}");
+        };
+        assert_eq!(alone.code(), Code::Internal);
+        match &outcomes[0] {
+            Err(Error::Rejected(status)) => {
+                assert_eq!(status.code(), alone.code());
+                assert_eq!(status.message(), alone.message());
+            }
+            other => panic!("the lone check's INTERNAL, not FailOpen: {other:?}"),
+        }
+        let up = outcomes[1].as_ref().expect("decided");
+        assert_eq!((up.allowed, up.remaining), (true, 99));
+        assert_eq!(
+            fake.calls(),
+            vec![
+                Call::Check("first".into()),
+                Call::Batch(vec!["corrupt".into(), "up".into()]),
+                Call::Check("corrupt".into()),
+                Call::Check("corrupt".into()),
+            ],
+            "only the undecided item went again, then the lone check"
+        );
+        assert_eq!(fake.peek("up", 1).remaining, 99, "up counted once");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,10 +46,14 @@ async fn a_key_offered_at_ten_times_its_limit_makes_one_call_per_retry_interval_
                 let server = fake.peek("hot", 1);
                 assert!(!server.allowed);
                 assert_eq!(decision.reason, Reason::LimitExceeded);
-                // Ends up to 2 ms before quotad's (the clocks' margin for
-                // waits under 1 s), never after.
-                let early = server.retry_after_ms - decision.retry_after_ms;
-                assert!((1..=2).contains(&early), "{decision:?} vs {server:?}");
+                // Reported from the answer's arrival plus the clocks'
+                // margin (1 ms for waits under 1 s): never shorter than
+                // quotad's.
+                assert_eq!(
+                    decision.retry_after_ms,
+                    server.retry_after_ms + 1,
+                    "{decision:?} vs {server:?}"
+                );
                 assert_eq!(decision.limit, server.limit);
                 assert_eq!(decision.remaining, server.remaining);
             }
@@ -130,7 +134,7 @@ async fn a_reset_through_the_client_drops_the_cached_denial() {
 }
 
 #[tokio::test]
-async fn the_retry_time_counts_from_the_send_so_the_local_window_ends_before_the_servers() {
+async fn the_local_window_counts_from_the_send_and_the_reported_wait_from_the_arrival() {
     let fake = Fake::new(1, SECOND);
     let client = client(&fake).await;
     let check = Check::named("api", "k");
@@ -144,15 +148,66 @@ async fn the_retry_time_counts_from_the_send_so_the_local_window_ends_before_the
     assert_eq!(fake.clock.now_ms(), NOON + 100);
 
     // Sent at NOON + 0: local until NOON + 899 (quotad's 900 ms less the
-    // clocks' 1 ms margin), 101 ms before the server's.
+    // clocks' 1 ms margin), 101 ms before the server's. The wait it reports
+    // counts from the answer's arrival (NOON + 100) plus the margin: up to
+    // NOON + 1,001, never before the server's NOON + 1,000.
     fake.clock.advance(Duration::from_millis(798));
     let local = client.check(&check).await.expect("local");
-    assert_eq!(local.retry_after_ms, 1);
+    assert_eq!(local.retry_after_ms, 103);
+    assert_eq!(fake.peek("k", 1).retry_after_ms, 102);
     assert_eq!(rpcs(&fake), 2);
     fake.clock.advance(Duration::from_millis(1));
     let asked = client.check(&check).await.expect("decided");
     assert_eq!(rpcs(&fake), 3, "asked quotad once the local window ended");
     assert_eq!(asked.retry_after_ms, 101, "quotad still denies for 101 ms");
+}
+
+#[tokio::test]
+async fn a_cached_denial_never_reports_a_shorter_wait_than_quotad_at_the_same_instant() {
+    for (window, transit_ms, step_ms) in [
+        (SECOND, 0, 1),
+        (SECOND, 1, 1),
+        (SECOND, 250, 1),
+        (Duration::from_secs(60), 0, 7),
+        (Duration::from_secs(60), 3_000, 7),
+    ] {
+        let fake = Fake::new(2, window);
+        let client = client(&fake).await;
+        let check = Check::named("api", "k");
+        fake.clock.advance(Duration::from_millis(123));
+        for _ in 0..2 {
+            assert!(client.check(&check).await.expect("decided").allowed);
+        }
+        // Decided `transit_ms` after it was sent; the answer arrives at
+        // once.
+        fake.set_transit(Duration::from_millis(transit_ms));
+        let denied = client.check(&check).await.expect("decided");
+        assert_eq!(denied.reason, Reason::LimitExceeded);
+        fake.set_transit(Duration::ZERO);
+
+        let mut local = 0;
+        loop {
+            let calls = rpcs(&fake);
+            let decision = client.check(&check).await.expect("decided");
+            if rpcs(&fake) != calls {
+                break;
+            }
+            local += 1;
+            let server = fake.peek("k", 1);
+            let at = fake.clock.now_ms();
+            assert!(!server.allowed, "{window:?} +{transit_ms}: at {at}");
+            assert!(
+                decision.retry_after_ms >= server.retry_after_ms,
+                "{window:?} +{transit_ms}: at {at} {decision:?} vs {server:?}"
+            );
+            assert!(
+                decision.reset_after_ms >= server.reset_after_ms,
+                "{window:?} +{transit_ms}: at {at} {decision:?} vs {server:?}"
+            );
+            fake.clock.advance(Duration::from_millis(step_ms));
+        }
+        assert!(local > 0, "{window:?} +{transit_ms}: answered locally");
+    }
 }
 
 #[tokio::test]

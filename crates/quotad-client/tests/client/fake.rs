@@ -57,7 +57,8 @@ pub(crate) struct Fake {
     batch_gate: watch::Sender<bool>,
     batch_failure: Mutex<Option<Status>>,
     transit: Mutex<Duration>,
-    down: Mutex<Vec<String>>,
+    /// Keys the backend fails for, with what a lone check of one answers.
+    down: Mutex<HashMap<String, Status>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,7 +88,7 @@ impl Fake {
             batch_gate,
             batch_failure: Mutex::new(None),
             transit: Mutex::new(Duration::ZERO),
-            down: Mutex::new(Vec::new()),
+            down: Mutex::new(HashMap::new()),
         })
     }
 
@@ -131,11 +132,29 @@ impl Fake {
     /// `on_error` is `error`: a lone check answers UNAVAILABLE, an item of
     /// a batch `REASON_UNAVAILABLE`, as quotad does.
     pub(crate) fn take_down(&self, key: &str) {
-        lock(&self.down).push(key.to_owned());
+        lock(&self.down).insert(
+            key.to_owned(),
+            Status::unavailable("state store unavailable"),
+        );
+    }
+
+    /// The state of `key` is corrupt from now on: a lone check answers
+    /// INTERNAL, an item of a batch `REASON_UNAVAILABLE` (the others in the
+    /// batch keep their decisions).
+    pub(crate) fn corrupt(&self, key: &str) {
+        lock(&self.down).insert(
+            key.to_owned(),
+            Status::internal("state store: the stored state of this key is corrupt"),
+        );
+    }
+
+    /// What a lone check of `key` answers while its backend fails.
+    fn lone_failure(&self, key: &str) -> Option<Status> {
+        lock(&self.down).get(key).cloned()
     }
 
     fn is_down(&self, key: &str) -> bool {
-        lock(&self.down).iter().any(|k| k == key)
+        lock(&self.down).contains_key(key)
     }
 
     /// Each call advances the clock by `transit` before it is decided, as
@@ -267,8 +286,8 @@ impl Quota for FakeQuota {
         };
         self.0.arrive(Call::Check(request.key.clone())).await;
         answering.done();
-        if self.0.is_down(&request.key) {
-            return Err(Status::unavailable("state store unavailable"));
+        if let Some(status) = self.0.lone_failure(&request.key) {
+            return Err(status);
         }
         let decision = self.0.decide(std::slice::from_ref(&request), false)?[0];
         Ok(Response::new(pb::CheckResponse {

@@ -4,6 +4,7 @@
 mod coalescing;
 mod deny_cache;
 mod fake;
+mod keepalive;
 #[cfg(feature = "tls")]
 mod tls;
 mod unix;
