@@ -174,6 +174,7 @@ fn serve_config(config: Config) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
+        ignore_hangup();
         let listeners = Listeners::bind(&config).await?;
         let shutdown = shutdown_signal().context("cannot listen for SIGTERM/SIGINT")?;
         quotad::run(config, listeners, shutdown).await?;
@@ -204,6 +205,27 @@ fn raise_open_files_limit(max_connections: usize) {
             needed,
             "the open files limit is below 2 x transport.max_connections: raise it (ulimit -n) or lower the cap"
         );
+    }
+}
+
+/// Takes SIGHUP from its default action (ending the process) for good: it
+/// asks for a reload, which the reloaders listen for themselves; with
+/// nothing to reload (no config file, no RLS folder), or before they run,
+/// it is only logged.
+fn ignore_hangup() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hangup) => {
+                tokio::spawn(async move {
+                    while hangup.recv().await.is_some() {
+                        tracing::debug!("SIGHUP received");
+                    }
+                });
+            }
+            Err(error) => tracing::warn!(%error, "cannot listen for SIGHUP; it ends the process"),
+        }
     }
 }
 

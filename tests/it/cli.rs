@@ -143,6 +143,34 @@ fn serve_reports_a_port_in_use_with_exit_code_one() {
 }
 
 #[tokio::test]
+async fn serve_without_a_config_file_survives_sighup() {
+    let mut server = Server::spawn(&[
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ]);
+    let (_grpc, admin) = server.addresses();
+    server.signal("HUP");
+    server.signal("HUP");
+    // Still serving: SIGHUP with nothing to reload is not the end.
+    eventually(
+        Duration::from_secs(10),
+        "quotad answers after SIGHUP",
+        || async { http_get(admin, "/readyz").await.0 == 200 },
+    )
+    .await;
+    server.signal("TERM");
+    let status = server.wait(Duration::from_secs(10));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a graceful shutdown exits 0, not killed by SIGHUP"
+    );
+}
+
+#[tokio::test]
 async fn serve_reloads_policies_on_sighup_and_exits_zero_on_sigterm() {
     let dir = tempfile::tempdir().expect("temp dir");
     let policy = |limit: u32| {
