@@ -244,6 +244,12 @@ fn rejects_policy_names_outside_the_allowed_alphabet() {
         message.starts_with("policies.\"a:b\": policy name must be"),
         "{message}"
     );
+    let message =
+        error("[policies.inline]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n");
+    assert!(
+        message.starts_with("policies.inline: policy name \"inline\" is reserved"),
+        "{message}"
+    );
     let long = "x".repeat(65);
     let message = error(&format!(
         "[policies.{long}]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\n"
