@@ -89,25 +89,40 @@ impl Reloader {
     /// policies.
     fn reload(&self, contents: &Contents) {
         let path = self.path.display();
-        let parsed = contents
-            .as_ref()
-            .map_err(|e| format!("cannot read: {e}"))
-            .and_then(|bytes| {
-                let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-                Config::parse(text, Some(&self.path), &self.overrides, Files::Skip)
-                    .map_err(|e| e.to_string())
-            });
-        let new = match parsed {
-            Ok(new) => new,
-            Err(error) => {
-                tracing::warn!(path = %path, %error, "config reload rejected; keeping the current policies");
-                self.metrics.policy_reload(false);
-                return;
-            }
+        let parse = |overrides: &Overrides| {
+            contents
+                .as_ref()
+                .map_err(|e| format!("cannot read: {e}"))
+                .and_then(|bytes| {
+                    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+                    Config::parse(text, Some(&self.path), overrides, Files::Skip)
+                        .map_err(|e| e.to_string())
+                })
         };
-        for field in self.running.restart_required_changes(&new) {
+        let reject = |error: String| {
+            tracing::warn!(path = %path, %error, "config reload rejected; keeping the current policies");
+            self.metrics.policy_reload(false);
+        };
+        let new = match parse(&self.overrides) {
+            Ok(new) => new,
+            Err(error) => return reject(error),
+        };
+        let restart = self.running.restart_required_changes(&new);
+        for field in &restart {
             tracing::warn!(path = %path, field, "changed setting takes effect only after a restart");
         }
+        // A policy without its own on_error takes store.on_error's, which
+        // only a restart changes: the file is read again with the running
+        // one, so that named and inline policies keep answering alike.
+        let new = if restart.contains(&"store.on_error") {
+            let running = self.running.store().on_error.as_str();
+            match parse(&self.overrides.clone().with("store.on_error", running)) {
+                Ok(new) => new,
+                Err(error) => return reject(error),
+            }
+        } else {
+            new
+        };
         let (old, current) = (self.registry.snapshot().policies(), new.policies());
         let added = names_where(current, |name, _| !old.contains_key(name));
         let removed = names_where(&old, |name, _| !current.contains_key(name));

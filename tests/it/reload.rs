@@ -168,3 +168,33 @@ async fn settings_other_than_policies_wait_for_a_restart() {
         "max_key_bytes is still 16 until a restart"
     );
 }
+
+/// `store.on_error` waits for a restart, and so does the `on_error` of a
+/// policy that takes it as its default: a reload that changes it keeps
+/// named policies answering as inline ones do.
+#[tokio::test]
+async fn a_changed_store_on_error_waits_for_a_restart_for_named_policies_too() {
+    let file = ConfigFile::new("fixed_window", 2);
+    let server = start(&file.path).await;
+    let on_error = || async {
+        let (_, body) = server.get("/policies").await;
+        let json: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        json["policies"]["api"]["on_error"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    assert_eq!(on_error().await.as_deref(), Some("error"));
+
+    let text =
+        config_text("fixed_window", 9).replace("[store]\n", "[store]\non_error = \"fail_open\"\n");
+    write_atomically(&file.path, &text);
+    eventually(RELOAD_LIMIT, "the policy change lands", || async {
+        api_limit(&server).await == Some(9)
+    })
+    .await;
+    assert_eq!(
+        on_error().await.as_deref(),
+        Some("error"),
+        "store.on_error is the running one"
+    );
+}
