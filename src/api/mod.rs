@@ -56,10 +56,22 @@ where
     observe(metrics, method, handle(request.into_inner(), deadline)).await
 }
 
-/// When the caller of `metadata`'s request stops waiting, counted from now:
-/// its `grpc-timeout`, if it sent one, or `request_timeout`, whichever ends
-/// first (tonic cancels the call then). The store is given it, so that a
-/// call answered as failed is never counted later.
+/// How long before tonic's own end of a call quotad's deadline for it
+/// passes. tonic starts its timer (`grpc-timeout`, or `request_timeout`)
+/// when the call arrives, before the body is read and decoded, and its
+/// timers fire on whole milliseconds: a deadline counted from the handler
+/// with no margin would end in the same or a later tick about one call in
+/// ten on a stalled store, and the caller would get `CANCELLED` instead of
+/// its `on_error` answer (and the store call would be dropped, not
+/// followed to its late end).
+pub(crate) const ANSWER_MARGIN: Duration = Duration::from_millis(2);
+
+/// When quotad gives up on the call of `metadata`'s request, counted from
+/// now: its `grpc-timeout`, if it sent one, or `request_timeout`, whichever
+/// ends first (tonic cancels the call then), less [`ANSWER_MARGIN`], so
+/// that the call is answered (a store failure as its `on_error` says)
+/// before tonic ends it. The store is given it, so that a call answered as
+/// failed is never counted later.
 ///
 /// The request's transit is not in it: the client's own deadline ended
 /// that much earlier (`docs/redis.md`, the residual window).
@@ -68,7 +80,8 @@ pub(crate) fn call_deadline(metadata: &MetadataMap, request_timeout: Duration) -
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(grpc_timeout);
-    Deadline::after(asked.map_or(request_timeout, |t| t.min(request_timeout)))
+    let ends = asked.map_or(request_timeout, |t| t.min(request_timeout));
+    Deadline::after(ends.saturating_sub(ANSWER_MARGIN))
 }
 
 /// A `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`, `m`,
@@ -117,16 +130,17 @@ mod tests {
         };
         let mut metadata = MetadataMap::new();
         let five = Duration::from_secs(5);
+        let no_grpc_timeout = within(&metadata, five);
         assert!(
-            within(&metadata, five) >= five,
-            "no grpc-timeout: the request timeout"
+            no_grpc_timeout >= five - ANSWER_MARGIN && no_grpc_timeout < five,
+            "no grpc-timeout: the request timeout, less the margin: {no_grpc_timeout:?}"
         );
         metadata.insert("grpc-timeout", "50m".parse().expect("ascii"));
         let asked = within(&metadata, five);
         assert!(
-            asked >= Duration::from_millis(50) && asked < five,
+            asked >= Duration::from_millis(50) - ANSWER_MARGIN && asked < Duration::from_millis(50),
             "{asked:?}"
         );
-        assert!(within(&metadata, Duration::from_millis(20)) < Duration::from_millis(50));
+        assert!(within(&metadata, Duration::from_millis(20)) < Duration::from_millis(20));
     }
 }

@@ -601,3 +601,45 @@ async fn a_reset_answered_as_failed_in_a_stall_does_not_happen_later() {
         "the reset answered as failed did not happen"
     );
 }
+
+/// A call ended by `transport.request_timeout` while Redis is stalled gets
+/// its policy's `on_error` (here `fail_open`), never the transport's own
+/// `CANCELLED`, and its script is followed to the end: each one is counted
+/// as refused once Redis runs it late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_ended_by_the_request_timeout_in_a_stall_all_get_their_on_error() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start(long_timeout_config(
+        &redis.url(),
+        "[transport]\nrequest_timeout = \"50ms\"\n",
+    ))
+    .await;
+    let mut client = server.client().await;
+    assert!(matches!(
+        ask(&mut client, "warm", "open").await,
+        Answer::Decided(_)
+    ));
+    redis.pause();
+    let mut answers = Vec::new();
+    for i in 0..60 {
+        answers.push(ask(&mut client, &format!("stall-{i}"), "open").await);
+    }
+    redis.resume();
+    let failed_open = answers
+        .iter()
+        .filter(|a| matches!(a, Answer::Failed(r) if r == "FailOpen"))
+        .count();
+    assert_eq!(failed_open, 60, "{answers:?}");
+    eventually(
+        Duration::from_secs(10),
+        "every late script is refused",
+        || async {
+            server
+                .metrics()
+                .await
+                .value("quotad_redis_late_scripts_total", &[("outcome", "refused")])
+                == 60.0
+        },
+    )
+    .await;
+}
