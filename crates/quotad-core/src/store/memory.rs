@@ -266,15 +266,6 @@ impl Locked<'_> {
         &mut self.guards[g]
     }
 
-    /// The latest instant any of the locked shards dropped fresh state at.
-    fn dropped_at(&self) -> u64 {
-        self.guards
-            .iter()
-            .map(|g| g.dropped_at())
-            .max()
-            .unwrap_or(0)
-    }
-
     /// The shard of item `i`.
     fn item_shard(&self, i: usize) -> &Shard {
         &self.guards[self.guard_index(self.shards[i])]
@@ -314,30 +305,40 @@ impl MemoryStore {
         &self.config
     }
 
-    /// Decides one item: reads the clock once, locks the key's shard,
-    /// decides, writes back.
+    /// Decides one item: locks the key's shard, reads the clock, decides,
+    /// writes back.
+    ///
+    /// The clock is read under the lock, as a Redis script reads `TIME`
+    /// inside its atomic run: a decision is never made at an instant
+    /// earlier than one at which the shard already dropped a state as
+    /// fresh (read before the lock, a check could find a key that the
+    /// sweep dropped meanwhile gone, and decide at its earlier instant as
+    /// if the key had never had the state it still had then).
     pub fn check_one(&self, item: &CheckItem<'_>) -> Decision {
-        self.check_at(item, self.now())
+        let hash = key_hash(&self.hasher, item.name(), item.key());
+        let mut shard = self.lock(self.shard_of(hash));
+        let now = self.now();
+        self.check_in(&mut shard, item, hash, now)
     }
 
-    /// Decides a batch at one instant (the clock's, or, where a shard
-    /// dropped state that was fresh only from later, that instant; an
-    /// independent batch's item at its own shard's). `Independent` decides
-    /// each item alone;
+    /// Decides a batch: `AllOrNothing` at one instant, `Independent` at one
+    /// per chunk of a few items (each read once the chunk's shards are
+    /// locked). `Independent` decides each item alone;
     /// `AllOrNothing` locks every shard involved in ascending order (so two
     /// batches can never deadlock), decides all items in order (a key named
     /// twice sees its own earlier item), and commits only if every item is
     /// admitted. Otherwise nothing changes: denied items keep their decision
     /// and the others are denied with [`Reason::BatchRejected`].
     pub fn check(&self, items: &[CheckItem<'_>], mode: BatchMode) -> Vec<Decision> {
-        let now = self.now();
         match mode {
             BatchMode::Independent => {
                 let mut decisions = Vec::with_capacity(items.len());
                 // A few items at a time, so that no shard stays locked for
-                // long while the chunk's lookups still overlap.
+                // long while the chunk's lookups still overlap; each chunk
+                // at the instant read once its shards are locked.
                 for chunk in items.chunks(SMALL) {
                     let mut locked = self.lock_all(chunk);
+                    let now = self.now();
                     for (i, item) in chunk.iter().enumerate() {
                         let hash = locked.hashes[i];
                         decisions.push(self.check_in(locked.item_shard_mut(i), item, hash, now));
@@ -345,16 +346,16 @@ impl MemoryStore {
                 }
                 decisions
             }
-            BatchMode::AllOrNothing => self.check_all_or_nothing(items, now),
+            BatchMode::AllOrNothing => self.check_all_or_nothing(items),
         }
     }
 
     /// What [`MemoryStore::check_one`] would decide, consuming nothing and
     /// creating nothing.
     pub fn peek(&self, item: &CheckItem<'_>) -> Decision {
-        let now = self.now();
         let hash = key_hash(&self.hasher, item.name(), item.key());
         let mut shard = self.lock(self.shard_of(hash));
+        let now = self.now();
         let decision = self.peek_in(&shard, item, hash, now);
         if decision.reason != Reason::Capacity {
             return decision;
@@ -404,7 +405,7 @@ impl MemoryStore {
         let mut shard = self.lock(self.shard_of(hash));
         match shard.find(hash, name, key) {
             Some(i) => {
-                shard.write(i, None, 0, 0);
+                shard.write(i, None, 0);
                 true
             }
             None => false,
@@ -438,8 +439,10 @@ impl MemoryStore {
     /// that every shard is visited regularly; returns the keys dropped.
     pub fn sweep_step(&self) -> usize {
         let index = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        let mut shard = self.lock(index);
         let now = self.now();
-        let dropped = self.lock(index).purge_expired(now);
+        let dropped = shard.purge_expired(now);
+        drop(shard);
         self.reclaim(dropped, now);
         dropped
     }
@@ -456,12 +459,6 @@ impl MemoryStore {
         self.clock.now_ms().max(self.floor.load(Ordering::Relaxed))
     }
 
-    /// Keeps the store's time from going back before `fresh_from`, the
-    /// instant from which a state a check dropped was fresh.
-    fn dropped(&self, fresh_from: u64) {
-        self.floor.fetch_max(fresh_from, Ordering::Relaxed);
-    }
-
     /// Counts `dropped` keys let go at `now` as fresh, and keeps the
     /// store's time from going back before `now`.
     fn reclaim(&self, dropped: usize, now: u64) {
@@ -471,16 +468,8 @@ impl MemoryStore {
         }
     }
 
-    fn check_at(&self, item: &CheckItem<'_>, now: u64) -> Decision {
-        let hash = key_hash(&self.hasher, item.name(), item.key());
-        self.check_in(&mut self.lock(self.shard_of(hash)), item, hash, now)
-    }
-
-    /// Decides one item hashed `hash` in its shard, which the caller holds,
-    /// at `now` or at the instant the shard last dropped fresh state, if
-    /// later.
+    /// Decides one item hashed `hash` in its shard, which the caller holds.
     fn check_in(&self, shard: &mut Shard, item: &CheckItem<'_>, hash: u64, now: u64) -> Decision {
-        let now = now.max(shard.dropped_at());
         let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
         let this = |k: &StoreKey| k.is(name, key);
         // One probe: the entry found is written back in place. A state that
@@ -496,9 +485,7 @@ impl MemoryStore {
             let (state, decision, wanted) =
                 algorithm::decide_within(policy, state, now, cost, item.spend(), room);
             let held = state.as_ref().map_or(0, State::heap_bytes);
-            if let Some(fresh_from) = shard.write(i, state, fresh_at(now, &decision), now) {
-                self.dropped(fresh_from);
-            }
+            shard.write(i, state, fresh_at(now, &decision));
             let Some(wanted) = wanted else {
                 return decision;
             };
@@ -561,9 +548,9 @@ impl MemoryStore {
         locked
     }
 
-    fn check_all_or_nothing(&self, items: &[CheckItem<'_>], now: u64) -> Vec<Decision> {
+    fn check_all_or_nothing(&self, items: &[CheckItem<'_>]) -> Vec<Decision> {
         let mut locked = self.lock_all(items);
-        let now = locked.dropped_at().max(now);
+        let now = self.now();
         let first = first_of_each_key(items, &locked.hashes);
         let mut pending: Small<Pending<'_>> = Small::new();
         let mut decisions = Vec::with_capacity(items.len());
@@ -670,11 +657,7 @@ impl MemoryStore {
             for p in pending {
                 let shard = locked.shard_mut(p.shard);
                 match (p.find(shard), p.state) {
-                    (Some(i), state) => {
-                        if let Some(fresh_from) = shard.write(i, state, p.fresh_at, now) {
-                            self.dropped(fresh_from);
-                        }
-                    }
+                    (Some(i), state) => shard.write(i, state, p.fresh_at),
                     (None, Some(state)) => shard.insert(p.hash, p.name, p.key, state, p.fresh_at),
                     (None, None) => {}
                 }
@@ -938,47 +921,54 @@ mod tests {
         }
     }
 
-    /// A check that read the clock before its key's state was dropped as
-    /// fresh (by the sweep, or by another check that found it fresh), and
-    /// took the shard's lock after, is decided at the instant the state was
-    /// fresh from: deciding at its own earlier instant would find no state
-    /// where there was some, and admit a third hit in a window of two. Not
-    /// at the later instant of the drop: the clock it read is moved only
-    /// as far as exactness needs.
-    #[test]
-    fn a_check_that_read_the_clock_before_its_key_was_dropped_decides_when_it_became_fresh() {
-        let two_a_second = Policy::try_new(Algorithm::FixedWindow, 2, Duration::from_secs(1), None)
-            .expect("valid");
-        let item = CheckItem::new("a", two_a_second, "k", 1).expect("valid");
-        let too_big = CheckItem::new("a", two_a_second, "k", 3).expect("valid");
-        for (by_sweep, batch) in [(true, false), (true, true), (false, false), (false, true)] {
-            let case = format!("dropped by the sweep: {by_sweep}, batch: {batch}");
-            let clock = Arc::new(FakeClock::new(1_000));
-            let config = StoreConfig::try_new(100, 4, OnFull::Deny).expect("valid config");
-            let store = MemoryStore::new(config, clock.clone());
-            assert!(store.check_one(&item).allowed && store.check_one(&item).allowed);
-            assert!(
-                !store.check_at(&item, 1_999).allowed,
-                "the window [1000, 2000) is full"
-            );
-            // At 2500 the state, fresh from 2000, is dropped.
-            clock.set(2_500);
-            if by_sweep {
-                let dropped: usize = (0..4).map(|_| store.sweep_step()).sum();
-                assert_eq!(dropped, 1, "{case}");
-            } else {
-                assert!(!store.check_one(&too_big).allowed, "{case}");
+    /// A clock that, each time it is read, notes whether the store's
+    /// shard `shard` was locked then.
+    #[derive(Debug)]
+    struct LockWitness {
+        store: std::sync::OnceLock<std::sync::Weak<MemoryStore>>,
+        shard: usize,
+        reads: AtomicUsize,
+        unlocked_reads: AtomicUsize,
+    }
+
+    impl Clock for LockWitness {
+        fn now_ms(&self) -> u64 {
+            if let Some(store) = self.store.get().and_then(std::sync::Weak::upgrade) {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                if store.shards[self.shard].try_lock().is_some() {
+                    self.unlocked_reads.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            assert_eq!(store.live_keys(), 0, "{case}");
-            // A check whose clock read 1999 gets the lock now.
-            let decision = if batch {
-                store.check_all_or_nothing(&[item, item], 1_999).remove(0)
-            } else {
-                store.check_at(&item, 1_999)
-            };
-            assert!(decision.allowed, "{case}");
-            assert_eq!(decision.reset_after_ms, 1_000, "decided at 2000: {case}");
+            1_000
         }
+    }
+
+    /// Every decision reads the clock while holding its key's shard, as a
+    /// Redis script reads TIME inside its atomic run: a check that read
+    /// the clock first and locked after could find a key the sweep dropped
+    /// in between, and decide at its earlier instant as if the key had
+    /// never had the state it still had then (one more hit in a full
+    /// window). The sweep reads it under the lock too.
+    #[test]
+    fn decisions_and_the_sweep_read_the_clock_under_the_shards_lock() {
+        let policy = policies()[0];
+        let item = CheckItem::new("a", policy, "k", 1).expect("valid");
+        let config = StoreConfig::try_new(100, 1, OnFull::Deny).expect("valid config");
+        let clock = Arc::new(LockWitness {
+            store: std::sync::OnceLock::new(),
+            shard: 0,
+            reads: AtomicUsize::new(0),
+            unlocked_reads: AtomicUsize::new(0),
+        });
+        let store = Arc::new(MemoryStore::new(config, clock.clone()));
+        clock.store.set(Arc::downgrade(&store)).expect("set once");
+        store.check_one(&item);
+        store.check(&[item, item], BatchMode::Independent);
+        store.check(&[item, item], BatchMode::AllOrNothing);
+        store.peek(&item);
+        store.sweep_step();
+        assert!(clock.reads.load(Ordering::Relaxed) >= 5);
+        assert_eq!(clock.unlocked_reads.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -174,10 +174,6 @@ pub(super) struct Shard {
     /// stays known until one happens ([`Found`]). An insert appends, and
     /// growing or shrinking the table keeps every entry where it is.
     moves: u64,
-    /// The latest instant from which a state this shard dropped as fresh
-    /// was fresh. A decision in the shard is made no earlier (see
-    /// [`Shard::dropped_at`]).
-    dropped_at: u64,
 }
 
 /// Where a key's entry was (or that it had none) when it was looked up
@@ -210,17 +206,7 @@ impl Shard {
             next_expiry: u64::MAX,
             cursor: 0,
             moves: 0,
-            dropped_at: 0,
         }
-    }
-
-    /// The latest instant from which a state this shard dropped as fresh
-    /// was fresh. A caller that read the clock before taking the shard's
-    /// lock decides at this instant if it is later: a key whose state was
-    /// fresh from `t` and is gone had that state before `t`, which an
-    /// earlier instant would have to see.
-    pub(super) fn dropped_at(&self) -> u64 {
-        self.dropped_at
     }
 
     pub(super) fn len(&self) -> usize {
@@ -364,18 +350,10 @@ impl Shard {
 
     /// Writes `state` back at `index`, or removes the entry when `state` is
     /// fresh.
-    /// Writes the state of the entry at `index`, fresh again at `fresh_at`;
-    /// `None` (state found fresh at `now`) drops the entry, and returns the
-    /// instant its state was fresh from. A reset passes `now` 0: a key
-    /// forgotten on purpose has no earlier state to honour.
-    pub(super) fn write(
-        &mut self,
-        index: usize,
-        state: Option<State>,
-        fresh_at: u64,
-        now: u64,
-    ) -> Option<u64> {
-        let (key, slot) = self.map.get_index_mut(index)?;
+    pub(super) fn write(&mut self, index: usize, state: Option<State>, fresh_at: u64) {
+        let Some((key, slot)) = self.map.get_index_mut(index) else {
+            return;
+        };
         self.bytes -= slot.state_bytes();
         match state {
             Some(state) => {
@@ -385,14 +363,10 @@ impl Shard {
                     fresh_at,
                     state: Some(state),
                 };
-                None
             }
             None => {
                 self.bytes -= key.heap_bytes();
-                let fresh_from = slot.fresh_at.min(now);
                 self.remove_at(index);
-                self.dropped_at = self.dropped_at.max(fresh_from);
-                Some(fresh_from)
             }
         }
     }
@@ -475,18 +449,15 @@ impl Shard {
         let before = self.map.len();
         let mut next = u64::MAX;
         let mut freed = 0;
-        let mut fresh_from = self.dropped_at;
         self.map.retain(|key, slot| {
             let keep = slot.fresh_at > now;
             if keep {
                 next = next.min(slot.fresh_at);
             } else {
                 freed += extra_of(key, slot);
-                fresh_from = fresh_from.max(slot.fresh_at);
             }
             keep
         });
-        self.dropped_at = fresh_from;
         self.bytes -= freed;
         self.next_expiry = next;
         if self.map.len() < before {
@@ -593,9 +564,7 @@ mod tests {
             let f = shard.lookup(hash("f"), "p", "f");
             assert_eq!(f.index(), Some(4));
             match removal {
-                "write fresh state" => {
-                    shard.write(0, None, 0, 0);
-                }
+                "write fresh state" => shard.write(0, None, 0),
                 "purge" => assert_eq!(shard.purge_expired(10), 1),
                 _ => assert!(shard.evict_one(&|k| !k.is("p", "a"))),
             }
