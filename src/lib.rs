@@ -100,7 +100,7 @@ use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
 use crate::health::Health;
-use crate::listen::ConnectionLimit;
+use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
 use crate::tasks::Tasks;
@@ -304,7 +304,7 @@ async fn serve<B: Backend>(
     let mut grpc = grpc::spawn(
         listeners.grpc,
         transport,
-        limit("grpc"),
+        limit("grpc").until_bytes(HTTP2_PREFACE_BYTES),
         config.server().tls.as_ref(),
         auth::layer(config.auth(), &metrics),
         health_service,

@@ -28,7 +28,14 @@ pub struct ConnectionLimit {
     port: &'static str,
     rejected: Option<Counter>,
     silent_for: Option<Duration>,
+    /// The bytes a new connection must send within `silent_for`.
+    first_bytes: usize,
 }
+
+/// The length of the HTTP/2 client connection preface (RFC 9113, 3.4),
+/// which a client sends before anything else; a TLS client hello is
+/// longer.
+pub const HTTP2_PREFACE_BYTES: usize = 24;
 
 impl ConnectionLimit {
     /// At most `max` open connections on the port named `port` (for logs).
@@ -38,7 +45,19 @@ impl ConnectionLimit {
             port,
             rejected: None,
             silent_for: None,
+            first_bytes: 1,
         }
+    }
+
+    /// With [`ConnectionLimit::silent_for`]: the connection must send at
+    /// least `bytes` in that time, not only its first byte. For the gRPC
+    /// port, [`HTTP2_PREFACE_BYTES`]: a client that sends one byte of its
+    /// preface and stalls holds no place past the timeout (HTTP/2 itself
+    /// would wait for the rest until the connection's maximum age).
+    #[must_use]
+    pub fn until_bytes(mut self, bytes: usize) -> Self {
+        self.first_bytes = bytes.max(1);
+        self
     }
 
     /// Closes a connection that sends nothing within `timeout` of being
@@ -102,14 +121,14 @@ where
             match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
                 Some(Ok(io)) => {
                     if let Some(permit) = self.limit.admit() {
-                        let first_byte_by = self
-                            .limit
-                            .silent_for
-                            .map(|timeout| Box::pin(tokio::time::sleep(timeout)));
+                        let first_bytes_by = self.limit.silent_for.map(|timeout| FirstBytes {
+                            by: Box::pin(tokio::time::sleep(timeout)),
+                            left: self.limit.first_bytes,
+                        });
                         return Poll::Ready(Some(Ok(Admitted {
                             io,
                             _permit: permit,
-                            first_byte_by,
+                            first_bytes_by,
                         })));
                     }
                     // Dropping `io` closes it; go on accepting.
@@ -127,8 +146,15 @@ where
 pub struct Admitted<IO> {
     io: IO,
     _permit: OwnedSemaphorePermit,
-    /// Until the first byte arrives: when the connection is given up.
-    first_byte_by: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Until its first bytes arrive: when the connection is given up.
+    first_bytes_by: Option<FirstBytes>,
+}
+
+/// The bytes a new connection has still to send, and by when.
+#[derive(Debug)]
+struct FirstBytes {
+    by: Pin<Box<tokio::time::Sleep>>,
+    left: usize,
 }
 
 impl<IO: Connected> Connected for Admitted<IO> {
@@ -149,20 +175,23 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        if self.first_byte_by.is_some() {
+        if let Some(first) = &mut self.first_bytes_by {
             match &read {
-                Poll::Ready(Ok(())) if buf.filled().len() > before => self.first_byte_by = None,
+                Poll::Ready(Ok(())) => {
+                    first.left = first.left.saturating_sub(buf.filled().len() - before);
+                    if first.left == 0 {
+                        self.first_bytes_by = None;
+                    }
+                }
                 Poll::Pending => {
-                    if let Some(deadline) = &mut self.first_byte_by
-                        && deadline.as_mut().poll(cx).is_ready()
-                    {
+                    if first.by.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(Err(io::Error::new(
                             io::ErrorKind::TimedOut,
-                            "nothing received within transport.handshake_timeout",
+                            "no connection preface within transport.handshake_timeout",
                         )));
                     }
                 }
-                _ => {}
+                Poll::Ready(Err(_)) => {}
             }
         }
         read

@@ -216,6 +216,27 @@ async fn a_connection_that_never_speaks_is_closed_and_gives_its_place_back() {
 }
 
 #[tokio::test]
+async fn a_connection_that_stalls_in_its_preface_is_closed_and_gives_its_place_back() {
+    use tokio::io::AsyncWriteExt as _;
+    let server = start(
+        "[transport]\nmax_connections = 1\nhandshake_timeout = \"300ms\"\nadmin_header_timeout = \"1m\"\n",
+    )
+    .await;
+    // Three bytes of the 24-byte HTTP/2 preface, then nothing: the one
+    // place is held...
+    let mut stalled = TcpStream::connect(server.grpc_addr).await.expect("connect");
+    stalled.write_all(b"PRI").await.expect("write");
+    // ...until the handshake timeout closes it (HTTP/2 alone would wait
+    // for the rest until the connection's maximum age).
+    assert!(
+        closed_by_server(&mut stalled).await,
+        "closed for its unfinished preface"
+    );
+    let (_served, settings) = http2_settings(server.grpc_addr).await;
+    assert!(!settings.is_empty(), "the place came back");
+}
+
+#[tokio::test]
 async fn health_and_reflection_refuse_large_messages() {
     use tokio_stream::StreamExt as _;
     use tonic_reflection::pb::v1::ServerReflectionRequest;
