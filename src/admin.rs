@@ -7,8 +7,8 @@
 //!   has begun (readiness).
 //! - `/policies`: the named policies in force, as JSON:
 //!   `{"policies": {"login": {"algorithm": "fixed_window", "limit": 5,
-//!   "window_ms": 60000, "burst": null}}}` (`burst` is set for the bucket
-//!   algorithms only).
+//!   "window_ms": 60000, "burst": null, "on_error": "error"}}}` (`burst` is
+//!   set for the bucket algorithms only).
 //!
 //! HTTP/1.1 only (Prometheus and the kubelet speak it). A client has
 //! `transport.admin_header_timeout` to send a request's headers, and the

@@ -22,11 +22,10 @@ impl LimitSettings {
                 ),
             ));
         }
-        let (max_limit, setting) = if policy.algorithm() == Algorithm::SlidingLog {
-            (
-                self.max_inline_log_limit.min(self.max_inline_limit),
-                "limits.max_inline_log_limit",
-            )
+        let (max_limit, setting) = if policy.algorithm() == Algorithm::SlidingLog
+            && self.max_inline_log_limit < self.max_inline_limit
+        {
+            (self.max_inline_log_limit, "limits.max_inline_log_limit")
         } else {
             (self.max_inline_limit, "limits.max_inline_limit")
         };
@@ -92,6 +91,16 @@ mod tests {
             .expect_err("a long log");
         assert_eq!(name, "limit");
         assert!(message.contains("limits.max_inline_log_limit"), "{message}");
+        // Where max_inline_limit is the smaller, it is the one named.
+        let mut tight = limits.clone();
+        tight.max_inline_limit = 50;
+        let (_, message) = tight
+            .check_inline(&policy(Algorithm::SlidingLog, 51, day, None))
+            .expect_err("over max_inline_limit");
+        assert!(
+            message.contains("at most 50") && message.contains("limits.max_inline_limit"),
+            "{message}"
+        );
         assert_eq!(
             field(policy(Algorithm::TokenBucket, 10, day, Some(1_000_001))),
             "burst"

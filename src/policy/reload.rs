@@ -10,12 +10,13 @@
 //! and catches two writes within the mtime's granularity. SIGHUP reloads at
 //! once.
 //!
-//! Only policies reload. The new file is validated in full; if anything in
-//! it is invalid the current policies stay, a warning is logged and
-//! `quotad_policy_reloads_total{outcome="error"}` counts it. A valid file
-//! replaces the policy set atomically (`outcome="ok"`); settings other than
-//! policies that differ from the running ones are logged as needing a
-//! restart.
+//! Policies and `[limits]` reload. The new file is validated in full; if
+//! anything in it is invalid the current policies stay, a warning is logged
+//! and `quotad_policy_reloads_total{outcome="error"}` counts it. A valid
+//! file replaces the policy set and its limits atomically (`outcome="ok"`);
+//! other settings that differ from the running ones are logged as needing
+//! a restart (a policy that takes `store.on_error` as its default keeps the
+//! running one).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
