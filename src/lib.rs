@@ -103,7 +103,7 @@ use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
-use crate::tasks::Tasks;
+use crate::tasks::{ServerTask, Tasks};
 
 /// The bound sockets the server accepts on. `main` binds them from the
 /// config; tests bind `127.0.0.1:0` (`TcpListener::bind(..).await?.into()`)
@@ -301,10 +301,14 @@ async fn serve<B: Backend>(
             .counting(metrics.connections_rejected(port))
             .silent_for(transport.handshake_timeout)
     };
+    let (grpc_limit, admin_limit) = (
+        limit("grpc").until_bytes(HTTP2_PREFACE_BYTES),
+        limit("admin"),
+    );
     let mut grpc = grpc::spawn(
         listeners.grpc,
         transport,
-        limit("grpc").until_bytes(HTTP2_PREFACE_BYTES),
+        grpc_limit.clone(),
         config.server().tls.as_ref(),
         auth::layer(config.auth(), &metrics),
         health_service,
@@ -319,7 +323,7 @@ async fn serve<B: Backend>(
             backend_stats: Arc::new(move || backend.stats()),
         },
         transport.admin_header_timeout,
-        limit("admin"),
+        admin_limit.clone(),
     );
     health.set_serving(true).await;
     if config.server().readiness_follows_store {
@@ -355,11 +359,35 @@ async fn serve<B: Backend>(
     // /readyz reports 503 and /metrics can still be scraped meanwhile. Each
     // drain is bounded: streams such as gRPC health's Watch never end.
     let drain = transport.drain_timeout;
-    let grpc_result = grpc.stop(drain, "grpc").await;
-    let admin_result = admin.stop(drain, "admin").await;
+    let grpc_result = stop(grpc, &grpc_limit, drain, "grpc").await;
+    let admin_result = stop(admin, &admin_limit, drain, "admin").await;
     tracing::info!("quotad stopped");
     grpc_result.and(admin_result)
 }
+
+/// Stops `server` within `drain` ([`ServerTask::stop`]), then ends the
+/// connections it admitted that are still open (each runs in a task of its
+/// own, which stopping the server does not end) and waits for them to
+/// close, so that `run` returns with no connection left.
+async fn stop(
+    server: ServerTask,
+    limit: &ConnectionLimit,
+    drain: Duration,
+    what: &'static str,
+) -> Result<(), Error> {
+    let result = server.stop(drain, what).await;
+    limit.close_all();
+    if !limit.all_closed(CONNECTIONS_CLOSE_WITHIN).await {
+        tracing::warn!(
+            server = what,
+            "connections still open after they were closed"
+        );
+    }
+    result
+}
+
+/// How long connections ended at shutdown have to close.
+const CONNECTIONS_CLOSE_WITHIN: Duration = Duration::from_secs(1);
 
 /// How often the store is probed when readiness follows it.
 const STORE_PROBE_INTERVAL: Duration = Duration::from_secs(1);

@@ -18,6 +18,7 @@ use metrics::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 /// The cap on the open connections of one port, and how long a new one may
@@ -25,6 +26,11 @@ use tonic::transport::server::Connected;
 #[derive(Clone, Debug)]
 pub struct ConnectionLimit {
     permits: Arc<Semaphore>,
+    /// The cap, to tell when every place is back.
+    max: u32,
+    /// Cancelled to end every connection still open (see
+    /// [`ConnectionLimit::close_all`]).
+    closing: CancellationToken,
     port: &'static str,
     rejected: Option<Counter>,
     silent_for: Option<Duration>,
@@ -40,8 +46,11 @@ pub const HTTP2_PREFACE_BYTES: usize = 24;
 impl ConnectionLimit {
     /// At most `max` open connections on the port named `port` (for logs).
     pub fn new(max: usize, port: &'static str) -> Self {
+        let max = max.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize);
         ConnectionLimit {
-            permits: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            permits: Arc::new(Semaphore::new(max)),
+            max: u32::try_from(max).expect("bounded to u32::MAX above"),
+            closing: CancellationToken::new(),
             port,
             rejected: None,
             silent_for: None,
@@ -67,6 +76,22 @@ impl ConnectionLimit {
     pub fn silent_for(mut self, timeout: Duration) -> Self {
         self.silent_for = Some(timeout);
         self
+    }
+
+    /// Ends every connection admitted by this limit that is still open:
+    /// their next read or write fails, which ends their HTTP handling. For
+    /// a shutdown whose drain timed out: the server's own task is gone by
+    /// then, but each connection runs in a task of its own.
+    pub(crate) fn close_all(&self) {
+        self.closing.cancel();
+    }
+
+    /// Whether every connection admitted by this limit has closed (its
+    /// place is back) within `within`.
+    pub(crate) async fn all_closed(&self, within: Duration) -> bool {
+        tokio::time::timeout(within, self.permits.acquire_many(self.max))
+            .await
+            .is_ok_and(|permits| permits.is_ok())
     }
 
     /// Counts each refused connection in `rejected`.
@@ -125,10 +150,13 @@ where
                             by: Box::pin(tokio::time::sleep(timeout)),
                             left: self.limit.first_bytes,
                         });
+                        let closing = self.limit.closing.clone();
                         return Poll::Ready(Some(Ok(Admitted {
                             io,
                             _permit: permit,
                             first_bytes_by,
+                            closed: Box::pin(closing.clone().cancelled_owned()),
+                            closing,
                         })));
                     }
                     // Dropping `io` closes it; go on accepting.
@@ -148,6 +176,26 @@ pub struct Admitted<IO> {
     _permit: OwnedSemaphorePermit,
     /// Until its first bytes arrive: when the connection is given up.
     first_bytes_by: Option<FirstBytes>,
+    /// Its limit's [`ConnectionLimit::close_all`], and a future that wakes
+    /// a read or write waiting on the stream when it comes.
+    closing: CancellationToken,
+    closed: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+/// The error of a read or write after [`ConnectionLimit::close_all`].
+fn closed_by_server() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed: calls still in flight after transport.drain_timeout",
+    )
+}
+
+impl<IO> Admitted<IO> {
+    /// Whether the connection is to end: checked before each read and
+    /// write, and, when one must wait, woken by the close.
+    fn closing(&mut self, waiting: bool, cx: &mut Context<'_>) -> bool {
+        self.closing.is_cancelled() || (waiting && self.closed.as_mut().poll(cx).is_ready())
+    }
 }
 
 /// The bytes a new connection has still to send, and by when.
@@ -173,8 +221,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.closing(false, cx) {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if read.is_pending() && self.closing(true, cx) {
+            return Poll::Ready(Err(closed_by_server()));
+        }
         if let Some(first) = &mut self.first_bytes_by {
             match &read {
                 Poll::Ready(Ok(())) => {
@@ -204,7 +258,14 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        if self.closing(false, cx) {
+            return Poll::Ready(Err(closed_by_server()));
+        }
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        if written.is_pending() && self.closing(true, cx) {
+            return Poll::Ready(Err(closed_by_server()));
+        }
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -220,7 +281,14 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        if self.closing(false, cx) {
+            return Poll::Ready(Err(closed_by_server()));
+        }
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if written.is_pending() && self.closing(true, cx) {
+            return Poll::Ready(Err(closed_by_server()));
+        }
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -195,4 +195,18 @@ async fn a_stream_that_never_ends_cannot_hold_a_shutdown_past_the_drain_timeout(
     // TestServer::join gives up after 10 s.
     server.join().await.expect("stops cleanly");
     assert!(snapshot.exists(), "the last snapshot was written");
+    // The stream ended with the server: its connection was closed, not
+    // left running in a task of its own. (Statuses sent before, such as
+    // NOT_SERVING at the start of the shutdown, may still be read first.)
+    let mut statuses = 0;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .expect("the Watch stream ended once quotad stopped");
+        match next {
+            Ok(Some(_)) if statuses < 10 => statuses += 1,
+            Ok(Some(status)) => panic!("the stream goes on: {status:?}"),
+            Ok(None) | Err(_) => break,
+        }
+    }
 }
