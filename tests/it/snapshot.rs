@@ -437,8 +437,11 @@ async fn a_bad_snapshot_is_kept_aside_and_a_crashs_leftovers_are_removed() {
     a_written_snapshot(&path, &clock).await;
     damage(&path, "corrupt");
     let damaged = std::fs::read(&path).expect("read");
-    let leftover = dir.path().join(".quotad-snapshot-crashed");
+    let leftover = dir.path().join(".quotad-snapshot-quotad.snapshot.crashed");
     std::fs::write(&leftover, b"half a snapshot").expect("write");
+    // Another quotad's snapshot, of another name, being written there.
+    let theirs = dir.path().join(".quotad-snapshot-other.snapshot.writing");
+    std::fs::write(&theirs, b"half of another snapshot").expect("write");
 
     let server = start(&path, "", &clock).await;
     // Serving: the start, with its load, is over.
@@ -452,6 +455,10 @@ async fn a_bad_snapshot_is_kept_aside_and_a_crashs_leftovers_are_removed() {
         "the bad file is kept for an operator, not overwritten"
     );
     assert!(!leftover.exists(), "the crash's leftover is gone");
+    assert!(
+        theirs.exists(),
+        "another snapshot's file in progress is left alone"
+    );
     server.shutdown().await.expect("clean stop");
     assert!(path.exists(), "a good snapshot in its place");
 }

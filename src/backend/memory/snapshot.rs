@@ -50,9 +50,20 @@ pub struct WriteError {
     pub source: std::io::Error,
 }
 
-/// Temporary snapshot files start with this, so the ones a crash leaves
-/// behind can be found and removed.
+/// Temporary snapshot files start with this and the snapshot's own file
+/// name, so the ones a crash leaves behind can be found and removed, and
+/// only those: another quotad writing a snapshot of another name into the
+/// same folder keeps its file in progress.
 const TEMPORARY_PREFIX: &str = ".quotad-snapshot-";
+
+/// The start of the names of `path`'s temporary files.
+fn temporary_prefix(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    format!("{TEMPORARY_PREFIX}{name}.")
+}
 
 /// The folder of the snapshot at `path`.
 fn folder_of(path: &Path) -> &Path {
@@ -66,12 +77,9 @@ pub(crate) fn remove_leftovers(path: &Path) {
     let Ok(entries) = std::fs::read_dir(folder_of(path)) else {
         return;
     };
+    let prefix = temporary_prefix(path);
     for entry in entries.flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(TEMPORARY_PREFIX)
-        {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
             let leftover = entry.path();
             match std::fs::remove_file(&leftover) {
                 Ok(()) => {
@@ -242,7 +250,7 @@ fn bad_file(
 pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io::Result<Exported> {
     let folder = folder_of(path);
     let mut temp = tempfile::Builder::new()
-        .prefix(TEMPORARY_PREFIX)
+        .prefix(&temporary_prefix(path))
         .tempfile_in(folder)?;
     let exported = {
         let mut out = BufWriter::with_capacity(1 << 20, temp.as_file_mut());
