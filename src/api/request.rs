@@ -140,12 +140,22 @@ fn key(key: String) -> Result<String, ServiceError> {
     Ok(key)
 }
 
+/// The cost asked for, checked here with the rest of the request (before
+/// its policy is looked up), so a bad cost is INVALID_ARGUMENT whether or
+/// not the policy exists.
 fn cost(cost: Option<u64>) -> Result<u64, ServiceError> {
     match cost {
         None => Ok(1),
         Some(0) => Err(ServiceError::invalid(
             "cost",
             "must be at least 1 (omit it for 1)",
+        )),
+        Some(cost) if cost > quotad_core::MAX_EXACT => Err(ServiceError::invalid(
+            "cost",
+            format!(
+                "must be at most 2^53 = {} (got {cost})",
+                quotad_core::MAX_EXACT
+            ),
         )),
         Some(cost) => Ok(cost),
     }
@@ -226,6 +236,19 @@ mod tests {
         let spec = CheckSpec::try_from(named_request("user")).expect("valid");
         assert_eq!(spec.cost, 1);
         assert_eq!(spec.policy, PolicyRef::Named("api".into()));
+    }
+
+    #[test]
+    fn a_cost_above_2_pow_53_is_refused_before_the_policy_is_looked_up() {
+        let name = pb::check_request::Policy::PolicyName("no-such-policy".into());
+        let at_most = request("user", Some(quotad_core::MAX_EXACT), name.clone());
+        assert_eq!(CheckSpec::try_from(at_most).expect("valid").cost, 1 << 53);
+        let over = request("user", Some(quotad_core::MAX_EXACT + 1), name);
+        let error = CheckSpec::try_from(over).expect_err("too large");
+        assert!(
+            matches!(&error, ServiceError::Invalid { field, .. } if field == "cost"),
+            "{error:?}"
+        );
     }
 
     #[test]
