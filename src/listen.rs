@@ -191,10 +191,22 @@ fn closed_by_server() -> io::Error {
 }
 
 impl<IO> Admitted<IO> {
-    /// Whether the connection is to end: checked before each read and
-    /// write, and, when one must wait, woken by the close.
-    fn closing(&mut self, waiting: bool, cx: &mut Context<'_>) -> bool {
-        self.closing.is_cancelled() || (waiting && self.closed.as_mut().poll(cx).is_ready())
+    /// Polls one read or write of the stream unless the connection is to
+    /// end ([`ConnectionLimit::close_all`]); one that must wait is woken
+    /// when it does.
+    fn unless_closing<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: impl FnOnce(&mut IO, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if self.closing.is_cancelled() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
+        let polled = op(&mut self.io, cx);
+        if polled.is_pending() && self.closed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(closed_by_server()));
+        }
+        polled
     }
 }
 
@@ -221,14 +233,8 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.closing(false, cx) {
-            return Poll::Ready(Err(closed_by_server()));
-        }
         let before = buf.filled().len();
-        let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        if read.is_pending() && self.closing(true, cx) {
-            return Poll::Ready(Err(closed_by_server()));
-        }
+        let read = self.unless_closing(cx, |io, cx| Pin::new(io).poll_read(cx, buf));
         if let Some(first) = &mut self.first_bytes_by {
             match &read {
                 Poll::Ready(Ok(())) => {
@@ -258,14 +264,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.closing(false, cx) {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        let written = Pin::new(&mut self.io).poll_write(cx, buf);
-        if written.is_pending() && self.closing(true, cx) {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        written
+        self.unless_closing(cx, |io, cx| Pin::new(io).poll_write(cx, buf))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -281,14 +280,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Admitted<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.closing(false, cx) {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if written.is_pending() && self.closing(true, cx) {
-            return Poll::Ready(Err(closed_by_server()));
-        }
-        written
+        self.unless_closing(cx, |io, cx| Pin::new(io).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -5,11 +5,30 @@
 use std::time::Duration;
 
 use quotad_proto::v1 as pb;
+use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::Code;
+use tonic::transport::Channel;
 
 use super::{Answer, POLICIES, ask, stall_config};
 use crate::common::redis::RedisServer;
 use crate::common::{TestServer, check, eventually, inline, named, policy};
+
+/// The decisions of an independent batch of `items`.
+async fn independent(
+    client: &mut QuotaClient<Channel>,
+    items: Vec<pb::CheckRequest>,
+) -> Vec<pb::Decision> {
+    let batch = pb::CheckBatchRequest {
+        items,
+        mode: pb::BatchMode::Independent.into(),
+    };
+    client
+        .check_batch(batch)
+        .await
+        .expect("an independent batch answers per item")
+        .into_inner()
+        .decisions
+}
 
 /// Each policy's answer once Redis refuses writes: its `on_error`.
 async fn every_policy_gets_its_on_error(server: &TestServer, key: &str) {
@@ -84,16 +103,7 @@ async fn unreadable_state_under_one_key_fails_only_that_keys_items() {
                 }
             })
             .collect();
-        let batch = pb::CheckBatchRequest {
-            items,
-            mode: pb::BatchMode::Independent.into(),
-        };
-        let decisions = client
-            .check_batch(batch)
-            .await
-            .expect("an independent batch answers per item")
-            .into_inner()
-            .decisions;
+        let decisions = independent(&mut client, items).await;
         for (i, d) in decisions.iter().enumerate() {
             if i == 1 {
                 assert_eq!(
@@ -172,21 +182,17 @@ async fn a_log_member_that_is_not_quotads_fails_only_the_item_that_reads_it() {
         (one.allowed, one.reason()),
         (false, pb::Reason::LimitExceeded)
     );
-    // A cost of 2 reads it: that item fails, the batch's others are decided.
-    let batch = pb::CheckBatchRequest {
-        items: vec![on_log(2), named("fine-log", "open", None), on_log(1)],
-        mode: pb::BatchMode::Independent.into(),
+    // Each decision of an independent batch of `items`: allowed, reason.
+    let mut answers = async |items: Vec<pb::CheckRequest>| {
+        independent(&mut client, items)
+            .await
+            .iter()
+            .map(|d| (d.allowed, d.reason()))
+            .collect::<Vec<_>>()
     };
-    let decisions = client
-        .check_batch(batch)
-        .await
-        .expect("an independent batch answers per item")
-        .into_inner()
-        .decisions;
-    let answers: Vec<(bool, pb::Reason)> =
-        decisions.iter().map(|d| (d.allowed, d.reason())).collect();
+    // A cost of 2 reads it: that item fails, the batch's others are decided.
     assert_eq!(
-        answers,
+        answers(vec![on_log(2), named("fine-log", "open", None), on_log(1)]).await,
         [
             (false, pb::Reason::Unavailable),
             (true, pb::Reason::WithinLimit),
@@ -194,20 +200,8 @@ async fn a_log_member_that_is_not_quotads_fails_only_the_item_that_reads_it() {
         ]
     );
     // With no other item on the key, the key is left as it was.
-    let batch = pb::CheckBatchRequest {
-        items: vec![on_log(2), named("fine-log-2", "open", None)],
-        mode: pb::BatchMode::Independent.into(),
-    };
-    let decisions = client
-        .check_batch(batch)
-        .await
-        .expect("an independent batch answers per item")
-        .into_inner()
-        .decisions;
-    let answers: Vec<(bool, pb::Reason)> =
-        decisions.iter().map(|d| (d.allowed, d.reason())).collect();
     assert_eq!(
-        answers,
+        answers(vec![on_log(2), named("fine-log-2", "open", None)]).await,
         [
             (false, pb::Reason::Unavailable),
             (true, pb::Reason::WithinLimit)
