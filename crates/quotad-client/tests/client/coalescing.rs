@@ -626,6 +626,34 @@ async fn a_client_refused_batches_as_such_sends_its_checks_alone_from_then_on() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_callers_that_leave_from_the_middle_are_not_in_the_batch() {
+    for _ in 0..3 {
+        let fake = Fake::new(100, Duration::from_secs(60));
+        let client = client(&fake, 1).await;
+        let first = occupy_the_slot(&fake, &client).await;
+        let mut waiting = queue(
+            &client,
+            keys("m", 5).into_iter().map(|k| Check::named("api", k)),
+        )
+        .await;
+        for gone in [3, 1] {
+            waiting.remove(gone).abort();
+        }
+        until("the two leave the queue", || client.queued_checks() == 3).await;
+        for outcome in release(&fake, first, waiting).await {
+            assert!(outcome.expect("decided").allowed);
+        }
+        assert_eq!(
+            fake.calls(),
+            vec![
+                Call::Check("first".into()),
+                Call::Batch(vec!["m0".into(), "m2".into(), "m4".into()]),
+            ]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_max_delay_sends_the_queue_even_while_every_slot_is_busy() {
     let fake = Fake::new(100, Duration::from_secs(60));
     let addr = serve_tcp(&fake, None).await;
