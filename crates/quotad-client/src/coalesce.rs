@@ -19,8 +19,11 @@
 //!   `items[i].` prefix) and every other item is sent again on its own. A
 //!   refusal of `CheckBatch` as such (`PERMISSION_DENIED`,
 //!   `UNAUTHENTICATED`, `UNIMPLEMENTED` naming no item: the method is not
-//!   allowed for this client) also turns coalescing off for the client, so
-//!   later checks go out alone instead of being refused and re-sent;
+//!   allowed for this client, or a proxy in between answered 403, 401 or
+//!   404) also turns coalescing off for [`BATCH_REFUSAL_BACKOFF`], so
+//!   checks meanwhile go out alone instead of being refused and re-sent;
+//!   the next queue after it leaves as a batch again, and a refusal that
+//!   lasts costs one refused batch per back-off;
 //! - `UNAVAILABLE`, `DEADLINE_EXCEEDED` and the other outage codes: every
 //!   caller in the batch gets its own failure policy, and nothing is sent
 //!   again (quotad may have decided some items before the call failed, so
@@ -36,7 +39,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -53,6 +56,10 @@ use crate::client::Shared;
 /// The default number of requests one client keeps in flight before checks
 /// queue for a batch.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 8;
+
+/// How long checks go out alone after quotad (or a proxy in front of it)
+/// refused a `CheckBatch` as such; the next batch after it tries again.
+pub const BATCH_REFUSAL_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The default bound on a coalesced batch's encoded size: well under the 4
 /// MiB a tonic server decodes by default.
@@ -290,9 +297,10 @@ struct State {
 pub(crate) struct Coalescer {
     settings: Coalescing,
     state: Mutex<State>,
-    /// Set when quotad refused a batch as a whole (`CheckBatch` not allowed
-    /// for this client, or not served): checks then go out alone.
-    batches_refused: AtomicBool,
+    /// Until this instant (client clock) checks go out alone: quotad, or a
+    /// proxy in front of it, refused a batch as a whole (`CheckBatch` not
+    /// allowed for this client, or not served).
+    batches_refused_until_ms: AtomicU64,
 }
 
 /// A queued check whose caller may stop waiting: dropping it takes the
@@ -326,7 +334,7 @@ impl Coalescer {
         Self {
             settings,
             state: Mutex::new(State::default()),
-            batches_refused: AtomicBool::new(false),
+            batches_refused_until_ms: AtomicU64::new(0),
         }
     }
 
@@ -374,7 +382,7 @@ pub(crate) async fn submit(
     request: pb::CheckRequest,
     deadline: Instant,
 ) -> Delivered {
-    if coalescer.batches_refused.load(Ordering::Relaxed) {
+    if shared.now_ms() < coalescer.batches_refused_until_ms.load(Ordering::Relaxed) {
         let sent_ms = shared.now_ms();
         return (shared.unary(request, deadline).await, sent_ms);
     }
@@ -584,12 +592,21 @@ async fn on_batch_error(
     if refused_as_a_whole(status.code())
         && offending_item(status, waiters.len()).is_none()
         && let Some(coalescer) = shared.coalescer()
-        && !coalescer.batches_refused.swap(true, Ordering::Relaxed)
     {
-        tracing::warn!(
-            code = %status.code(),
-            "quotad refuses CheckBatch from this client; checks now go out one by one"
-        );
+        let now_ms = shared.now_ms();
+        let backoff_ms =
+            u64::try_from(BATCH_REFUSAL_BACKOFF.as_millis()).expect("the back-off is 30 s");
+        let previous = coalescer
+            .batches_refused_until_ms
+            .swap(now_ms.saturating_add(backoff_ms), Ordering::Relaxed);
+        if previous <= now_ms {
+            tracing::warn!(
+                code = %status.code(),
+                error = status.message(),
+                backoff_ms,
+                "quotad refuses CheckBatch from this client; checks go out one by one until the back-off ends"
+            );
+        }
     }
     if !refused_before_deciding(status.code()) {
         for (reply, _) in waiters {
