@@ -19,8 +19,11 @@
 //!   `items[i].` prefix) and every other item is sent again on its own. A
 //!   refusal of `CheckBatch` as such (`PERMISSION_DENIED`,
 //!   `UNAUTHENTICATED`, `UNIMPLEMENTED` naming no item: the method is not
-//!   allowed for this client) also turns coalescing off for the client, so
-//!   later checks go out alone instead of being refused and re-sent;
+//!   allowed for this client, or a proxy in between answered 403, 401 or
+//!   404) also turns coalescing off for [`BATCH_REFUSAL_BACKOFF`], so
+//!   checks meanwhile go out alone instead of being refused and re-sent;
+//!   the next queue after it leaves as a batch again, and a refusal that
+//!   lasts costs one refused batch per back-off;
 //! - `UNAVAILABLE`, `DEADLINE_EXCEEDED` and the other outage codes: every
 //!   caller in the batch gets its own failure policy, and nothing is sent
 //!   again (quotad may have decided some items before the call failed, so
@@ -36,7 +39,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -53,6 +56,10 @@ use crate::client::Shared;
 /// The default number of requests one client keeps in flight before checks
 /// queue for a batch.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 8;
+
+/// How long checks go out alone after quotad (or a proxy in front of it)
+/// refused a `CheckBatch` as such; the next batch after it tries again.
+pub const BATCH_REFUSAL_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The default bound on a coalesced batch's encoded size: well under the 4
 /// MiB a tonic server decodes by default.
@@ -182,7 +189,6 @@ pub(crate) type Delivered = (Answer, u64);
 /// A check waiting in the queue.
 #[derive(Debug)]
 struct Queued {
-    id: u64,
     request: pb::CheckRequest,
     bytes: usize,
     deadline: Instant,
@@ -195,11 +201,95 @@ impl Queued {
     }
 }
 
+/// The checks waiting for a slot, oldest first. Check `id`s are given in
+/// order and every id from the front's on has a slot, so a caller that
+/// leaves empties its own slot in O(1); empty slots and dead checks are
+/// dropped when they reach the front.
+#[derive(Debug, Default)]
+struct Queue {
+    slots: VecDeque<Option<Queued>>,
+    /// The id the next check gets.
+    next_id: u64,
+    /// Slots still holding a check.
+    len: usize,
+    /// Slots looked at by [`Queue::remove`], to bound the work per caller.
+    #[cfg(test)]
+    examined: u64,
+}
+
+impl Queue {
+    /// Checks waiting (some may have passed their deadline, not yet met).
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Queues a check, after dropping what is dead at the front; answers
+    /// its id.
+    fn push(&mut self, now: Instant, queued: Queued) -> u64 {
+        self.front(now);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.slots.push_back(Some(queued));
+        self.len += 1;
+        id
+    }
+
+    /// The oldest live check, after dropping empty slots and dead checks in
+    /// front of it.
+    fn front(&mut self, now: Instant) -> Option<&Queued> {
+        loop {
+            match self.slots.front() {
+                None => return None,
+                Some(Some(q)) if !q.is_dead(now) => break,
+                Some(slot) => {
+                    if slot.is_some() {
+                        self.len -= 1;
+                    }
+                    self.slots.pop_front();
+                }
+            }
+        }
+        self.slots.front().and_then(Option::as_ref)
+    }
+
+    /// Takes the oldest live check.
+    fn pop_front(&mut self, now: Instant) -> Option<Queued> {
+        self.front(now)?;
+        self.len -= 1;
+        self.slots.pop_front().flatten()
+    }
+
+    /// Drops the check with `id`, if it is still queued.
+    fn remove(&mut self, id: u64) {
+        #[cfg(test)]
+        {
+            self.examined += 1;
+        }
+        let front_id = self.next_id - self.slots.len() as u64;
+        let Some(index) = id.checked_sub(front_id) else {
+            return;
+        };
+        let slot = usize::try_from(index)
+            .ok()
+            .and_then(|index| self.slots.get_mut(index));
+        if let Some(slot) = slot
+            && slot.take().is_some()
+        {
+            self.len -= 1;
+        }
+    }
+
+    /// Empties the queue.
+    fn clear(&mut self) -> VecDeque<Option<Queued>> {
+        self.len = 0;
+        std::mem::take(&mut self.slots)
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     in_flight: usize,
-    queue: VecDeque<Queued>,
-    next_id: u64,
+    queue: Queue,
 }
 
 /// The queue and the in-flight slots of one client and its clones.
@@ -207,9 +297,10 @@ struct State {
 pub(crate) struct Coalescer {
     settings: Coalescing,
     state: Mutex<State>,
-    /// Set when quotad refused a batch as a whole (`CheckBatch` not allowed
-    /// for this client, or not served): checks then go out alone.
-    batches_refused: AtomicBool,
+    /// Until this instant (client clock) checks go out alone: quotad, or a
+    /// proxy in front of it, refused a batch as a whole (`CheckBatch` not
+    /// allowed for this client, or not served).
+    batches_refused_until_ms: AtomicU64,
 }
 
 /// A queued check whose caller may stop waiting: dropping it takes the
@@ -243,7 +334,7 @@ impl Coalescer {
         Self {
             settings,
             state: Mutex::new(State::default()),
-            batches_refused: AtomicBool::new(false),
+            batches_refused_until_ms: AtomicU64::new(0),
         }
     }
 
@@ -258,11 +349,7 @@ impl Coalescer {
         let now = Instant::now();
         let mut batch: Vec<Queued> = Vec::new();
         let mut bytes = 0;
-        while let Some(front) = state.queue.front() {
-            if front.is_dead(now) {
-                state.queue.pop_front();
-                continue;
-            }
+        while let Some(front) = state.queue.front(now) {
             if !batch.is_empty()
                 && (batch.len() >= self.settings.max_batch_items
                     || bytes + front.bytes > self.settings.max_batch_bytes)
@@ -270,14 +357,14 @@ impl Coalescer {
                 break;
             }
             bytes += front.bytes;
-            batch.extend(state.queue.pop_front());
+            batch.extend(state.queue.pop_front(now));
         }
         batch
     }
 
     /// Forgets a queued check whose caller gave up.
     fn remove(&self, id: u64) {
-        self.state.lock().queue.retain(|q| q.id != id);
+        self.state.lock().queue.remove(id);
     }
 }
 
@@ -295,7 +382,7 @@ pub(crate) async fn submit(
     request: pb::CheckRequest,
     deadline: Instant,
 ) -> Delivered {
-    if coalescer.batches_refused.load(Ordering::Relaxed) {
+    if shared.now_ms() < coalescer.batches_refused_until_ms.load(Ordering::Relaxed) {
         let sent_ms = shared.now_ms();
         return (shared.unary(request, deadline).await, sent_ms);
     }
@@ -306,15 +393,13 @@ pub(crate) async fn submit(
             state.in_flight += 1;
             Admitted::Now(request)
         } else {
-            let id = state.next_id;
-            state.next_id += 1;
-            state.queue.push_back(Queued {
-                id,
+            let queued = Queued {
                 bytes: request.encoded_len(),
                 request,
                 deadline,
                 reply,
-            });
+            };
+            let id = state.queue.push(Instant::now(), queued);
             Admitted::Queued(id)
         }
     };
@@ -411,9 +496,7 @@ fn spawn_batch(shared: Arc<Shared>, batch: Vec<Queued>, slot: Option<Slot>) {
             // down): every queued caller hears that the client stopped, and
             // the slot, given back, finds the queue empty.
             drop(batch);
-            let queue = shared
-                .coalescer()
-                .map(|c| std::mem::take(&mut c.state.lock().queue));
+            let queue = shared.coalescer().map(|c| c.state.lock().queue.clear());
             drop(queue);
             drop(slot);
         }
@@ -509,12 +592,21 @@ async fn on_batch_error(
     if refused_as_a_whole(status.code())
         && offending_item(status, waiters.len()).is_none()
         && let Some(coalescer) = shared.coalescer()
-        && !coalescer.batches_refused.swap(true, Ordering::Relaxed)
     {
-        tracing::warn!(
-            code = %status.code(),
-            "quotad refuses CheckBatch from this client; checks now go out one by one"
-        );
+        let now_ms = shared.now_ms();
+        let backoff_ms =
+            u64::try_from(BATCH_REFUSAL_BACKOFF.as_millis()).expect("the back-off is 30 s");
+        let previous = coalescer
+            .batches_refused_until_ms
+            .swap(now_ms.saturating_add(backoff_ms), Ordering::Relaxed);
+        if previous <= now_ms {
+            tracing::warn!(
+                code = %status.code(),
+                error = status.message(),
+                backoff_ms,
+                "quotad refuses CheckBatch from this client; checks go out one by one until the back-off ends"
+            );
+        }
     }
     if !refused_before_deciding(status.code()) {
         for (reply, _) in waiters {
@@ -618,6 +710,89 @@ mod tests {
         assert!(offending_item(&status, 2).is_none(), "out of range");
         assert!(offending_item(&Status::invalid_argument("items: too many"), 3).is_none());
         assert!(offending_item(&Status::unavailable("items[0].key: x"), 3).is_none());
+    }
+
+    /// A queued check for `key`, with the receiver its caller waits on.
+    fn queued(key: &str, deadline: Instant) -> (Queued, oneshot::Receiver<Delivered>) {
+        let (reply, answer) = oneshot::channel();
+        let request = pb::CheckRequest {
+            key: key.to_owned(),
+            ..pb::CheckRequest::default()
+        };
+        let queued = Queued {
+            bytes: request.encoded_len(),
+            request,
+            deadline,
+            reply,
+        };
+        (queued, answer)
+    }
+
+    #[tokio::test]
+    async fn callers_leaving_a_long_queue_each_take_constant_work() {
+        const N: u64 = 10_000;
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let mut queue = Queue::default();
+        let mut answers = Vec::new();
+        let ids: Vec<u64> = (0..N)
+            .map(|i| {
+                let (q, answer) = queued(&format!("k{i}"), later);
+                answers.push(answer);
+                queue.push(now, q)
+            })
+            .collect();
+        // Every other caller leaves, newest first (the worst order for a
+        // scan from the front).
+        for id in ids.iter().rev().step_by(2) {
+            queue.remove(*id);
+        }
+        assert_eq!(queue.len(), (N / 2) as usize);
+        assert!(
+            queue.examined <= N,
+            "{} slots looked at for {} callers leaving",
+            queue.examined,
+            N / 2
+        );
+        // What is left leaves in order, without the callers who left.
+        let keys: Vec<String> = std::iter::from_fn(|| queue.pop_front(now))
+            .map(|q| q.request.key)
+            .collect();
+        let expected: Vec<String> = (0..N).step_by(2).map(|i| format!("k{i}")).collect();
+        assert_eq!(keys, expected);
+        assert_eq!(queue.len(), 0);
+        // A caller answered from the batch then leaving changes nothing.
+        queue.remove(ids[0]);
+        assert_eq!(queue.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn dead_checks_and_empty_slots_are_dropped_when_they_reach_the_front() {
+        let now = Instant::now();
+        let mut queue = Queue::default();
+        let (gone, gone_answer) = queued("gone", now + Duration::from_secs(60));
+        let (expired, _expired_answer) = queued("expired", now);
+        let (left, _left_answer) = queued("left", now + Duration::from_secs(60));
+        let (live, _live_answer) = queued("live", now + Duration::from_secs(60));
+        queue.push(now, gone);
+        queue.push(now, expired);
+        let left_id = queue.push(now, left);
+        queue.push(now, live);
+        drop(gone_answer);
+        queue.remove(left_id);
+        assert_eq!(queue.len(), 3, "the two dead ones are not met yet");
+        assert_eq!(
+            queue.front(now).map(|q| q.request.key.as_str()),
+            Some("live")
+        );
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.slots.len(), 1, "nothing dead is kept");
+        let (next, _next_answer) = queued("next", now + Duration::from_secs(60));
+        let next_id = queue.push(now, next);
+        queue.pop_front(now);
+        queue.remove(next_id);
+        assert_eq!(queue.len(), 0);
+        assert!(queue.pop_front(now).is_none());
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //! without a snapshot). Otherwise the entry lives out its retry time, at
 //! most one window.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -64,8 +64,43 @@ struct State {
     /// By hash of (policy, key); the entry keeps both, so a collision is a
     /// miss (and an overwrite), never a wrong answer.
     entries: HashMap<u64, Entry>,
-    /// No entry expires before this instant: nothing to purge until then.
-    earliest_until_ms: u64,
+    /// `(until_ms, hash)` of every entry, earliest first: expired entries
+    /// leave from the front, so making room never scans the live ones.
+    expiry: BTreeSet<(u64, u64)>,
+    /// Index items looked at while purging, to bound the work per record.
+    #[cfg(test)]
+    examined: u64,
+}
+
+impl State {
+    fn insert(&mut self, hash: u64, entry: Entry) {
+        self.expiry.insert((entry.until_ms, hash));
+        if let Some(old) = self.entries.insert(hash, entry) {
+            self.expiry.remove(&(old.until_ms, hash));
+        }
+    }
+
+    fn remove(&mut self, hash: u64) {
+        if let Some(old) = self.entries.remove(&hash) {
+            self.expiry.remove(&(old.until_ms, hash));
+        }
+    }
+
+    /// Drops every entry whose window has ended by `now_ms`. Each entry
+    /// leaves once, so this is amortized O(log n) a record.
+    fn purge(&mut self, now_ms: u64) {
+        while let Some(&(until_ms, hash)) = self.expiry.first() {
+            #[cfg(test)]
+            {
+                self.examined += 1;
+            }
+            if until_ms > now_ms {
+                return;
+            }
+            self.expiry.pop_first();
+            self.entries.remove(&hash);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -180,7 +215,7 @@ impl DenyCache {
                         || (decision.allowed && check.cost_units() >= e.cost))
             });
             if stale {
-                state.entries.remove(&hash);
+                state.remove(hash);
             }
             return;
         }
@@ -207,29 +242,12 @@ impl DenyCache {
             // The entry already denies more, for longer.
             return;
         }
+        state.purge(received_ms);
         if state.entries.len() >= self.capacity && !state.entries.contains_key(&hash) {
-            let now_ms = sent.at_ms;
-            if now_ms < state.earliest_until_ms {
-                // Full of live denials: keep them rather than scan on every
-                // new one.
-                return;
-            }
-            state.entries.retain(|_, e| e.until_ms > now_ms);
-            state.earliest_until_ms = state
-                .entries
-                .values()
-                .map(|e| e.until_ms)
-                .min()
-                .unwrap_or(u64::MAX);
-            if state.entries.len() >= self.capacity {
-                return;
-            }
+            // Full of live denials: keep them; this one goes uncached.
+            return;
         }
-        state.earliest_until_ms = state.earliest_until_ms.min(entry.until_ms);
-        if state.entries.is_empty() {
-            state.earliest_until_ms = entry.until_ms;
-        }
-        state.entries.insert(hash, entry);
+        state.insert(hash, entry);
     }
 
     /// Drops what is known of `key` under `policy`, and every denial still
@@ -243,13 +261,24 @@ impl DenyCache {
             .get(&hash)
             .is_some_and(|e| e.key == key && &e.policy == policy)
         {
-            state.entries.remove(&hash);
+            state.remove(hash);
         }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.state.lock().entries.len()
+        let state = self.state.lock();
+        assert_eq!(
+            state.entries.len(),
+            state.expiry.len(),
+            "one index item an entry"
+        );
+        state.entries.len()
+    }
+
+    #[cfg(test)]
+    fn examined(&self) -> u64 {
+        self.state.lock().examined
     }
 }
 
@@ -398,6 +427,68 @@ mod tests {
         assert!(cache.lookup(&Check::named("api", "a"), 100).is_none());
         assert!(cache.lookup(&Check::named("api", "b"), 100).is_some());
         assert!(cache.lookup(&Check::named("api", "c"), 100).is_some());
+    }
+
+    #[test]
+    fn making_room_under_key_churn_looks_at_each_entry_about_once() {
+        // Full of denials that end one a millisecond apart, then a new key
+        // denied every millisecond: each new denial finds one expired entry
+        // to replace, and must not look at the live ones to find it.
+        const CAPACITY: u64 = 1_000;
+        let cache = DenyCache::new(CAPACITY as usize);
+        for i in 0..CAPACITY {
+            let check = Check::named("api", format!("old{i}"));
+            // Held until 10 + i (the retry less the 1 ms margin).
+            cache.record(&check, &denial(10, 11 + i), cache.sent(0), 0);
+        }
+        assert_eq!(cache.len(), CAPACITY as usize);
+        for j in 0..CAPACITY {
+            let now = 10 + j;
+            let check = Check::named("api", format!("new{j}"));
+            cache.record(&check, &denial(10, 100_000), cache.sent(now), now);
+            assert!(cache.lookup(&check, now).is_some(), "room was made");
+            assert!(
+                cache
+                    .lookup(&Check::named("api", format!("old{j}")), now)
+                    .is_none()
+            );
+        }
+        assert_eq!(cache.len(), CAPACITY as usize);
+        let records = 2 * CAPACITY;
+        assert!(
+            cache.examined() <= 2 * records,
+            "{} index items looked at for {records} records",
+            cache.examined()
+        );
+    }
+
+    #[test]
+    fn an_overwritten_or_dropped_entry_leaves_the_expiry_index_too() {
+        let cache = DenyCache::new(2);
+        let check = Check::named("api", "k");
+        cache.record(&check, &denial(10, 100), cache.sent(0), 0);
+        // A longer denial of the same key replaces the entry and its index
+        // item: when the first window ends the key is still denied.
+        cache.record(&check, &denial(10, 1_000), cache.sent(1), 1);
+        assert_eq!(cache.len(), 1);
+        cache.record(
+            &Check::named("api", "other"),
+            &denial(10, 1_000),
+            cache.sent(200),
+            200,
+        );
+        assert!(cache.lookup(&check, 200).is_some());
+        cache.forget(check.policy(), "k");
+        assert_eq!(cache.len(), 1);
+        // The slot the reset freed takes a new key at once.
+        cache.record(
+            &Check::named("api", "third"),
+            &denial(10, 1_000),
+            cache.sent(201),
+            201,
+        );
+        assert!(cache.lookup(&Check::named("api", "third"), 201).is_some());
+        assert_eq!(cache.len(), 2);
     }
 
     #[test]

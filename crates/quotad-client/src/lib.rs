@@ -58,7 +58,10 @@ mod transport;
 
 pub use builder::ClientBuilder;
 pub use client::{Client, OUTAGE_LOG_INTERVAL};
-pub use coalesce::{Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT};
+pub use coalesce::{
+    BATCH_REFUSAL_BACKOFF, Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_IN_FLIGHT,
+};
 pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 #[cfg(feature = "http")]
 pub use layer::{

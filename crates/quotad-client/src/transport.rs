@@ -392,6 +392,11 @@ mod tests {
             .expect_err("no such file")
             .to_string();
         assert!(missing.contains("tls.ca: /nonexistent/ca.pem"), "{missing}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_ca_that_is_no_certificate_is_refused_saying_so() {
         let garbled = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         let message = error(
             "https://localhost:1",

@@ -5,25 +5,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quotad_client::{
-    Check, Client, Coalescing, DEFAULT_MAX_BATCH_BYTES, Decision, Error, FailurePolicy, Reason,
+    BATCH_REFUSAL_BACKOFF, Check, Client, ClientBuilder, Coalescing, DEFAULT_MAX_BATCH_BYTES,
+    Decision, Error, FailurePolicy, Reason,
 };
 use tokio::task::JoinHandle;
 use tonic::{Code, Status};
 
-use crate::fake::{Call, Fake, serve_tcp, until};
+use crate::fake::{Call, Fake, clock_of, serve_tcp, until};
 
 const LONG: Duration = Duration::from_secs(30);
 
-/// A client of `fake` with `slots` in-flight slots and no deny cache (so
-/// every check reaches the server).
-async fn client(fake: &Arc<Fake>, slots: usize) -> Client {
+/// Settings for a client of `fake` with `slots` in-flight slots and no
+/// deny cache (so every check reaches the server).
+async fn builder(fake: &Arc<Fake>, slots: usize) -> ClientBuilder {
     let addr = serve_tcp(fake, None).await;
     Client::builder(format!("http://{addr}"))
         .deadline(LONG)
         .coalescing(Coalescing::try_new(slots, 1_000, DEFAULT_MAX_BATCH_BYTES).expect("valid"))
         .deny_cache(0)
-        .build()
-        .expect("valid address")
+}
+
+/// A client of `fake` as [`builder`] sets it up.
+async fn client(fake: &Arc<Fake>, slots: usize) -> Client {
+    builder(fake, slots).await.build().expect("valid address")
 }
 
 fn spawn_check(client: &Client, check: Check) -> JoinHandle<Result<Decision, Error>> {
@@ -33,10 +37,20 @@ fn spawn_check(client: &Client, check: Check) -> JoinHandle<Result<Decision, Err
 
 /// Holds the server and puts one check in flight on the only slot.
 async fn occupy_the_slot(fake: &Arc<Fake>, client: &Client) -> JoinHandle<Result<Decision, Error>> {
+    occupy_the_slot_with(fake, client, "first").await
+}
+
+/// Holds the server and puts a check of `key` in flight on the only slot.
+async fn occupy_the_slot_with(
+    fake: &Arc<Fake>,
+    client: &Client,
+    key: &str,
+) -> JoinHandle<Result<Decision, Error>> {
     fake.hold();
-    let first = spawn_check(client, Check::named("api", "first"));
-    until("the first check reaches the server", || {
-        fake.calls().len() == 1
+    let sent = fake.calls().len();
+    let first = spawn_check(client, Check::named("api", key));
+    until("the check reaches the server", || {
+        fake.calls().len() == sent + 1
     })
     .await;
     first
@@ -581,25 +595,29 @@ async fn a_queued_caller_that_leaves_is_taken_off_the_queue_and_never_sent() {
     );
 }
 
+/// Has the fake refuse `CheckBatch` with `status`, and one batch (of "a"
+/// and "b", behind "first") refused; its checks are sent again alone.
+async fn have_a_batch_refused(fake: &Arc<Fake>, client: &Client, status: Status) {
+    fake.fail_batches(status);
+    let first = occupy_the_slot(fake, client).await;
+    let waiting = queue(client, [Check::named("api", "a"), Check::named("api", "b")]).await;
+    for outcome in release(fake, first, waiting).await {
+        assert!(outcome.expect("re-sent alone").allowed);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_refused_batches_as_such_sends_its_checks_alone_from_then_on() {
+async fn a_client_refused_batches_as_such_sends_its_checks_alone_for_a_while() {
     let fake = Fake::new(100, Duration::from_secs(60));
     let client = client(&fake, 1).await;
-    fake.fail_batches(Status::permission_denied(
-        "quotad.v1.Quota/CheckBatch is not allowed for this client",
-    ));
-    let first = occupy_the_slot(&fake, &client).await;
-    let waiting = queue(
+    have_a_batch_refused(
+        &fake,
         &client,
-        [Check::named("api", "a"), Check::named("api", "b")],
+        Status::permission_denied("quotad.v1.Quota/CheckBatch is not allowed for this client"),
     )
     .await;
-    fake.open();
-    assert!(outcome(first).await.expect("decided").allowed);
-    for handle in waiting {
-        assert!(outcome(handle).await.expect("re-sent alone").allowed);
-    }
-    // From now on nothing queues behind a busy slot: every check goes alone.
+    // For the back-off nothing queues behind a busy slot: every check goes
+    // alone.
     fake.hold();
     let held = spawn_check(&client, Check::named("api", "held"));
     let alone = spawn_check(&client, Check::named("api", "alone"));
@@ -623,6 +641,92 @@ async fn a_client_refused_batches_as_such_sends_its_checks_alone_from_then_on() 
         "one refused batch, then none: {:?}",
         fake.calls()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batching_resumes_after_the_back_off_once_a_proxy_stops_refusing_check_batch() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    // The back-off runs on the client's clock: the fake's, which the test
+    // advances.
+    let client = builder(&fake, 1)
+        .await
+        .clock(clock_of(&fake))
+        .build()
+        .expect("valid address");
+    // What tonic makes of a proxy's 404 for a path it does not route.
+    have_a_batch_refused(
+        &fake,
+        &client,
+        Status::unimplemented("grpc-status header missing, mapped from HTTP status code 404"),
+    )
+    .await;
+    fake.accept_batches();
+
+    // Within the back-off, a check finding the slot busy still goes alone.
+    fake.clock
+        .advance(BATCH_REFUSAL_BACKOFF - Duration::from_millis(1));
+    let held = occupy_the_slot_with(&fake, &client, "held").await;
+    let alone = spawn_check(&client, Check::named("api", "alone"));
+    until("the second check reaches the server too", || {
+        fake.calls().contains(&Call::Check("alone".into()))
+    })
+    .await;
+    assert_eq!(client.queued_checks(), 0);
+    for outcome in release(&fake, held, vec![alone]).await {
+        assert!(outcome.expect("decided").allowed);
+    }
+
+    // Once it has passed, checks queue behind a busy slot and leave as one
+    // batch again.
+    fake.clock.advance(Duration::from_millis(1));
+    let busy = occupy_the_slot_with(&fake, &client, "busy").await;
+    let waiting = queue(
+        &client,
+        [Check::named("api", "c"), Check::named("api", "d")],
+    )
+    .await;
+    for outcome in release(&fake, busy, waiting).await {
+        assert!(outcome.expect("decided").allowed);
+    }
+    let calls = fake.calls();
+    assert_eq!(
+        calls.last(),
+        Some(&Call::Batch(vec!["c".into(), "d".into()])),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| matches!(c, Call::Batch(_))).count(),
+        2,
+        "the refused batch and the one after the back-off: {calls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_callers_that_leave_from_the_middle_are_not_in_the_batch() {
+    for _ in 0..3 {
+        let fake = Fake::new(100, Duration::from_secs(60));
+        let client = client(&fake, 1).await;
+        let first = occupy_the_slot(&fake, &client).await;
+        let mut waiting = queue(
+            &client,
+            keys("m", 5).into_iter().map(|k| Check::named("api", k)),
+        )
+        .await;
+        for gone in [3, 1] {
+            waiting.remove(gone).abort();
+        }
+        until("the two leave the queue", || client.queued_checks() == 3).await;
+        for outcome in release(&fake, first, waiting).await {
+            assert!(outcome.expect("decided").allowed);
+        }
+        assert_eq!(
+            fake.calls(),
+            vec![
+                Call::Check("first".into()),
+                Call::Batch(vec!["m0".into(), "m2".into(), "m4".into()]),
+            ]
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

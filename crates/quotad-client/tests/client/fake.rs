@@ -128,6 +128,11 @@ impl Fake {
         *lock(&self.batch_failure) = Some(status);
     }
 
+    /// `CheckBatch` calls are decided again from now on.
+    pub(crate) fn accept_batches(&self) {
+        *lock(&self.batch_failure) = None;
+    }
+
     /// The backend fails for `key` from now on, under a policy whose
     /// `on_error` is `error`: a lone check answers UNAVAILABLE, an item of
     /// a batch `REASON_UNAVAILABLE`, as quotad does.
