@@ -30,12 +30,17 @@
 //!   re-sending could count a request twice);
 //! - anything else (`INTERNAL`): every caller gets that error.
 //!
-//! An item quotad could not decide while deciding the others comes back as
-//! `REASON_UNAVAILABLE`, with nothing consumed for it. It is sent again on
-//! its own, within its caller's deadline, and its caller gets what that
-//! lone `Check` answers: the real error (a lone check of corrupt state
-//! answers `INTERNAL`, not an outage), or UNAVAILABLE and its own failure
-//! policy, or a decision if the store has recovered.
+//! An item quotad could not decide comes back as `REASON_UNAVAILABLE`
+//! (quotad consumed nothing for it, except where docs/redis.md's residual
+//! window says). When quotad decided others of the batch, the failure may
+//! be the item's own (corrupt state under its key, a Cluster node): up to
+//! [`MAX_RESENT_ALONE`] such items are sent again on their own, within their
+//! callers' deadlines, and each caller gets what that lone `Check` answers:
+//! the real error (a lone check of corrupt state answers `INTERNAL`, not an
+//! outage), or UNAVAILABLE and its own failure policy, or a decision. When
+//! quotad decided none (an outage of its store), or past that bound, the
+//! callers get their failure policies at once, as for a failed call: an
+//! outage is not multiplied into one call per check.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -547,14 +552,24 @@ async fn send_batch(shared: &Arc<Shared>, mut batch: Vec<Queued>) {
     };
     match result {
         Ok(response) if response.decisions.len() == waiters.len() => {
+            let undecided = |d: &pb::Decision| d.reason == i32::from(pb::Reason::Unavailable);
+            let any_decided = !response.decisions.iter().all(undecided);
             let mut resent = Vec::new();
             for ((request, (reply, deadline)), decision) in
                 requests.into_iter().zip(waiters).zip(response.decisions)
             {
-                if decision.reason == i32::from(pb::Reason::Unavailable) {
-                    // Not decided, nothing consumed: the check alone says
-                    // what went wrong, as it would have without the batch.
-                    resent.extend(send_alone(shared, request, reply, deadline));
+                if undecided(&decision) {
+                    if any_decided && resent.len() < MAX_RESENT_ALONE {
+                        // The failure may be this item's own: the check
+                        // alone says what went wrong, as it would have
+                        // without the batch.
+                        resent.extend(send_alone(shared, request, reply, deadline));
+                    } else {
+                        let status = Status::unavailable(
+                            "quotad could not decide this check (REASON_UNAVAILABLE)",
+                        );
+                        let _ = reply.send((Answer::Failed(status), sent_ms));
+                    }
                 } else {
                     let _ = reply.send((Answer::Decided(decision), sent_ms));
                 }
@@ -572,6 +587,10 @@ async fn send_batch(shared: &Arc<Shared>, mut batch: Vec<Queued>) {
         Err(status) => on_batch_error(shared, requests, waiters, &status, sent_ms).await,
     }
 }
+
+/// The most checks of one batch that quotad could not decide which are sent
+/// again, each on its own, to learn why (see the module's docs).
+pub const MAX_RESENT_ALONE: usize = 8;
 
 /// Resolves once every caller of a batch has stopped waiting for it.
 async fn every_caller_gone(waiters: &mut [(oneshot::Sender<Delivered>, Instant)]) {

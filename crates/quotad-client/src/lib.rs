@@ -60,7 +60,7 @@ pub use builder::ClientBuilder;
 pub use client::{Client, OUTAGE_LOG_INTERVAL};
 pub use coalesce::{
     BATCH_REFUSAL_BACKOFF, Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MAX_IN_FLIGHT, MAX_RESENT_ALONE,
 };
 pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 #[cfg(feature = "http")]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use quotad_client::{
     BATCH_REFUSAL_BACKOFF, Check, Client, ClientBuilder, Coalescing, DEFAULT_MAX_BATCH_BYTES,
-    Decision, Error, FailurePolicy, Reason,
+    Decision, Error, FailurePolicy, MAX_RESENT_ALONE, Reason,
 };
 use tokio::task::JoinHandle;
 use tonic::{Code, Status};
@@ -816,4 +816,60 @@ async fn every_call_is_counted_by_its_method() {
         1,
         "the three waiting left as one batch"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_quotad_decided_none_of_is_not_sent_again_check_by_check() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    let keys: Vec<String> = (0..5).map(|i| format!("down-{i}")).collect();
+    for key in &keys {
+        fake.take_down(key);
+    }
+    let open = client.with_failure_policy(FailurePolicy::FailOpen);
+    let first = occupy_the_slot(&fake, &client).await;
+    let waiting = queue(&open, keys.iter().map(|k| Check::named("api", k))).await;
+    let outcomes = release(&fake, first, waiting).await;
+    // An outage of quotad's store: each caller's failure policy, at once.
+    for outcome in &outcomes {
+        assert_eq!(
+            outcome.as_ref().expect("fails open").reason,
+            Reason::FailOpen
+        );
+    }
+    assert_eq!(
+        fake.calls(),
+        vec![Call::Check("first".into()), Call::Batch(keys.clone()),],
+        "nothing sent again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_max_resent_alone_undecided_checks_of_a_batch_are_sent_again() {
+    let fake = Fake::new(100, Duration::from_secs(60));
+    let client = client(&fake, 1).await;
+    let down: Vec<String> = (0..MAX_RESENT_ALONE + 3)
+        .map(|i| format!("down-{i}"))
+        .collect();
+    for key in &down {
+        fake.take_down(key);
+    }
+    let open = client.with_failure_policy(FailurePolicy::FailOpen);
+    let first = occupy_the_slot(&fake, &client).await;
+    let mut waiting = queue(&open, [Check::named("api", "up")]).await;
+    waiting.extend(queue(&open, down.iter().map(|k| Check::named("api", k))).await);
+    let outcomes = release(&fake, first, waiting).await;
+    let resent = fake
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, Call::Check(k) if k.starts_with("down-")))
+        .count();
+    assert_eq!(resent, MAX_RESENT_ALONE);
+    assert!(outcomes[0].as_ref().expect("decided").allowed);
+    for outcome in &outcomes[1..] {
+        assert_eq!(
+            outcome.as_ref().expect("fails open").reason,
+            Reason::FailOpen
+        );
+    }
 }
