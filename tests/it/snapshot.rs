@@ -437,11 +437,16 @@ async fn a_bad_snapshot_is_kept_aside_and_a_crashs_leftovers_are_removed() {
     a_written_snapshot(&path, &clock).await;
     damage(&path, "corrupt");
     let damaged = std::fs::read(&path).expect("read");
-    let leftover = dir.path().join(".quotad-snapshot-quotad.snapshot.crashed");
+    let leftover = dir.path().join(".quotad-snapshot-quotad.snapshot.A1b2C3d4");
     std::fs::write(&leftover, b"half a snapshot").expect("write");
-    // Another quotad's snapshot, of another name, being written there.
-    let theirs = dir.path().join(".quotad-snapshot-other.snapshot.writing");
+    // Other quotads' snapshots, of other names (one that starts with this
+    // one's), being written there.
+    let theirs = dir.path().join(".quotad-snapshot-other.snapshot.E5f6G7h8");
     std::fs::write(&theirs, b"half of another snapshot").expect("write");
+    let longer = dir
+        .path()
+        .join(".quotad-snapshot-quotad.snapshot.2.E5f6G7h8");
+    std::fs::write(&longer, b"half of another snapshot").expect("write");
 
     let server = start(&path, "", &clock).await;
     // Serving: the start, with its load, is over.
@@ -458,6 +463,10 @@ async fn a_bad_snapshot_is_kept_aside_and_a_crashs_leftovers_are_removed() {
     assert!(
         theirs.exists(),
         "another snapshot's file in progress is left alone"
+    );
+    assert!(
+        longer.exists(),
+        "so is one of a snapshot whose name starts with this one's"
     );
     server.shutdown().await.expect("clean stop");
     assert!(path.exists(), "a good snapshot in its place");

@@ -65,6 +65,20 @@ fn temporary_prefix(path: &Path) -> String {
     format!("{TEMPORARY_PREFIX}{name}.")
 }
 
+/// The random characters that end a temporary file's name.
+const TEMPORARY_RANDOM: usize = 8;
+
+/// Whether `file_name` is one of `path`'s temporary files: its prefix, then
+/// exactly [`TEMPORARY_RANDOM`] random characters (so not a file of a
+/// snapshot whose name starts with this one's, `state` and `state.2`).
+fn is_temporary_of(path: &Path, file_name: &str) -> bool {
+    file_name
+        .strip_prefix(&temporary_prefix(path))
+        .is_some_and(|rest| {
+            rest.len() == TEMPORARY_RANDOM && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
+}
+
 /// The folder of the snapshot at `path`.
 fn folder_of(path: &Path) -> &Path {
     path.parent()
@@ -77,9 +91,8 @@ pub(crate) fn remove_leftovers(path: &Path) {
     let Ok(entries) = std::fs::read_dir(folder_of(path)) else {
         return;
     };
-    let prefix = temporary_prefix(path);
     for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+        if is_temporary_of(path, &entry.file_name().to_string_lossy()) {
             let leftover = entry.path();
             match std::fs::remove_file(&leftover) {
                 Ok(()) => {
@@ -251,6 +264,7 @@ pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io:
     let folder = folder_of(path);
     let mut temp = tempfile::Builder::new()
         .prefix(&temporary_prefix(path))
+        .rand_bytes(TEMPORARY_RANDOM)
         .tempfile_in(folder)?;
     let exported = {
         let mut out = BufWriter::with_capacity(1 << 20, temp.as_file_mut());
