@@ -150,7 +150,10 @@ where
                             by: Box::pin(tokio::time::sleep(timeout)),
                             left: self.limit.first_bytes,
                         });
-                        let closing = self.limit.closing.clone();
+                        // Its own token, cancelled with the limit's: a
+                        // waiting read or write registers with it alone,
+                        // not with one lock every connection shares.
+                        let closing = self.limit.closing.child_token();
                         return Poll::Ready(Some(Ok(Admitted {
                             io,
                             _permit: permit,

@@ -8,6 +8,7 @@ use quotad_core::Policy;
 use serde::Deserialize;
 
 use super::human_duration;
+use crate::metrics::INLINE_POLICY_LABEL;
 use crate::policy::{PolicyField, policy_error_field, validate_policy_name};
 
 /// What a check answers when the store fails (Redis down or too slow).
@@ -72,6 +73,17 @@ pub(super) fn validate(
             return Err((
                 vec!["policies".to_owned(), name.clone()],
                 format!("policy name {message}"),
+            ));
+        }
+        // The metrics label every inline policy so: a policy of that name
+        // would add its decisions to theirs. (A request naming it finds no
+        // such policy: NOT_FOUND.)
+        if name == INLINE_POLICY_LABEL {
+            return Err((
+                vec!["policies".to_owned(), name.clone()],
+                format!(
+                    "policy name {INLINE_POLICY_LABEL:?} is reserved: the metrics label inline policies with it"
+                ),
             ));
         }
         let algorithm = raw

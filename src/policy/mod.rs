@@ -35,29 +35,22 @@ pub(crate) use reload::Reloader;
 
 use quotad_core::PolicyError;
 
-use crate::metrics::INLINE_POLICY_LABEL;
-
 /// The longest policy name.
 pub const MAX_POLICY_NAME_LEN: usize = 64;
 
-/// Checks a policy name: 1 to 64 characters from `A-Z a-z 0-9 _ . -`, and
-/// not `inline`.
+/// Checks a policy name: 1 to 64 characters from `A-Z a-z 0-9 _ . -`.
 ///
 /// The alphabet excludes `:`, which keeps named state apart from inline
 /// state (namespaced `inline:...`), and NUL, the store's key separator.
-/// `inline` is the metrics' label for every inline policy: a policy of that
-/// name would add its decisions to theirs.
+/// A configured policy may not be named [`INLINE_POLICY_LABEL`] either
+/// (see `config::policies`).
 ///
 /// # Errors
 ///
 /// A message saying what a valid name is.
 pub fn validate_policy_name(name: &str) -> Result<(), String> {
     let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
-    if name == INLINE_POLICY_LABEL {
-        Err(format!(
-            "{INLINE_POLICY_LABEL:?} is reserved: the metrics label inline policies with it"
-        ))
-    } else if (1..=MAX_POLICY_NAME_LEN).contains(&name.len()) && name.chars().all(valid_char) {
+    if (1..=MAX_POLICY_NAME_LEN).contains(&name.len()) && name.chars().all(valid_char) {
         Ok(())
     } else {
         Err(format!(
@@ -125,7 +118,6 @@ mod tests {
             "",
             "a:b",
             "inline:fixed_window:1:1:1",
-            "inline",
             "a b",
             "a\0b",
             "é",

@@ -389,7 +389,7 @@ impl<S: Backend> RlsService<S> {
                 self.store_ops.check.increment(1);
                 let item = item.with_spend(spend);
                 let mut result = [self.backend.check_one(&item, deadline).await];
-                if !self.backend.spends_when_denied() {
+                if spend == Spend::Always && !self.backend.spends_when_denied() {
                     Box::pin(self.spend_rest(std::slice::from_ref(&item), &mut result, deadline))
                         .await;
                 }

@@ -241,6 +241,11 @@ local function max(a, b)
   return b
 end
 
+-- Raised (as an error object) by a read that finds a member of a log that
+-- is not quotad's: caught for that item alone (see the main loop); any
+-- other error stays a script error.
+local NOT_QUOTADS = {}
+
 local function corrupt(key, why)
   return redis.error_reply('QUOTAD_CORRUPT ' .. key .. ': ' .. why)
 end
@@ -590,7 +595,8 @@ function LOG.retry(m, c)
   local target = st.first.score + excess
   if st.last.score + st.last.cost + m.merged < target then return m.p.window end
   local found = redis.call('ZREVRANGEBYSCORE', st.key, '(' .. string.format('%d', target), '-inf', 'LIMIT', 0, 1)
-  local entry = log_entry(found[1], 0)
+  local entry = found[1] and log_entry(found[1], 0)
+  if not entry then error(NOT_QUOTADS) end
   return entry.ms + m.p.window - m.at
 end
 
@@ -714,6 +720,9 @@ for i = 1, #KEYS do
       -- quotad's fails this item only (the key's state stays as the items
       -- before it left it), or the whole of an all-or-nothing batch.
       ok, m, decided = pcall(evaluate, p, states[key], now, cost, mode ~= 'peek')
+      -- On failure `m` is the error: only a member that is not quotad's is
+      -- this item's; anything else is a bug, raised as before.
+      if not ok and m ~= NOT_QUOTADS then error(m, 0) end
       if not ok and mode == 'all' then return corrupt(key, 'not a sliding log') end
     else
       m, decided = evaluate(p, states[key], now, cost, mode ~= 'peek')
