@@ -61,15 +61,29 @@ impl<'a> Layers<'a> {
     /// that is missing, unknown or of the wrong type.
     pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
         serde_path_to_error::deserialize(Value::Table(self.merged.clone())).map_err(|e| {
-            let field = match e.path().to_string() {
-                root if root == "." => "(top level)".to_owned(),
-                field => field,
+            use serde_path_to_error::Segment;
+            let segments: Vec<String> = e
+                .path()
+                .iter()
+                .map(|segment| match segment {
+                    Segment::Map { key } => key.clone(),
+                    Segment::Seq { index } => index.to_string(),
+                    Segment::Enum { variant } => variant.clone(),
+                    Segment::Unknown => "?".to_owned(),
+                })
+                .collect();
+            let path: Vec<&str> = segments.iter().map(String::as_str).collect();
+            // Keys are written as in the file (an empty or dotted key
+            // quoted), so every field has a name.
+            let field = if path.is_empty() {
+                "(top level)".to_owned()
+            } else {
+                super::display_path(&path)
             };
-            let origin = self.origin_of(&field.split('.').collect::<Vec<_>>());
             ConfigError::Invalid {
                 field,
                 message: e.into_inner().message().to_owned(),
-                origin,
+                origin: self.origin_of(&path),
             }
         })
     }

@@ -149,6 +149,12 @@ fn names_the_field_of_a_type_or_parse_error() {
 fn rejects_unknown_fields_everywhere() {
     for (text, field) in [
         ("colour = 1\n", "colour: unknown field `colour`"),
+        // Keys that are not bare are named as written: quoted.
+        ("\"\" = 1\n", "\"\": unknown field ``"),
+        (
+            "[server]\n\"a.b\" = 1\n",
+            "server.\"a.b\": unknown field `a.b`",
+        ),
         (
             "[server]\ngrpc_adr = \"127.0.0.1:1\"\n",
             "server.grpc_adr: unknown field `grpc_adr`",
