@@ -457,16 +457,8 @@ async fn many_probes_or_denied_hits_in_one_request_cost_a_few_scripts_not_one_ea
     let looked = ask(&mut client, probes).await;
     assert_eq!(script_calls(&redis) - before, 4, "201 probes in 4 scripts");
     // A probe asks whether one more hit fits; where none is left it is over.
-    let expected: Vec<(i32, u32)> = probed
-        .iter()
-        .map(|&i| {
-            if left(i) > 0 {
-                (ok, left(i))
-            } else {
-                (over, 0)
-            }
-        })
-        .collect();
+    let probed_with = |left: u32| if left > 0 { (ok, left) } else { (over, 0) };
+    let expected: Vec<(i32, u32)> = probed.iter().map(|&i| probed_with(left(i))).collect();
     assert_eq!(each_status(&looked), expected);
 
     // The reference's counting on the first 100 keys: even ones take 1 hit,
@@ -523,14 +515,6 @@ async fn many_probes_or_denied_hits_in_one_request_cost_a_few_scripts_not_one_ea
             .collect(),
     );
     let looked = ask(&mut client, probes).await;
-    let expected: Vec<(i32, u32)> = (0..100)
-        .map(|i| {
-            if after(i) > 0 {
-                (ok, after(i))
-            } else {
-                (over, 0)
-            }
-        })
-        .collect();
+    let expected: Vec<(i32, u32)> = (0..100).map(|i| probed_with(after(i))).collect();
     assert_eq!(each_status(&looked), expected);
 }
