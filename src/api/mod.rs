@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 
 use self::error::{ServiceError, to_status};
 use crate::backend::Deadline;
+use crate::grpc::status::Arrived;
 use crate::metrics::{Method, Metrics};
 
 /// Runs one handler: times it, and turns its error into a status, counted
@@ -52,7 +53,11 @@ pub(crate) async fn serve<T, R, Fut>(
 where
     Fut: Future<Output = Result<R, ServiceError>>,
 {
-    let deadline = call_deadline(request.metadata(), request_timeout);
+    let arrived = request
+        .extensions()
+        .get::<Arrived>()
+        .map_or_else(Instant::now, |a| a.0);
+    let deadline = call_deadline(request.metadata(), request_timeout, arrived);
     observe(metrics, method, handle(request.into_inner(), deadline)).await
 }
 
@@ -67,21 +72,28 @@ where
 pub(crate) const ANSWER_MARGIN: Duration = Duration::from_millis(2);
 
 /// When quotad gives up on the call of `metadata`'s request, counted from
-/// now: its `grpc-timeout`, if it sent one, or `request_timeout`, whichever
-/// ends first (tonic cancels the call then), less [`ANSWER_MARGIN`], so
-/// that the call is answered (a store failure as its `on_error` says)
-/// before tonic ends it. The store is given it, so that a call answered as
-/// failed is never counted later.
+/// when it `arrived` (as tonic counts its own timeout): its `grpc-timeout`,
+/// if it sent one, or `request_timeout`, whichever ends first (tonic
+/// cancels the call then), less [`ANSWER_MARGIN`], so that the call is
+/// answered (a store failure as its `on_error` says) before tonic ends it.
+/// The store is given it, so that a call answered as failed is never
+/// counted later.
 ///
 /// The request's transit is not in it: the client's own deadline ended
 /// that much earlier (`docs/redis.md`, the residual window).
-pub(crate) fn call_deadline(metadata: &MetadataMap, request_timeout: Duration) -> Deadline {
+pub(crate) fn call_deadline(
+    metadata: &MetadataMap,
+    request_timeout: Duration,
+    arrived: Instant,
+) -> Deadline {
     let asked = metadata
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(grpc_timeout);
     let ends = asked.map_or(request_timeout, |t| t.min(request_timeout));
-    Deadline::after(ends.saturating_sub(ANSWER_MARGIN))
+    arrived
+        .checked_add(ends.saturating_sub(ANSWER_MARGIN))
+        .map_or(Deadline::NONE, Deadline::at)
 }
 
 /// A `grpc-timeout` value: 1 to 8 digits and a unit (`H`, `M`, `S`, `m`,
@@ -123,7 +135,7 @@ mod tests {
         }
         let within = |metadata: &MetadataMap, timeout: Duration| {
             let before = Instant::now();
-            let at = call_deadline(metadata, timeout)
+            let at = call_deadline(metadata, timeout, Instant::now())
                 .instant()
                 .expect("a deadline");
             at.duration_since(before)

@@ -29,10 +29,10 @@ use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
 use crate::policy::MAX_POLICY_NAME_LEN;
 use crate::tasks::ServerTask;
 
-use self::status::SizeStatusLayer;
+use self::status::{ArrivalLayer, SizeStatusLayer};
 
 /// The gRPC server builder [`server`] makes: tonic's, with quotad's layers.
-pub type GrpcServer = Server<Stack<SizeStatusLayer, Identity>>;
+pub type GrpcServer = Server<Stack<SizeStatusLayer, Stack<ArrivalLayer, Identity>>>;
 
 /// Locally reset streams (the server refusing a client's broken frames)
 /// allowed on one connection before it is closed: hyper's own default,
@@ -69,7 +69,8 @@ pub fn server(
             .map_err(|e| Error::Tls(format!("server.tls.{}: {}", e.field, e.message)))?;
         builder = builder.tls_config(config)?;
     }
-    Ok(builder.layer(SizeStatusLayer))
+    // Arrival first: the outermost of quotad's layers.
+    Ok(builder.layer(ArrivalLayer).layer(SizeStatusLayer))
 }
 
 /// The accepted connections of `listener`, at most

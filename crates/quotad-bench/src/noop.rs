@@ -1,6 +1,6 @@
 //! The no-op server: quotad's APIs with nothing behind them.
 
-use quotad::grpc::status::SizeStatusLayer;
+use quotad::grpc::status::{ArrivalLayer, SizeStatusLayer};
 use quotad::listen::{ConnectionLimit, Incoming, UnixIncoming, UnixSocket};
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 use tower_layer::{Identity, Stack};
 
 /// The layers of quotad's server builder ([`quotad::grpc::GrpcServer`]).
-type Layers = Stack<SizeStatusLayer, Identity>;
+type Layers = Stack<SizeStatusLayer, Stack<ArrivalLayer, Identity>>;
 
 /// The one decision the no-op server gives: allowed, within a limit that
 /// no benchmark reaches.
