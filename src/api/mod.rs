@@ -63,12 +63,14 @@ where
 
 /// How long before tonic's own end of a call quotad's deadline for it
 /// passes. tonic starts its timer (`grpc-timeout`, or `request_timeout`)
-/// when the call arrives, before the body is read and decoded, and its
-/// timers fire on whole milliseconds: a deadline counted from the handler
-/// with no margin would end in the same or a later tick about one call in
-/// ten on a stalled store, and the caller would get `CANCELLED` instead of
-/// its `on_error` answer (and the store call would be dropped, not
-/// followed to its late end).
+/// when the call arrives, before the body is read and decoded; quotad's
+/// deadline counts from the same moment (the [`Arrived`] stamp of the
+/// outermost layer), less this, so it ends at least a whole timer tick
+/// (1 ms) earlier. tonic polls the handler before its own timer, so the
+/// handler, whose store call has timed out by then, answers first. Counted
+/// from the handler with no margin, about one call in ten on a stalled
+/// store got `CANCELLED` instead of its `on_error` answer (and its store
+/// call was dropped, not followed to its late end).
 pub(crate) const ANSWER_MARGIN: Duration = Duration::from_millis(2);
 
 /// When quotad gives up on the call of `metadata`'s request, counted from
