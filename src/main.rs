@@ -229,7 +229,10 @@ fn ignore_hangup() {
     }
 }
 
-/// Resolves on the first SIGTERM or SIGINT (Ctrl-C).
+/// Resolves on the first SIGTERM or SIGINT (Ctrl-C). A second one ends the
+/// process at once (exit 1), without the rest of the shutdown delay, the
+/// drain or the final snapshot: an operator's way out of a shutdown that
+/// waits too long.
 fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
@@ -242,6 +245,17 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'stati
                 _ = interrupt.recv() => "SIGINT",
             };
             tracing::info!(signal = name, "shutdown requested");
+            tokio::spawn(async move {
+                let name = tokio::select! {
+                    _ = terminate.recv() => "SIGTERM",
+                    _ = interrupt.recv() => "SIGINT",
+                };
+                tracing::warn!(
+                    signal = name,
+                    "second signal: exiting now, without draining or the final snapshot"
+                );
+                std::process::exit(1);
+            });
         })
     }
     #[cfg(not(unix))]

@@ -171,6 +171,31 @@ async fn serve_without_a_config_file_survives_sighup() {
 }
 
 #[tokio::test]
+async fn a_second_sigterm_ends_a_shutdown_that_waits() {
+    let mut server = Server::spawn(&[
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--shutdown-delay",
+        "60s",
+    ]);
+    let (_grpc, admin) = server.addresses();
+    server.signal("TERM");
+    // The first one starts the shutdown: not ready, still serving for 60 s.
+    eventually(
+        Duration::from_secs(10),
+        "not ready once the shutdown began",
+        || async { http_get(admin, "/readyz").await.0 == 503 },
+    )
+    .await;
+    server.signal("TERM");
+    let status = server.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1), "the second one ends it at once");
+}
+
+#[tokio::test]
 async fn serve_reloads_policies_on_sighup_and_exits_zero_on_sigterm() {
     let dir = tempfile::tempdir().expect("temp dir");
     let policy = |limit: u32| {
