@@ -155,12 +155,7 @@ async fn serve_without_a_config_file_survives_sighup() {
     server.signal("HUP");
     server.signal("HUP");
     // Still serving: SIGHUP with nothing to reload is not the end.
-    eventually(
-        Duration::from_secs(10),
-        "quotad answers after SIGHUP",
-        || async { http_get(admin, "/readyz").await.0 == 200 },
-    )
-    .await;
+    readyz_turns(admin, 200).await;
     server.signal("TERM");
     let status = server.wait(Duration::from_secs(10));
     assert_eq!(
@@ -168,6 +163,16 @@ async fn serve_without_a_config_file_survives_sighup() {
         Some(0),
         "a graceful shutdown exits 0, not killed by SIGHUP"
     );
+}
+
+/// Waits (up to 10 s) until the admin port's `/readyz` answers `code`.
+async fn readyz_turns(admin: std::net::SocketAddr, code: u16) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("/readyz answers {code}"),
+        || async { http_get(admin, "/readyz").await.0 == code },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -184,12 +189,7 @@ async fn a_second_sigterm_ends_a_shutdown_that_waits() {
     let (_grpc, admin) = server.addresses();
     server.signal("TERM");
     // The first one starts the shutdown: not ready, still serving for 60 s.
-    eventually(
-        Duration::from_secs(10),
-        "not ready once the shutdown began",
-        || async { http_get(admin, "/readyz").await.0 == 503 },
-    )
-    .await;
+    readyz_turns(admin, 503).await;
     server.signal("TERM");
     let status = server.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(1), "the second one ends it at once");
