@@ -79,7 +79,8 @@ impl ConnectionLimit {
     }
 
     /// Ends every connection admitted by this limit that is still open:
-    /// their next read or write fails, which ends their HTTP handling. For
+    /// their next read or write that must wait (at once for an idle one)
+    /// fails, which ends their HTTP handling. For
     /// a shutdown whose drain timed out: the server's own task is gone by
     /// then, but each connection runs in a task of its own.
     pub(crate) fn close_all(&self) {
@@ -158,8 +159,7 @@ where
                             io,
                             _permit: permit,
                             first_bytes_by,
-                            closed: Box::pin(closing.clone().cancelled_owned()),
-                            closing,
+                            closed: Box::pin(closing.cancelled_owned()),
                         })));
                     }
                     // Dropping `io` closes it; go on accepting.
@@ -179,9 +179,8 @@ pub struct Admitted<IO> {
     _permit: OwnedSemaphorePermit,
     /// Until its first bytes arrive: when the connection is given up.
     first_bytes_by: Option<FirstBytes>,
-    /// Its limit's [`ConnectionLimit::close_all`], and a future that wakes
-    /// a read or write waiting on the stream when it comes.
-    closing: CancellationToken,
+    /// Ready once its limit's [`ConnectionLimit::close_all`] has come; it
+    /// wakes a read or write waiting on the stream when it does.
     closed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
@@ -194,17 +193,19 @@ fn closed_by_server() -> io::Error {
 }
 
 impl<IO> Admitted<IO> {
-    /// Polls one read or write of the stream unless the connection is to
-    /// end ([`ConnectionLimit::close_all`]); one that must wait is woken
-    /// when it does.
+    /// Polls one read or write of the stream; one that must wait fails
+    /// once the connection is to end ([`ConnectionLimit::close_all`]), and
+    /// is woken when it does.
+    ///
+    /// Only a read or write that must wait looks at the token (whose check
+    /// takes a lock): a connection's reads end waiting each time its
+    /// socket is drained, so a busy one ends at the next of those, and the
+    /// calls it answers meanwhile cost no lock each.
     fn unless_closing<T>(
         &mut self,
         cx: &mut Context<'_>,
         op: impl FnOnce(&mut IO, &mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
-        if self.closing.is_cancelled() {
-            return Poll::Ready(Err(closed_by_server()));
-        }
         let polled = op(&mut self.io, cx);
         if polled.is_pending() && self.closed.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(closed_by_server()));

@@ -16,7 +16,10 @@
 //! connection replaced. A request whose caller gave up is still awaited in
 //! the background (at most [`MAX_LATE_WAITS`] at once, each for at most
 //! [`LATE_REPLY_WAIT`], also after its connection was replaced), both to
-//! count what Redis did with it and to keep judging the connection.
+//! count what Redis did with it and to keep judging the connection. A
+//! request the Cluster library gave up on (after the silence and one
+//! timeout more) leaves its node silent from that request on until a
+//! reply comes, so a node called more seldom than that is judged too.
 //!
 //! **Standalone**: one multiplexed connection, replaced by quotad itself
 //! (the client library reconnects only on errors it deems unrecoverable,
@@ -208,8 +211,13 @@ struct Health {
 struct Silence {
     /// Requests sent and neither answered nor given up.
     in_flight: u64,
+    /// Whether a request ran out the library's bound with no reply, and
+    /// none came since: the connection is silent although no request may
+    /// be waiting now (a Cluster node called less often than that bound).
+    unanswered: bool,
     /// Local ms of the last reply, or of the first request sent after the
-    /// connection was idle: the oldest request has waited since then.
+    /// connection was idle and answering: the oldest request has waited
+    /// since then.
     since: u64,
 }
 
@@ -217,7 +225,7 @@ impl Health {
     fn sent(&self) {
         let now = floor_ms(Instant::now());
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.in_flight == 0 {
+        if s.in_flight == 0 && !s.unanswered {
             s.since = now;
         }
         s.in_flight += 1;
@@ -227,19 +235,28 @@ impl Health {
         let now = floor_ms(Instant::now());
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
+        s.unanswered = false;
         s.since = now;
     }
 
-    fn abandoned(&self) {
+    /// A request ended without its reply: dropped (`timed_out` false: it
+    /// may have been answered a moment later), or given up by the library
+    /// after its bound, longer than the silence that replaces a connection
+    /// (`timed_out`: no reply came in all that time).
+    fn abandoned(&self, timed_out: bool) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
+        s.unanswered |= timed_out;
     }
 
-    /// How long requests have waited with no reply; `None` when none waits.
+    /// How long the connection has been silent: requests have waited, or
+    /// one ran out its bound, with no reply since then; `None` when none
+    /// waits and the last one that ended was answered.
     fn silent_for(&self) -> Option<Duration> {
         let now = floor_ms(Instant::now());
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        (s.in_flight > 0).then(|| Duration::from_millis(now.saturating_sub(s.since)))
+        (s.in_flight > 0 || s.unanswered)
+            .then(|| Duration::from_millis(now.saturating_sub(s.since)))
     }
 }
 
@@ -257,8 +274,10 @@ impl InFlight {
     fn finish(mut self, result: &RedisResult<Value>) {
         if let Some(h) = self.0.take() {
             match result {
-                // No reply: the connection failed or the library gave up.
-                Err(e) if e.is_io_error() || e.is_timeout() => h.abandoned(),
+                // No reply: the library gave up, or the connection failed
+                // (and is made again by the library or by quotad).
+                Err(e) if e.is_timeout() => h.abandoned(true),
+                Err(e) if e.is_io_error() => h.abandoned(false),
                 _ => h.answered(),
             }
         }
@@ -268,7 +287,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(h) = self.0.take() {
-            h.abandoned();
+            h.abandoned(false);
         }
     }
 }
@@ -1106,13 +1125,56 @@ mod tests {
         assert!(health.silent_for().is_some());
         health.answered();
         assert!(health.silent_for().is_some(), "one still waits");
-        health.abandoned();
+        health.abandoned(false);
         assert_eq!(health.silent_for(), None);
         // A request dropped before its reply stops counting as waiting.
         let dropped = InFlight::start(Some(Arc::new(Health::default())));
         let h = dropped.0.clone().expect("health");
         assert!(h.silent_for().is_some());
         drop(dropped);
+        assert_eq!(h.silent_for(), None);
+    }
+
+    /// When the health counts the silence from.
+    fn since(health: &Health) -> u64 {
+        health.state.lock().expect("unpoisoned").since
+    }
+
+    #[test]
+    fn a_request_the_library_gave_up_on_keeps_the_connection_silent_until_a_reply() {
+        // A Cluster node called less often than the library's bound: each
+        // request has ended before the next is sent.
+        let timed_out = || {
+            Err(RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut,
+            )))
+        };
+        let first = InFlight::start(Some(Arc::new(Health::default())));
+        let h = first.0.clone().expect("health");
+        let sent_at = since(&h);
+        first.finish(&timed_out());
+        assert!(h.silent_for().is_some(), "silent with nothing waiting");
+        std::thread::sleep(Duration::from_millis(5));
+        // The next request waits on from the first one's send, not its own.
+        let second = InFlight::start(Some(Arc::clone(&h)));
+        assert_eq!(since(&h), sent_at);
+        assert!(
+            h.silent_for()
+                .is_some_and(|d| d >= Duration::from_millis(5))
+        );
+        second.finish(&Ok(Value::Okay));
+        assert_eq!(h.silent_for(), None, "a reply ends the silence");
+        // A request dropped, or ended by a broken connection, proves no
+        // silence: it may have been answered a moment later.
+        let health = Health::default();
+        health.sent();
+        health.abandoned(false);
+        assert_eq!(health.silent_for(), None);
+        let broken = InFlight::start(Some(Arc::new(Health::default())));
+        let h = broken.0.clone().expect("health");
+        broken.finish(&Err(RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        ))));
         assert_eq!(h.silent_for(), None);
     }
 

@@ -20,6 +20,13 @@ use tonic::transport::Channel;
 use crate::common::redis::{BlackholeProxy, RedisCluster, RedisServer};
 use crate::common::{TestServer, eventually, named, peek};
 
+/// Connection attempts so far: (connected, failed).
+async fn attempts(server: &TestServer) -> (f64, f64) {
+    let metrics = server.metrics().await;
+    let outcome = |o| metrics.value("quotad_redis_connection_attempts_total", &[("outcome", o)]);
+    (outcome("ok"), outcome("error"))
+}
+
 /// One policy per `on_error`, each a fixed window of 10 per day.
 fn stall_config(target: &str, timeout: &str) -> Config {
     three_policies(target, timeout, 10)

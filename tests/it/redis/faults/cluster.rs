@@ -1,10 +1,12 @@
 //! A Redis Cluster whose master hangs with its sockets open: at start,
 //! quotad serves the others; while serving, it follows the failover to the
-//! master's replica.
+//! master's replica, however seldom the master's keys are called; while
+//! the master stays hung, its calls do not make quotad connect again and
+//! again.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Answer, ask, three_policies};
+use super::{Answer, ask, attempts, three_policies};
 use crate::common::redis::RedisCluster;
 use crate::common::{TestServer, eventually};
 
@@ -76,4 +78,87 @@ async fn quotad_starts_with_a_cluster_master_hung_and_serves_the_other_masters_k
         Answer::Failed("FailOpen".to_owned())
     );
     cluster.nodes[2].resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_called_less_often_than_the_librarys_bound_is_followed_all_the_same() {
+    let mut cluster = RedisCluster::start_with_replica();
+    let seeds: Vec<String> = cluster.urls().into_iter().take(3).collect();
+    let key = cluster.keys_on(2, "sparse", 1).remove(0);
+    // A timeout of 200 ms: a node is silent after 600 ms, and the library
+    // gives up on a request after 800 ms.
+    let server = TestServer::start(three_policies(
+        &format!("cluster_nodes = {seeds:?}"),
+        "200ms",
+        1_000,
+    ))
+    .await;
+    let mut client = server.client().await;
+    assert!(matches!(ask(&mut client, &key, "open").await, Answer::Decided(d) if d.allowed));
+
+    cluster.nodes[2].pause();
+    // One call every 1.5 s: each request has ended unanswered before the
+    // next is sent, so none is waiting when the next call looks.
+    let paused = Instant::now();
+    let mut answers = Vec::new();
+    while paused.elapsed() < Duration::from_secs(40) {
+        let answer = ask(&mut client, &key, "open").await;
+        let decided = matches!(answer, Answer::Decided(_));
+        answers.push(answer);
+        if decided {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    assert!(
+        matches!(answers.last(), Some(Answer::Decided(_))),
+        "the hung master's key is decided again, by its replica: {answers:?}"
+    );
+    assert!(
+        cluster.nodes[3].cli(&["role"]).starts_with("master"),
+        "the replica is the master now"
+    );
+    cluster.nodes[2].resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_stays_hung_is_not_a_storm_of_connections() {
+    let mut cluster = RedisCluster::start();
+    let key = cluster.keys_on(2, "storm", 1).remove(0);
+    let server = TestServer::start(three_policies(
+        &format!("cluster_nodes = {:?}", cluster.urls()),
+        "200ms",
+        1_000,
+    ))
+    .await;
+    let mut client = server.client().await;
+    assert!(matches!(ask(&mut client, &key, "open").await, Answer::Decided(d) if d.allowed));
+    let (ok, failed) = attempts(&server).await;
+
+    // No replica takes over: the master's keys fail for as long as it
+    // hangs. One call a second: the second finds the master silent (the
+    // library gave up on the first one's request after 800 ms).
+    cluster.nodes[2].pause();
+    let mut answers = Vec::new();
+    for _ in 0..10 {
+        answers.push(ask(&mut client, &key, "open").await);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (ok_after, failed_after) = attempts(&server).await;
+    cluster.nodes[2].resume();
+    assert!(
+        answers
+            .iter()
+            .all(|a| *a == Answer::Failed("FailOpen".to_owned())),
+        "{answers:?}"
+    );
+    let rebuilds = ok_after + failed_after - ok - failed;
+    // One rebuild when a call finds the master silent (two if the first
+    // attempt failed): the new connection has none to the hung master, and
+    // the library fails its calls at once, so it is not judged silent
+    // again.
+    assert!(
+        (1.0..=2.0).contains(&rebuilds),
+        "{rebuilds} rebuilds for 10 calls to a hung master, one a second"
+    );
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::transport::Channel;
 
-use super::{Answer, ask, ask_within, stall_config};
+use super::{Answer, ask, ask_within, attempts, stall_config};
 use crate::common::redis::{BlackholeProxy, RedisServer};
 use crate::common::{TestServer, eventually};
 
@@ -37,13 +37,6 @@ async fn behind_a_proxy(
     )
     .await;
     (redis, proxy, server, client)
-}
-
-/// Connection attempts so far: (connected, failed).
-async fn attempts(server: &TestServer) -> (f64, f64) {
-    let metrics = server.metrics().await;
-    let outcome = |o| metrics.value("quotad_redis_connection_attempts_total", &[("outcome", o)]);
-    (outcome("ok"), outcome("error"))
 }
 
 /// Checks with a short client deadline until one is decided, for at most
