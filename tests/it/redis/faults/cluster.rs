@@ -162,3 +162,88 @@ async fn a_master_that_stays_hung_is_not_a_storm_of_connections() {
         "{rebuilds} rebuilds for 10 calls to a hung master, one a second"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts_nothing_twice() {
+    let cluster = RedisCluster::start();
+    let key = cluster.keys_on(2, "reshard", 1).remove(0);
+    let server = TestServer::start(three_policies(
+        &format!("cluster_nodes = {:?}", cluster.urls()),
+        "200ms",
+        10,
+    ))
+    .await;
+    let mut client = server.client().await;
+    let remaining = |a: &Answer| match a {
+        Answer::Decided(d) => Some(d.remaining),
+        Answer::Failed(_) => None,
+    };
+    assert_eq!(remaining(&ask(&mut client, &key, "closed").await), Some(9));
+
+    // Move the key's slot from node 2 to node 0, as `redis-cli --cluster
+    // reshard` does: mark it, then move its keys.
+    let (from, to) = (&cluster.nodes[2], &cluster.nodes[0]);
+    let slot = from.cli(&["cluster", "keyslot", &key]).trim().to_owned();
+    let id =
+        |node: &crate::common::redis::RedisServer| node.cli(&["cluster", "myid"]).trim().to_owned();
+    let (from_id, to_id) = (id(from), id(to));
+    assert_eq!(
+        to.cli(&["cluster", "setslot", &slot, "importing", &from_id])
+            .trim(),
+        "OK"
+    );
+    assert_eq!(
+        from.cli(&["cluster", "setslot", &slot, "migrating", &to_id])
+            .trim(),
+        "OK"
+    );
+    // Marked but not moved: the old master still decides.
+    assert_eq!(remaining(&ask(&mut client, &key, "closed").await), Some(8));
+
+    let keys = from.cli(&["cluster", "getkeysinslot", &slot, "100"]);
+    let keys: Vec<&str> = keys
+        .lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
+    assert!(!keys.is_empty(), "the slot holds the key's state");
+    let port = to.port.to_string();
+    let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
+    migrate.extend(keys.iter().copied());
+    assert_eq!(from.cli(&migrate).trim(), "OK");
+    // Moved, slot still migrating: the old master answers ASK, which quotad
+    // does not follow; the key's calls fail, each with its on_error, and
+    // count nothing on either master.
+    for _ in 0..3 {
+        assert_eq!(
+            ask(&mut client, &key, "closed").await,
+            Answer::Failed("FailClosed".to_owned())
+        );
+        assert_eq!(
+            ask(&mut client, &key, "err").await,
+            Answer::Failed("Unavailable".to_owned())
+        );
+    }
+
+    // The slot is node 0's: after at most a failed call (MOVED) while the
+    // library reads the new slot map, the key is decided by node 0, its
+    // count where the old master left it.
+    for node in &cluster.nodes {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &to_id])
+                .trim(),
+            "OK"
+        );
+    }
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(ask(&mut client, &key, "closed").await);
+    }
+    let decided: Vec<u64> = answers.iter().filter_map(remaining).collect();
+    assert!(decided.len() >= 2, "{answers:?}");
+    assert_eq!(
+        decided.last(),
+        Some(&(8 - decided.len() as u64)),
+        "{answers:?}"
+    );
+}
