@@ -1,9 +1,9 @@
 //! Replicas that disagree during a rollout share one Redis without
-//! overwriting each other's state; deployments with their own key prefix
-//! share it without sharing budgets.
+//! overwriting each other's state (a reset through one clears its own);
+//! deployments with their own key prefix share it without sharing budgets.
 
 use crate::common::redis::RedisServer;
-use crate::common::{TestServer, named};
+use crate::common::{TestServer, named, peek};
 use quotad::Config;
 use quotad_proto::v1 as pb;
 
@@ -72,6 +72,36 @@ async fn replicas_that_disagree_on_algorithm_or_window_admit_at_most_the_sum_of_
     )
     .await;
     assert_eq!(n, 15, "one count, judged by each replica's limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_during_a_rollout_clears_the_count_of_the_replica_it_went_through() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let a = TestServer::start(replica(&url, "fixed_window", "1h", 10)).await;
+    let b = TestServer::start(replica(&url, "sliding_window", "1h", 10)).await;
+    let (mut ca, mut cb) = (a.client().await, b.client().await);
+    for client in [&mut ca, &mut cb] {
+        client
+            .check(named("reset", "api", Some(4)))
+            .await
+            .expect("decided");
+    }
+    let reset = pb::ResetRequest {
+        key: "reset".to_owned(),
+        policy: Some(pb::reset_request::Policy::PolicyName("api".to_owned())),
+    };
+    ca.reset(reset).await.expect("reset");
+    // A's key is fresh; B counts in its own key (another algorithm), which
+    // the reset did not name.
+    assert_eq!(
+        peek(&mut ca, named("reset", "api", None)).await.remaining,
+        10
+    );
+    assert_eq!(
+        peek(&mut cb, named("reset", "api", None)).await.remaining,
+        6
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
