@@ -12,7 +12,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `quotad_decisions_total` | counter | `policy`, `algorithm`, `outcome` (`allowed`/`denied`), `reason` |
-//! | `quotad_request_errors_total` | counter | `method`, `code` |
+//! | `quotad_request_errors_total` | counter | `method`, `code` (`Cancelled` for a call dropped unanswered) |
 //! | `quotad_decision_duration_seconds` | histogram | `method` |
 //! | `quotad_store_operations_total` | counter | `backend`, `op` |
 //! | `quotad_live_keys` | gauge | |

@@ -26,19 +26,34 @@ use crate::metrics::{Method, Metrics};
 
 /// Runs one handler: times it, and turns its error into a status, counted
 /// by method and code. A store failure has been logged where it happened.
+/// A call dropped before it answered (its client cancelled it, or went
+/// away) is counted with code `Cancelled`.
 pub(crate) async fn observe<T>(
     metrics: &Metrics,
     method: Method,
     call: impl Future<Output = Result<T, ServiceError>>,
 ) -> Result<Response<T>, Status> {
     let started = Instant::now();
+    let mut unanswered = Unanswered(Some((metrics, method)));
     let result = call.await;
+    unanswered.0 = None;
     metrics.request_duration(method, started.elapsed());
     result.map(Response::new).map_err(|error| {
         let status = to_status(&error);
         metrics.request_error(method, status.code());
         status
     })
+}
+
+/// Counts a call as `Cancelled` if dropped while armed.
+struct Unanswered<'a>(Option<(&'a Metrics, Method)>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some((metrics, method)) = self.0.take() {
+            metrics.request_error(method, tonic::Code::Cancelled);
+        }
+    }
 }
 
 /// Serves one call: `handle` gets the request's message and when its

@@ -650,3 +650,38 @@ async fn calls_ended_by_the_request_timeout_in_a_stall_all_get_their_on_error() 
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_their_clients_give_up_on_in_a_stall_are_counted_as_cancelled() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start(stall_config(&format!("url = {:?}", redis.url()), "5s")).await;
+    let mut client = server.client().await;
+    assert!(matches!(
+        ask(&mut client, "gone", "err").await,
+        Answer::Decided(_)
+    ));
+    redis.pause();
+    // No grpc-timeout sent: the client stops waiting on its own and resets
+    // each stream, long before quotad's 5 s would answer.
+    for _ in 0..3 {
+        let call = client.check(named("gone", "err", None));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), call)
+                .await
+                .is_err(),
+            "no answer while Redis is stalled"
+        );
+    }
+    eventually(
+        Duration::from_secs(3),
+        "three calls counted as cancelled",
+        || async {
+            server.metrics().await.value(
+                "quotad_request_errors_total",
+                &[("method", "check"), ("code", "Cancelled")],
+            ) == 3.0
+        },
+    )
+    .await;
+    redis.resume();
+}
