@@ -198,9 +198,11 @@ impl<IO> Admitted<IO> {
     /// is woken when it does.
     ///
     /// Only a read or write that must wait looks at the token (whose check
-    /// takes a lock): a connection's reads end waiting each time its
-    /// socket is drained, so a busy one ends at the next of those, and the
-    /// calls it answers meanwhile cost no lock each.
+    /// takes the connection's own lock): a connection's reads end waiting
+    /// each time its socket is drained (and at least every 128 reads, by
+    /// tokio's cooperative budget), so a busy one ends at the next of
+    /// those, and the reads and writes that go through meanwhile take no
+    /// lock.
     fn unless_closing<T>(
         &mut self,
         cx: &mut Context<'_>,

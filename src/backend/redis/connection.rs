@@ -16,10 +16,12 @@
 //! connection replaced. A request whose caller gave up is still awaited in
 //! the background (at most [`MAX_LATE_WAITS`] at once, each for at most
 //! [`LATE_REPLY_WAIT`], also after its connection was replaced), both to
-//! count what Redis did with it and to keep judging the connection. A
-//! request the Cluster library gave up on (after the silence and one
-//! timeout more) leaves its node silent from that request on until a
-//! reply comes, so a node called more seldom than that is judged too.
+//! count what Redis did with it and to keep judging the connection: when
+//! that wait ends with no reply (the Cluster library gives up on a request
+//! after the silence and one timeout more; quotad after
+//! [`LATE_REPLY_WAIT`]) and the request was sent at least the silence ago,
+//! its connection is judged silent then, so a node called more seldom than
+//! the library's bound is replaced too, while the evidence is fresh.
 //!
 //! **Standalone**: one multiplexed connection, replaced by quotad itself
 //! (the client library reconnects only on errors it deems unrecoverable,
@@ -52,7 +54,7 @@
 //! the whole cluster connection anew (slot map included) when one is
 //! silent, as a task of its own, the old one serving meanwhile.
 //!
-//! One file of about 1,050 lines (tests included): the link, its
+//! One file of about 1,150 lines (tests included): the link, its
 //! generation, judging silence, reconnecting (for a Cluster, its slot map
 //! rebuilt) and a call with its deadline are one state machine; split, each
 //! part would need the others' invariants restated.
@@ -211,13 +213,8 @@ struct Health {
 struct Silence {
     /// Requests sent and neither answered nor given up.
     in_flight: u64,
-    /// Whether a request ran out the library's bound with no reply, and
-    /// none came since: the connection is silent although no request may
-    /// be waiting now (a Cluster node called less often than that bound).
-    unanswered: bool,
     /// Local ms of the last reply, or of the first request sent after the
-    /// connection was idle and answering: the oldest request has waited
-    /// since then.
+    /// connection was idle: the oldest request has waited since then.
     since: u64,
 }
 
@@ -225,7 +222,7 @@ impl Health {
     fn sent(&self) {
         let now = floor_ms(Instant::now());
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.in_flight == 0 && !s.unanswered {
+        if s.in_flight == 0 {
             s.since = now;
         }
         s.in_flight += 1;
@@ -235,28 +232,19 @@ impl Health {
         let now = floor_ms(Instant::now());
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
-        s.unanswered = false;
         s.since = now;
     }
 
-    /// A request ended without its reply: dropped (`timed_out` false: it
-    /// may have been answered a moment later), or given up by the library
-    /// after its bound, longer than the silence that replaces a connection
-    /// (`timed_out`: no reply came in all that time).
-    fn abandoned(&self, timed_out: bool) {
+    fn abandoned(&self) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
-        s.unanswered |= timed_out;
     }
 
-    /// How long the connection has been silent: requests have waited, or
-    /// one ran out its bound, with no reply since then; `None` when none
-    /// waits and the last one that ended was answered.
+    /// How long requests have waited with no reply; `None` when none waits.
     fn silent_for(&self) -> Option<Duration> {
         let now = floor_ms(Instant::now());
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        (s.in_flight > 0 || s.unanswered)
-            .then(|| Duration::from_millis(now.saturating_sub(s.since)))
+        (s.in_flight > 0).then(|| Duration::from_millis(now.saturating_sub(s.since)))
     }
 }
 
@@ -274,10 +262,8 @@ impl InFlight {
     fn finish(mut self, result: &RedisResult<Value>) {
         if let Some(h) = self.0.take() {
             match result {
-                // No reply: the library gave up, or the connection failed
-                // (and is made again by the library or by quotad).
-                Err(e) if e.is_timeout() => h.abandoned(true),
-                Err(e) if e.is_io_error() => h.abandoned(false),
+                // No reply: the connection failed or the library gave up.
+                Err(e) if e.is_io_error() || e.is_timeout() => h.abandoned(),
                 _ => h.answered(),
             }
         }
@@ -287,7 +273,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(h) = self.0.take() {
-            h.abandoned(false);
+            h.abandoned();
         }
     }
 }
@@ -691,6 +677,7 @@ impl Connections {
         bound: &Bound,
         late: Option<LateReply>,
     ) -> Result<Value, CallError> {
+        let sent = Instant::now();
         let mut request = link.request(slot, cmd);
         match tokio::time::timeout(bound.left(), &mut request).await {
             Ok(Ok(value)) => Ok(value),
@@ -700,7 +687,7 @@ impl Connections {
                     let mut attempt = self.inner.attempt.lock().unwrap_or_else(|p| p.into_inner());
                     self.inner.judge(link, slot, &mut attempt);
                 }
-                Arc::clone(&self.inner).wait_late(Arc::clone(link), request, late);
+                Arc::clone(&self.inner).wait_late(Arc::clone(link), slot, sent, request, late);
                 Err(CallError::TimedOut)
             }
         }
@@ -744,11 +731,23 @@ impl Inner {
         let Some(silent) = link.health(slot).and_then(|h| h.silent_for()) else {
             return false;
         };
+        self.silent_for(link, slot, silent, attempt)
+    }
+
+    /// Replaces `link` if the connection serving `slot` has been silent
+    /// for `silent`, and that is the silence that replaces a connection.
+    fn silent_for(
+        self: &Arc<Self>,
+        link: &Arc<Link>,
+        slot: u16,
+        silent: Duration,
+        attempt: &mut Option<Attempt>,
+    ) -> bool {
         if silent < self.silence {
             return false;
         }
         let node = link.node(slot).map(|(n, _)| n.to_string());
-        let why = format!("no reply for {silent:?} with requests waiting");
+        let why = format!("no reply for {silent:?}");
         self.replace(link, &why, node.as_deref(), attempt);
         true
     }
@@ -823,10 +822,15 @@ impl Inner {
 
     /// Awaits the reply to a request whose caller gave up, for at most
     /// [`LATE_REPLY_WAIT`]; hands it to `late`. A reply that is an error
-    /// judges the request's own link (never a newer one).
+    /// judges the request's own link (never a newer one), and so does the
+    /// wait's end without a reply (the library's bound on the request, or
+    /// this wait's): the connection to `slot`'s node has then been silent
+    /// since the request was `sent`.
     fn wait_late(
         self: Arc<Self>,
         link: Arc<Link>,
+        slot: u16,
+        sent: Instant,
         request: BoxFuture<'static, RedisResult<Value>>,
         late: Option<LateReply>,
     ) {
@@ -835,7 +839,16 @@ impl Inner {
             return;
         }
         tokio::spawn(async move {
-            if let Ok(reply) = tokio::time::timeout(LATE_REPLY_WAIT, request).await {
+            let reply = tokio::time::timeout(LATE_REPLY_WAIT, request).await;
+            let unanswered = match &reply {
+                Err(_) => true,
+                Ok(reply) => reply.as_ref().is_err_and(RedisError::is_timeout),
+            };
+            if unanswered {
+                let mut attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
+                self.silent_for(&link, slot, sent.elapsed(), &mut attempt);
+            }
+            if let Ok(reply) = reply {
                 if let Err(e) = &reply {
                     drop(self.failed(&link, e));
                 }
@@ -1125,56 +1138,13 @@ mod tests {
         assert!(health.silent_for().is_some());
         health.answered();
         assert!(health.silent_for().is_some(), "one still waits");
-        health.abandoned(false);
+        health.abandoned();
         assert_eq!(health.silent_for(), None);
         // A request dropped before its reply stops counting as waiting.
         let dropped = InFlight::start(Some(Arc::new(Health::default())));
         let h = dropped.0.clone().expect("health");
         assert!(h.silent_for().is_some());
         drop(dropped);
-        assert_eq!(h.silent_for(), None);
-    }
-
-    /// When the health counts the silence from.
-    fn since(health: &Health) -> u64 {
-        health.state.lock().expect("unpoisoned").since
-    }
-
-    #[test]
-    fn a_request_the_library_gave_up_on_keeps_the_connection_silent_until_a_reply() {
-        // A Cluster node called less often than the library's bound: each
-        // request has ended before the next is sent.
-        let timed_out = || {
-            Err(RedisError::from(std::io::Error::from(
-                std::io::ErrorKind::TimedOut,
-            )))
-        };
-        let first = InFlight::start(Some(Arc::new(Health::default())));
-        let h = first.0.clone().expect("health");
-        let sent_at = since(&h);
-        first.finish(&timed_out());
-        assert!(h.silent_for().is_some(), "silent with nothing waiting");
-        std::thread::sleep(Duration::from_millis(5));
-        // The next request waits on from the first one's send, not its own.
-        let second = InFlight::start(Some(Arc::clone(&h)));
-        assert_eq!(since(&h), sent_at);
-        assert!(
-            h.silent_for()
-                .is_some_and(|d| d >= Duration::from_millis(5))
-        );
-        second.finish(&Ok(Value::Okay));
-        assert_eq!(h.silent_for(), None, "a reply ends the silence");
-        // A request dropped, or ended by a broken connection, proves no
-        // silence: it may have been answered a moment later.
-        let health = Health::default();
-        health.sent();
-        health.abandoned(false);
-        assert_eq!(health.silent_for(), None);
-        let broken = InFlight::start(Some(Arc::new(Health::default())));
-        let h = broken.0.clone().expect("health");
-        broken.finish(&Err(RedisError::from(std::io::Error::from(
-            std::io::ErrorKind::ConnectionReset,
-        ))));
         assert_eq!(h.silent_for(), None);
     }
 
