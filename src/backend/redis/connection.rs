@@ -203,7 +203,13 @@ impl Bound {
 /// What the background wait learns from a reply that came too late.
 pub(super) type LateReply = Box<dyn FnOnce(&RedisResult<Value>) + Send>;
 
-/// Whether requests wait on a connection with no reply coming back.
+/// How often a call may try a Cluster primary the client library has no
+/// connection to ([`Health::unreachable`]); the calls in between fail at
+/// once.
+const UNREACHABLE_RETRY: Duration = Duration::from_secs(5);
+
+/// Whether requests wait on a connection with no reply coming back, and,
+/// for a Cluster primary, whether the client library can reach it at all.
 #[derive(Debug, Default)]
 struct Health {
     state: Mutex<Silence>,
@@ -216,6 +222,10 @@ struct Silence {
     /// Local ms of the last reply, or of the first request sent after the
     /// connection was idle: the oldest request has waited since then.
     since: u64,
+    /// When a request last found the library without a connection to this
+    /// primary (or was let through to try it again); `None` once it
+    /// answers.
+    unreachable_since: Option<Instant>,
 }
 
 impl Health {
@@ -233,6 +243,33 @@ impl Health {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
         s.since = now;
+        s.unreachable_since = None;
+    }
+
+    /// The client library has no connection to this Cluster primary: it
+    /// sent the request to another node, which answered `MOVED` back to
+    /// this one. Every such request makes the library read the slot map
+    /// again and try to connect, holding all of its calls meanwhile (up to
+    /// a timeout, for a hung primary): so the next calls fail at once
+    /// instead, and one goes through every [`UNREACHABLE_RETRY`].
+    fn unreachable(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.unreachable_since = Some(Instant::now());
+    }
+
+    /// Whether a request may be sent now: always, unless the primary is
+    /// unreachable, when one request per [`UNREACHABLE_RETRY`] may (it
+    /// restarts the wait).
+    fn may_send(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match s.unreachable_since {
+            Some(at) if at.elapsed() < UNREACHABLE_RETRY => false,
+            Some(_) => {
+                s.unreachable_since = Some(Instant::now());
+                true
+            }
+            None => true,
+        }
     }
 
     fn abandoned(&self) {
@@ -404,13 +441,20 @@ impl Link {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot, SlotAddr::Master),
                 ));
+                let node = self.node(slot).map(|(n, _)| Arc::clone(n));
                 Box::pin(async move {
-                    let in_flight = InFlight::start(health);
+                    let in_flight = InFlight::start(health.clone());
                     let result = match conn.route_command(cmd, routing).await {
                         Ok(v) => v.extract_error(),
                         Err(e) => Err(e),
                     };
                     in_flight.finish(&result);
+                    if let (Some(health), Some(node), Err(e)) = (&health, &node, &result)
+                        && e.kind() == ErrorKind::Server(ServerErrorKind::Moved)
+                        && e.redirect_node().is_some_and(|(to, _)| to == &**node)
+                    {
+                        health.unreachable();
+                    }
                     result
                 })
             }
@@ -677,6 +721,12 @@ impl Connections {
         bound: &Bound,
         late: Option<LateReply>,
     ) -> Result<Value, CallError> {
+        if link.health(slot).is_some_and(|h| !h.may_send()) {
+            let node = link.node(slot).map_or("?", |(n, _)| &**n);
+            return Err(CallError::Failed(BackendError::Unavailable(format!(
+                "redis cluster: no connection to the primary {node}; tried again every {UNREACHABLE_RETRY:?}"
+            ))));
+        }
         let sent = Instant::now();
         let mut request = link.request(slot, cmd);
         match tokio::time::timeout(bound.left(), &mut request).await {
@@ -1146,6 +1196,26 @@ mod tests {
         assert!(h.silent_for().is_some());
         drop(dropped);
         assert_eq!(h.silent_for(), None);
+    }
+
+    #[test]
+    fn a_primary_the_library_cannot_reach_is_tried_once_per_retry_period_until_it_answers() {
+        let health = Health::default();
+        assert!(health.may_send());
+        health.unreachable();
+        assert!(!health.may_send(), "within the retry period");
+        assert!(!health.may_send());
+        // The period has passed: one request goes through, the next waits.
+        let earlier = Instant::now()
+            .checked_sub(UNREACHABLE_RETRY)
+            .expect("a monotonic clock older than the retry period");
+        health.state.lock().expect("unpoisoned").unreachable_since = Some(earlier);
+        assert!(health.may_send(), "one try after the period");
+        assert!(!health.may_send(), "the try restarted the period");
+        // Any reply means the library reaches it again.
+        health.sent();
+        health.answered();
+        assert!(health.may_send());
     }
 
     #[test]

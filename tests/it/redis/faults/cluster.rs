@@ -233,3 +233,61 @@ async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts
         "{answers:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_hung_master_do_not_hold_up_the_healthy_masters() {
+    let mut cluster = RedisCluster::start();
+    let hung = cluster.keys_on(2, "held", 1).remove(0);
+    let healthy = cluster.keys_on(0, "held", 1).remove(0);
+    let server = TestServer::start(three_policies(
+        &format!("cluster_nodes = {:?}", cluster.urls()),
+        "200ms",
+        1_000_000,
+    ))
+    .await;
+    let client = server.client().await;
+    assert!(matches!(
+        ask(&mut client.clone(), &hung, "open").await,
+        Answer::Decided(_)
+    ));
+
+    // No replica: the master stays hung for the 8 s of the test, its key
+    // called 20 times a second, and a healthy master's key as often. Each
+    // call to a primary the client library cannot reach would make it read
+    // the slot map again, holding every call for up to a timeout.
+    cluster.nodes[2].pause();
+    let started = Instant::now();
+    let calls = |key: String, policy: &'static str| {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            while started.elapsed() < Duration::from_secs(8) {
+                answers.push(ask(&mut client, &key, policy).await);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            answers
+        })
+    };
+    let (to_hung, to_healthy) = (calls(hung, "open"), calls(healthy, "err"));
+    let to_hung = to_hung.await.expect("hung calls");
+    let to_healthy = to_healthy.await.expect("healthy calls");
+    cluster.nodes[2].resume();
+    assert!(
+        to_hung
+            .iter()
+            .all(|a| *a == Answer::Failed("FailOpen".to_owned())),
+        "{to_hung:?}"
+    );
+    let failed = to_healthy
+        .iter()
+        .filter(|a| !matches!(a, Answer::Decided(_)))
+        .count();
+    // At most one call through to the hung master every 5 s (after the
+    // first that finds it unreachable), each holding the healthy calls
+    // for up to a timeout: a few failures, not one in three.
+    assert!(
+        failed <= 4,
+        "{failed} of {} calls to a healthy master failed",
+        to_healthy.len()
+    );
+}
