@@ -222,9 +222,11 @@ struct Silence {
     /// Local ms of the last reply, or of the first request sent after the
     /// connection was idle: the oldest request has waited since then.
     since: u64,
-    /// When a request last found the library without a connection to this
-    /// primary (or was let through to try it again); `None` once it
-    /// answers.
+    /// The first reply since the last other one that came `MOVED` back
+    /// to this primary ([`Health::moved_back`]).
+    moved_back_since: Option<Instant>,
+    /// When this primary was found unreachable (or a request was let
+    /// through to try it again); `None` once it answers.
     unreachable_since: Option<Instant>,
 }
 
@@ -243,18 +245,32 @@ impl Health {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
         s.since = now;
+        s.moved_back_since = None;
         s.unreachable_since = None;
     }
 
-    /// The client library has no connection to this Cluster primary: it
-    /// sent the request to another node, which answered `MOVED` back to
-    /// this one. Every such request makes the library read the slot map
-    /// again and try to connect, holding all of its calls meanwhile (up to
-    /// a timeout, for a hung primary): so the next calls fail at once
-    /// instead, and one goes through every [`UNREACHABLE_RETRY`].
-    fn unreachable(&self) {
+    /// A request for this Cluster primary came back `MOVED` to it: the
+    /// client library sent it to another node. Each time, the library
+    /// reads the slot map again and connects to every primary, holding all
+    /// of its calls meanwhile. When it reaches this one, that takes
+    /// moments and the requests after go to it (a failback, a slot moved
+    /// back: the library's map was behind quotad's). When such answers
+    /// still come `within` (the time a connection may take) after the
+    /// first, the library cannot reach it, and each call would hold every
+    /// other for up to that long: the primary is unreachable, its calls
+    /// fail at once, and one goes through every [`UNREACHABLE_RETRY`].
+    fn moved_back(&self, within: Duration) {
+        let now = Instant::now();
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.unreachable_since = Some(Instant::now());
+        s.in_flight = s.in_flight.saturating_sub(1);
+        s.since = floor_ms(now);
+        match s.moved_back_since {
+            None => s.moved_back_since = Some(now),
+            Some(first) if now.saturating_duration_since(first) >= within => {
+                s.unreachable_since = Some(now);
+            }
+            Some(_) => {}
+        }
     }
 
     /// Whether a request may be sent now: always, unless the primary is
@@ -294,6 +310,14 @@ impl InFlight {
             h.sent();
         }
         InFlight(health)
+    }
+
+    /// The request came back `MOVED` to the primary it was for
+    /// ([`Health::moved_back`]).
+    fn moved_back(mut self, within: Duration) {
+        if let Some(h) = self.0.take() {
+            h.moved_back(within);
+        }
     }
 
     fn finish(mut self, result: &RedisResult<Value>) {
@@ -421,7 +445,14 @@ impl Link {
 
     /// One request as an owned future, so that it can outlive the caller;
     /// on a Cluster, sent to the primary serving `slot`.
-    fn request(&self, slot: u16, cmd: Cmd) -> BoxFuture<'static, RedisResult<Value>> {
+    /// `connect_within`: how long the library may take to connect to a
+    /// node ([`Health::moved_back`]).
+    fn request(
+        &self,
+        slot: u16,
+        cmd: Cmd,
+        connect_within: Duration,
+    ) -> BoxFuture<'static, RedisResult<Value>> {
         let health = self.health(slot).cloned();
         match &self.conn {
             Conn::Standalone { conn, .. } => {
@@ -443,17 +474,19 @@ impl Link {
                 ));
                 let node = self.node(slot).map(|(n, _)| Arc::clone(n));
                 Box::pin(async move {
-                    let in_flight = InFlight::start(health.clone());
+                    let in_flight = InFlight::start(health);
                     let result = match conn.route_command(cmd, routing).await {
                         Ok(v) => v.extract_error(),
                         Err(e) => Err(e),
                     };
-                    in_flight.finish(&result);
-                    if let (Some(health), Some(node), Err(e)) = (&health, &node, &result)
-                        && e.kind() == ErrorKind::Server(ServerErrorKind::Moved)
-                        && e.redirect_node().is_some_and(|(to, _)| to == &**node)
-                    {
-                        health.unreachable();
+                    match (&node, &result) {
+                        (Some(node), Err(e))
+                            if e.kind() == ErrorKind::Server(ServerErrorKind::Moved)
+                                && e.redirect_node().is_some_and(|(to, _)| to == &**node) =>
+                        {
+                            in_flight.moved_back(connect_within);
+                        }
+                        _ => in_flight.finish(&result),
                     }
                     result
                 })
@@ -728,7 +761,7 @@ impl Connections {
             ))));
         }
         let sent = Instant::now();
-        let mut request = link.request(slot, cmd);
+        let mut request = link.request(slot, cmd, self.inner.timeout);
         match tokio::time::timeout(bound.left(), &mut request).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(self.inner.failed(link, &e)),
@@ -1200,9 +1233,22 @@ mod tests {
 
     #[test]
     fn a_primary_the_library_cannot_reach_is_tried_once_per_retry_period_until_it_answers() {
+        // MOVED back to it, but the library had no time to reconnect yet
+        // (a failback): nothing is marked.
         let health = Health::default();
+        for _ in 0..3 {
+            health.sent();
+            health.moved_back(Duration::from_secs(3_600));
+        }
         assert!(health.may_send());
-        health.unreachable();
+        assert_eq!(health.silent_for(), None, "MOVED is a reply");
+        // MOVED back to it again once the library had that time: marked.
+        let health = Health::default();
+        health.sent();
+        health.moved_back(Duration::ZERO);
+        assert!(health.may_send(), "one such answer marks nothing");
+        health.sent();
+        health.moved_back(Duration::ZERO);
         assert!(!health.may_send(), "within the retry period");
         assert!(!health.may_send());
         // The period has passed: one request goes through, the next waits.

@@ -291,3 +291,76 @@ async fn calls_to_a_hung_master_do_not_hold_up_the_healthy_masters() {
         to_healthy.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failback_is_followed_at_once_not_taken_for_an_unreachable_master() {
+    let cluster = RedisCluster::start_with_replica();
+    let seeds: Vec<String> = cluster.urls().into_iter().take(3).collect();
+    let key = cluster.keys_on(2, "failback", 1).remove(0);
+    let server = TestServer::start(three_policies(
+        &format!("cluster_nodes = {seeds:?}"),
+        "200ms",
+        1_000_000,
+    ))
+    .await;
+    let mut client = server.client().await;
+    assert!(matches!(
+        ask(&mut client, &key, "err").await,
+        Answer::Decided(_)
+    ));
+    let (master, replica) = (&cluster.nodes[2], &cluster.nodes[3]);
+    let is_master =
+        |node: &crate::common::redis::RedisServer| node.cli(&["role"]).starts_with("master");
+    let until_decided = |what: &'static str| {
+        let client = client.clone();
+        let key = key.clone();
+        eventually(Duration::from_secs(1), what, move || {
+            let mut client = client.clone();
+            let key = key.clone();
+            async move { matches!(ask(&mut client, &key, "err").await, Answer::Decided(_)) }
+        })
+    };
+
+    // An operator's failover to the replica and back (`CLUSTER FAILOVER`):
+    // nothing hangs, so quotad's own slot map keeps the first master. After
+    // the failback, the library (which followed the failover) sends the
+    // key to the replica, which answers MOVED back to the master quotad's
+    // map names: the library reconnects at once, and the key is decided
+    // again within moments, not failed for the 5 s of an unreachable one.
+    assert_eq!(replica.cli(&["cluster", "failover"]).trim(), "OK");
+    eventually(
+        Duration::from_secs(10),
+        "the replica is promoted",
+        || async { is_master(replica) },
+    )
+    .await;
+    until_decided("decided by the promoted replica").await;
+    eventually(
+        Duration::from_secs(20),
+        "the old master replicates",
+        || async {
+            master
+                .cli(&["info", "replication"])
+                .contains("master_link_status:up")
+        },
+    )
+    .await;
+    // The other masters vote for the same shard's replica again only after
+    // twice cluster-node-timeout: an operator's failover is asked again
+    // until it is taken.
+    eventually(Duration::from_secs(20), "the master is back", || async {
+        if !is_master(master) {
+            master.cli(&["cluster", "failover"]);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        is_master(master)
+    })
+    .await;
+    until_decided("decided by the master again").await;
+    for _ in 0..20 {
+        assert!(matches!(
+            ask(&mut client, &key, "err").await,
+            Answer::Decided(_)
+        ));
+    }
+}
