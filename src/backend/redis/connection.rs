@@ -54,7 +54,7 @@
 //! the whole cluster connection anew (slot map included) when one is
 //! silent, as a task of its own, the old one serving meanwhile.
 //!
-//! One file of about 1,150 lines (tests included): the link, its
+//! One file of about 1,400 lines (tests included): the link, its
 //! generation, judging silence, reconnecting (for a Cluster, its slot map
 //! rebuilt) and a call with its deadline are one state machine; split, each
 //! part would need the others' invariants restated.
@@ -259,7 +259,8 @@ impl Health {
     /// first, the library cannot reach it, and each call would hold every
     /// other for up to that long: the primary is unreachable, its calls
     /// fail at once, and one goes through every [`UNREACHABLE_RETRY`].
-    fn moved_back(&self, within: Duration) {
+    /// Returns whether this answer marked the primary unreachable.
+    fn moved_back(&self, within: Duration) -> bool {
         let now = Instant::now();
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.in_flight = s.in_flight.saturating_sub(1);
@@ -267,10 +268,19 @@ impl Health {
         match s.moved_back_since {
             None => s.moved_back_since = Some(now),
             Some(first) if now.saturating_duration_since(first) >= within => {
+                let marked = s.unreachable_since.is_none();
                 s.unreachable_since = Some(now);
+                return marked;
             }
             Some(_) => {}
         }
+        false
+    }
+
+    /// Whether the primary is not known to be unreachable.
+    fn reachable(&self) -> bool {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.unreachable_since.is_none()
     }
 
     /// Whether a request may be sent now: always, unless the primary is
@@ -314,10 +324,8 @@ impl InFlight {
 
     /// The request came back `MOVED` to the primary it was for
     /// ([`Health::moved_back`]).
-    fn moved_back(mut self, within: Duration) {
-        if let Some(h) = self.0.take() {
-            h.moved_back(within);
-        }
+    fn moved_back(mut self, within: Duration) -> bool {
+        self.0.take().is_some_and(|h| h.moved_back(within))
     }
 
     fn finish(mut self, result: &RedisResult<Value>) {
@@ -419,8 +427,77 @@ enum Conn {
     Cluster {
         conn: ClusterConnection,
         map: SlotMap,
-        health: HashMap<Arc<str>, Arc<Health>>,
+        /// Every primary of the map, by address.
+        health: Arc<HashMap<Arc<str>, Arc<Health>>>,
     },
+}
+
+/// Where a Cluster request's `MOVED` or `ASK` answer sends it.
+enum Redirect<'a> {
+    /// `MOVED` back to the primary it was sent for ([`Health::moved_back`]).
+    Back,
+    /// To another primary of the link's map (`asking` for `ASK`: the key's
+    /// slot is migrating there).
+    To { node: &'a str, asking: bool },
+}
+
+impl<'a> Redirect<'a> {
+    /// The redirect `e` says, for a request sent for the primary `node`.
+    fn of(e: &'a RedisError, node: &str) -> Option<Self> {
+        let asking = match e.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => false,
+            ErrorKind::Server(ServerErrorKind::Ask) => true,
+            _ => return None,
+        };
+        let (to, _) = e.redirect_node()?;
+        Some(match (to == node, asking) {
+            (true, false) => Redirect::Back,
+            (true, true) => return None,
+            (false, _) => Redirect::To { node: to, asking },
+        })
+    }
+}
+
+/// Sends `cmd` to the Cluster primary at `node` (after `ASKING` when
+/// `asking`): once, the request a `MOVED` or `ASK` answer redirected. Only
+/// to a primary of the link's map (the library keeps a connection to each:
+/// asked for a node it has no connection to, it would make its whole
+/// cluster connection again) that is not known to be unreachable.
+async fn hop(
+    conn: &mut ClusterConnection,
+    cmd: Cmd,
+    node: &str,
+    asking: bool,
+    health: &Arc<Health>,
+) -> Option<RedisResult<Value>> {
+    let (host, port) = node.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    if !health.reachable() {
+        return None;
+    }
+    let route = SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    };
+    let in_flight = InFlight::start(Some(Arc::clone(health)));
+    let result = if asking {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").add_command(cmd);
+        conn.route_pipeline(pipe, 1, 1, route)
+            .await
+            .and_then(|mut values| {
+                values.pop().ok_or_else(|| {
+                    RedisError::from((ErrorKind::Client, "no reply to a redirected script"))
+                })
+            })
+            .and_then(Value::extract_error)
+    } else {
+        conn.route_command(cmd, RoutingInfo::SingleNode(route))
+            .await
+            .and_then(Value::extract_error)
+    };
+    in_flight.finish(&result);
+    Some(result)
 }
 
 impl Link {
@@ -467,26 +544,44 @@ impl Link {
                     result
                 })
             }
-            Conn::Cluster { conn, .. } => {
+            Conn::Cluster {
+                conn,
+                health: nodes,
+                ..
+            } => {
                 let mut conn = conn.clone();
+                let nodes = Arc::clone(nodes);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                     Route::new(slot, SlotAddr::Master),
                 ));
                 let node = self.node(slot).map(|(n, _)| Arc::clone(n));
                 Box::pin(async move {
                     let in_flight = InFlight::start(health);
-                    let result = match conn.route_command(cmd, routing).await {
+                    let result = match conn.route_command(cmd.clone(), routing).await {
                         Ok(v) => v.extract_error(),
                         Err(e) => Err(e),
                     };
-                    match (&node, &result) {
-                        (Some(node), Err(e))
-                            if e.kind() == ErrorKind::Server(ServerErrorKind::Moved)
-                                && e.redirect_node().is_some_and(|(to, _)| to == &**node) =>
-                        {
-                            in_flight.moved_back(connect_within);
+                    let redirect = match (&node, &result) {
+                        (Some(node), Err(e)) => Redirect::of(e, node),
+                        _ => None,
+                    };
+                    match redirect {
+                        Some(Redirect::Back) => {
+                            if in_flight.moved_back(connect_within) {
+                                tracing::warn!(
+                                    node = node.as_deref().unwrap_or("?"),
+                                    retry_every = ?UNREACHABLE_RETRY,
+                                    "redis cluster primary unreachable from the client library: its keys fail at once, one call per retry_every tries it again"
+                                );
+                            }
                         }
                         _ => in_flight.finish(&result),
+                    }
+                    if let Some(Redirect::To { node, asking }) = redirect
+                        && let Some(health) = nodes.get(node)
+                        && let Some(result) = hop(&mut conn, cmd, node, asking, health).await
+                    {
+                        return result;
                     }
                     result
                 })
@@ -1029,11 +1124,12 @@ impl Inner {
                 let mut conn = client.get_async_connection().await.map_err(error)?;
                 let map = self.slot_map(&mut conn).await?;
                 let offsets = self.primaries_time(&conn, &map).await?;
-                let health = map
-                    .primaries()
-                    .into_iter()
-                    .map(|(_, node)| (node, Arc::default()))
-                    .collect();
+                let health = Arc::new(
+                    map.primaries()
+                        .into_iter()
+                        .map(|(_, node)| (node, Arc::default()))
+                        .collect(),
+                );
                 Ok(Arc::new(Link {
                     generation,
                     conn: Conn::Cluster { conn, map, health },

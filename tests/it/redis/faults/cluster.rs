@@ -143,9 +143,12 @@ async fn a_master_that_stays_hung_is_not_a_storm_of_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts_nothing_twice() {
+async fn a_slot_being_resharded_is_decided_throughout_and_counts_each_hit_once() {
     let cluster = RedisCluster::start();
     let key = cluster.keys_on(2, "reshard", 1).remove(0);
+    // Another client key in the same slot: its Redis key's hash tag is
+    // `key` (the first `{...}` of `...|{<key>}fresh}|...`).
+    let fresh = format!("{key}}}fresh");
     let server = TestServer::start(three_policies(
         &format!("cluster_nodes = {:?}", cluster.urls()),
         "200ms",
@@ -153,14 +156,14 @@ async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts
     ))
     .await;
     let mut client = server.client().await;
-    let remaining = |a: &Answer| match a {
-        Answer::Decided(d) => Some(d.remaining),
-        Answer::Failed(_) => None,
+    let mut remaining = async |key: &str| match ask(&mut client, key, "closed").await {
+        Answer::Decided(d) => d.remaining,
+        Answer::Failed(reason) => panic!("{key}: failed ({reason}) while the slot moves"),
     };
-    assert_eq!(remaining(&ask(&mut client, &key, "closed").await), Some(9));
+    assert_eq!(remaining(&key).await, 9);
 
     // Move the key's slot from node 2 to node 0, as `redis-cli --cluster
-    // reshard` does: mark it, then move its keys.
+    // reshard` does: mark it, move its keys, hand the slot over.
     let (from, to) = (&cluster.nodes[2], &cluster.nodes[0]);
     let slot = from.cli(&["cluster", "keyslot", &key]).trim().to_owned();
     let id =
@@ -176,15 +179,11 @@ async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts
             .trim(),
         "OK"
     );
-    // Marked but not moved: the old master still decides the key it holds.
-    assert_eq!(remaining(&ask(&mut client, &key, "closed").await), Some(8));
-    // A key it does not hold (new, or expired) gets ASK: it fails until the
-    // slot is done. (Its Redis key's hash tag is `key`: same slot.)
-    let fresh = format!("{key}}}fresh");
-    assert_eq!(
-        ask(&mut client, &fresh, "closed").await,
-        Answer::Failed("FailClosed".to_owned())
-    );
+    // Marked: the old master decides the key it holds, and answers ASK for
+    // one it does not hold, which quotad follows to the new master.
+    assert_eq!(remaining(&key).await, 8);
+    assert_eq!(remaining(&fresh).await, 9);
+    assert_eq!(to.cli(&["cluster", "countkeysinslot", &slot]).trim(), "1");
 
     let keys = from.cli(&["cluster", "getkeysinslot", &slot, "100"]);
     let keys: Vec<&str> = keys
@@ -197,23 +196,14 @@ async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts
     let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
     migrate.extend(keys.iter().copied());
     assert_eq!(from.cli(&migrate).trim(), "OK");
-    // Moved, slot still migrating: the old master answers ASK, which quotad
-    // does not follow; the key's calls fail, each with its on_error, and
-    // count nothing on either master.
-    for _ in 0..3 {
-        assert_eq!(
-            ask(&mut client, &key, "closed").await,
-            Answer::Failed("FailClosed".to_owned())
-        );
-        assert_eq!(
-            ask(&mut client, &key, "err").await,
-            Answer::Failed("Unavailable".to_owned())
-        );
+    // Moved, slot still migrating: ASK, followed; the count goes on from
+    // where the old master left it.
+    for left in [7, 6, 5] {
+        assert_eq!(remaining(&key).await, left);
     }
 
-    // The slot is node 0's: after at most a failed call (MOVED) while the
-    // library reads the new slot map, the key is decided by node 0, its
-    // count where the old master left it.
+    // The slot is node 0's. The library still sends it to node 2, which
+    // answers MOVED: followed too.
     for node in &cluster.nodes {
         assert_eq!(
             node.cli(&["cluster", "setslot", &slot, "node", &to_id])
@@ -221,17 +211,12 @@ async fn a_slot_being_resharded_fails_its_moved_keys_until_it_is_done_and_counts
             "OK"
         );
     }
-    let mut answers = Vec::new();
-    for _ in 0..3 {
-        answers.push(ask(&mut client, &key, "closed").await);
+    for left in [4, 3, 2] {
+        assert_eq!(remaining(&key).await, left);
     }
-    let decided: Vec<u64> = answers.iter().filter_map(remaining).collect();
-    assert!(decided.len() >= 2, "{answers:?}");
-    assert_eq!(
-        decided.last(),
-        Some(&(8 - decided.len() as u64)),
-        "{answers:?}"
-    );
+    assert_eq!(remaining(&fresh).await, 8);
+    // Every count is on the new master; the old one holds nothing of it.
+    assert_eq!(from.cli(&["cluster", "countkeysinslot", &slot]).trim(), "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,4 +348,63 @@ async fn a_failback_is_followed_at_once_not_taken_for_an_unreachable_master() {
             Answer::Decided(_)
         ));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_primary_whose_connection_drops_is_not_taken_for_unreachable() {
+    let cluster = RedisCluster::start();
+    let key = cluster.keys_on(0, "kill", 1).remove(0);
+    let server = TestServer::start(three_policies(
+        &format!("cluster_nodes = {:?}", cluster.urls()),
+        "200ms",
+        1_000_000,
+    ))
+    .await;
+    let client = server.client().await;
+    assert!(matches!(
+        ask(&mut client.clone(), &key, "err").await,
+        Answer::Decided(_)
+    ));
+
+    // Six callers on one key for 4 s; after 1 s its master drops every
+    // client connection (`CLIENT KILL`, as an idle timeout or a proxy
+    // restart would). While the library reconnects, it sends the key's
+    // requests to other nodes, which answer MOVED back to the master: a
+    // few calls fail, then it is reached again at once.
+    let started = Instant::now();
+    let callers: Vec<_> = (0..6)
+        .map(|_| {
+            let mut client = client.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while started.elapsed() < Duration::from_secs(4) {
+                    answers.push(ask(&mut client, &key, "err").await);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = cluster.nodes[0].cli(&["client", "kill", "type", "normal"]);
+    assert!(
+        killed.trim().parse::<u32>().is_ok_and(|n| n >= 1),
+        "{killed}"
+    );
+    let mut answers = Vec::new();
+    for caller in callers {
+        answers.extend(caller.await.expect("caller"));
+    }
+    let failed = answers
+        .iter()
+        .filter(|a| !matches!(a, Answer::Decided(_)))
+        .count();
+    // Marked unreachable, the master's calls would fail for 5 s: every call
+    // from the kill on.
+    assert!(
+        failed <= 12,
+        "{failed} of {} calls failed after one dropped connection",
+        answers.len()
+    );
 }
