@@ -204,7 +204,7 @@ impl Bound {
 pub(super) type LateReply = Box<dyn FnOnce(&RedisResult<Value>) + Send>;
 
 /// How often a call may try a Cluster primary the client library has no
-/// connection to ([`Health::unreachable`]); the calls in between fail at
+/// connection to ([`Health::moved_back`]); the calls in between fail at
 /// once.
 const UNREACHABLE_RETRY: Duration = Duration::from_secs(5);
 
@@ -277,12 +277,6 @@ impl Health {
         false
     }
 
-    /// Whether the primary is not known to be unreachable.
-    fn reachable(&self) -> bool {
-        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.unreachable_since.is_none()
-    }
-
     /// Whether a request may be sent now: always, unless the primary is
     /// unreachable, when one request per [`UNREACHABLE_RETRY`] may (it
     /// restarts the wait).
@@ -332,7 +326,13 @@ impl InFlight {
         if let Some(h) = self.0.take() {
             match result {
                 // No reply: the connection failed or the library gave up.
-                Err(e) if e.is_io_error() || e.is_timeout() => h.abandoned(),
+                Err(e)
+                    if e.is_io_error()
+                        || e.is_timeout()
+                        || e.kind() == ErrorKind::ClusterConnectionNotFound =>
+                {
+                    h.abandoned();
+                }
                 _ => h.answered(),
             }
         }
@@ -432,72 +432,28 @@ enum Conn {
     },
 }
 
-/// Where a Cluster request's `MOVED` or `ASK` answer sends it.
-enum Redirect<'a> {
-    /// `MOVED` back to the primary it was sent for ([`Health::moved_back`]).
+/// What a Cluster request's `MOVED` answer says, for a request sent for
+/// the primary `node`: back to that very primary (the library has no
+/// connection to it, [`Health::moved_back`]), or to another one (the slot
+/// moved, and the library reads the slot map anew), with its address.
+/// `ASK` (a slot being migrated) is not followed: known-limits.md.
+enum Moved<'a> {
     Back,
-    /// To another primary of the link's map (`asking` for `ASK`: the key's
-    /// slot is migrating there).
-    To { node: &'a str, asking: bool },
+    To(&'a str),
 }
 
-impl<'a> Redirect<'a> {
-    /// The redirect `e` says, for a request sent for the primary `node`.
+impl<'a> Moved<'a> {
     fn of(e: &'a RedisError, node: &str) -> Option<Self> {
-        let asking = match e.kind() {
-            ErrorKind::Server(ServerErrorKind::Moved) => false,
-            ErrorKind::Server(ServerErrorKind::Ask) => true,
-            _ => return None,
-        };
+        if e.kind() != ErrorKind::Server(ServerErrorKind::Moved) {
+            return None;
+        }
         let (to, _) = e.redirect_node()?;
-        Some(match (to == node, asking) {
-            (true, false) => Redirect::Back,
-            (true, true) => return None,
-            (false, _) => Redirect::To { node: to, asking },
+        Some(if to == node {
+            Moved::Back
+        } else {
+            Moved::To(to)
         })
     }
-}
-
-/// Sends `cmd` to the Cluster primary at `node` (after `ASKING` when
-/// `asking`): once, the request a `MOVED` or `ASK` answer redirected. Only
-/// to a primary of the link's map (the library keeps a connection to each:
-/// asked for a node it has no connection to, it would make its whole
-/// cluster connection again) that is not known to be unreachable.
-async fn hop(
-    conn: &mut ClusterConnection,
-    cmd: Cmd,
-    node: &str,
-    asking: bool,
-    health: &Arc<Health>,
-) -> Option<RedisResult<Value>> {
-    let (host, port) = node.rsplit_once(':')?;
-    let port = port.parse().ok()?;
-    if !health.reachable() {
-        return None;
-    }
-    let route = SingleNodeRoutingInfo::ByAddress {
-        host: host.to_owned(),
-        port,
-    };
-    let in_flight = InFlight::start(Some(Arc::clone(health)));
-    let result = if asking {
-        let mut pipe = redis::pipe();
-        pipe.cmd("ASKING").add_command(cmd);
-        conn.route_pipeline(pipe, 1, 1, route)
-            .await
-            .and_then(|mut values| {
-                values.pop().ok_or_else(|| {
-                    RedisError::from((ErrorKind::Client, "no reply to a redirected script"))
-                })
-            })
-            .and_then(Value::extract_error)
-    } else {
-        conn.route_command(cmd, RoutingInfo::SingleNode(route))
-            .await
-            .and_then(Value::extract_error)
-    };
-    in_flight.finish(&result);
-    Some(result)
 }
 
 impl Link {
@@ -521,14 +477,17 @@ impl Link {
     }
 
     /// One request as an owned future, so that it can outlive the caller;
-    /// on a Cluster, sent to the primary serving `slot`.
-    /// `connect_within`: how long the library may take to connect to a
+    /// on a Cluster, sent to the primary serving `slot`, and sent once more
+    /// when it comes back `MOVED` to another primary before `until` (the
+    /// script did not run; the library has read the new slot map by then).
+    /// `moved_back_within`: how long the library may take to connect to a
     /// node ([`Health::moved_back`]).
     fn request(
         &self,
         slot: u16,
         cmd: Cmd,
-        connect_within: Duration,
+        moved_back_within: Duration,
+        until: Instant,
     ) -> BoxFuture<'static, RedisResult<Value>> {
         let health = self.health(slot).cloned();
         match &self.conn {
@@ -557,17 +516,17 @@ impl Link {
                 let node = self.node(slot).map(|(n, _)| Arc::clone(n));
                 Box::pin(async move {
                     let in_flight = InFlight::start(health);
-                    let result = match conn.route_command(cmd.clone(), routing).await {
+                    let result = match conn.route_command(cmd.clone(), routing.clone()).await {
                         Ok(v) => v.extract_error(),
                         Err(e) => Err(e),
                     };
-                    let redirect = match (&node, &result) {
-                        (Some(node), Err(e)) => Redirect::of(e, node),
+                    let moved = match (&node, &result) {
+                        (Some(node), Err(e)) => Moved::of(e, node),
                         _ => None,
                     };
-                    match redirect {
-                        Some(Redirect::Back) => {
-                            if in_flight.moved_back(connect_within) {
+                    match moved {
+                        Some(Moved::Back) => {
+                            if in_flight.moved_back(moved_back_within) {
                                 tracing::warn!(
                                     node = node.as_deref().unwrap_or("?"),
                                     retry_every = ?UNREACHABLE_RETRY,
@@ -577,11 +536,16 @@ impl Link {
                         }
                         _ => in_flight.finish(&result),
                     }
-                    if let Some(Redirect::To { node, asking }) = redirect
-                        && let Some(health) = nodes.get(node)
-                        && let Some(result) = hop(&mut conn, cmd, node, asking, health).await
+                    if let Some(Moved::To(to)) = moved
+                        && Instant::now() < until
                     {
-                        return result;
+                        let in_flight = InFlight::start(nodes.get(to).cloned());
+                        let again = match conn.route_command(cmd, routing).await {
+                            Ok(v) => v.extract_error(),
+                            Err(e) => Err(e),
+                        };
+                        in_flight.finish(&again);
+                        return again;
                     }
                     result
                 })
@@ -856,7 +820,7 @@ impl Connections {
             ))));
         }
         let sent = Instant::now();
-        let mut request = link.request(slot, cmd, self.inner.timeout);
+        let mut request = link.request(slot, cmd, self.inner.timeout, bound.until);
         match tokio::time::timeout(bound.left(), &mut request).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(self.inner.failed(link, &e)),
@@ -1338,6 +1302,16 @@ mod tests {
         }
         assert!(health.may_send());
         assert_eq!(health.silent_for(), None, "MOVED is a reply");
+        // Another reply between two such answers starts over: the library
+        // reached it meanwhile.
+        let health = Health::default();
+        health.sent();
+        health.moved_back(Duration::ZERO);
+        health.sent();
+        health.answered();
+        health.sent();
+        health.moved_back(Duration::ZERO);
+        assert!(health.may_send(), "the first since a reply");
         // MOVED back to it again once the library had that time: marked.
         let health = Health::default();
         health.sent();

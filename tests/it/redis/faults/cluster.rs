@@ -143,7 +143,8 @@ async fn a_master_that_stays_hung_is_not_a_storm_of_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_being_resharded_is_decided_throughout_and_counts_each_hit_once() {
+async fn a_slot_being_resharded_fails_only_the_keys_its_old_master_lacks_and_counts_each_hit_once()
+{
     let cluster = RedisCluster::start();
     let key = cluster.keys_on(2, "reshard", 1).remove(0);
     // Another client key in the same slot: its Redis key's hash tag is
@@ -156,11 +157,14 @@ async fn a_slot_being_resharded_is_decided_throughout_and_counts_each_hit_once()
     ))
     .await;
     let mut client = server.client().await;
-    let mut remaining = async |key: &str| match ask(&mut client, key, "closed").await {
-        Answer::Decided(d) => d.remaining,
-        Answer::Failed(reason) => panic!("{key}: failed ({reason}) while the slot moves"),
+    let mut ask_closed = async |key: &str| match ask(&mut client, key, "closed").await {
+        Answer::Decided(d) => Some(d.remaining),
+        Answer::Failed(reason) => {
+            assert_eq!(reason, "FailClosed", "{key}");
+            None
+        }
     };
-    assert_eq!(remaining(&key).await, 9);
+    assert_eq!(ask_closed(&key).await, Some(9));
 
     // Move the key's slot from node 2 to node 0, as `redis-cli --cluster
     // reshard` does: mark it, move its keys, hand the slot over.
@@ -179,11 +183,11 @@ async fn a_slot_being_resharded_is_decided_throughout_and_counts_each_hit_once()
             .trim(),
         "OK"
     );
-    // Marked: the old master decides the key it holds, and answers ASK for
-    // one it does not hold, which quotad follows to the new master.
-    assert_eq!(remaining(&key).await, 8);
-    assert_eq!(remaining(&fresh).await, 9);
-    assert_eq!(to.cli(&["cluster", "countkeysinslot", &slot]).trim(), "1");
+    // Marked: the old master decides the key it holds; one it does not
+    // hold gets ASK, not followed: it fails, and nothing is created.
+    assert_eq!(ask_closed(&key).await, Some(8));
+    assert_eq!(ask_closed(&fresh).await, None);
+    assert_eq!(to.cli(&["cluster", "countkeysinslot", &slot]).trim(), "0");
 
     let keys = from.cli(&["cluster", "getkeysinslot", &slot, "100"]);
     let keys: Vec<&str> = keys
@@ -196,14 +200,15 @@ async fn a_slot_being_resharded_is_decided_throughout_and_counts_each_hit_once()
     let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "keys"];
     migrate.extend(keys.iter().copied());
     assert_eq!(from.cli(&migrate).trim(), "OK");
-    // Moved, slot still migrating: ASK, followed; the count goes on from
-    // where the old master left it.
-    for left in [7, 6, 5] {
-        assert_eq!(remaining(&key).await, left);
+    // Moved, slot still migrating: ASK; the key's calls fail and count
+    // nothing on either master.
+    for _ in 0..3 {
+        assert_eq!(ask_closed(&key).await, None);
     }
 
     // The slot is node 0's. The library still sends it to node 2, which
-    // answers MOVED: followed too.
+    // answers MOVED: quotad sends it once more, and the count goes on from
+    // where the old master left it.
     for node in &cluster.nodes {
         assert_eq!(
             node.cli(&["cluster", "setslot", &slot, "node", &to_id])
@@ -211,11 +216,10 @@ async fn a_slot_being_resharded_is_decided_throughout_and_counts_each_hit_once()
             "OK"
         );
     }
-    for left in [4, 3, 2] {
-        assert_eq!(remaining(&key).await, left);
+    for left in [7, 6, 5] {
+        assert_eq!(ask_closed(&key).await, Some(left));
     }
-    assert_eq!(remaining(&fresh).await, 8);
-    // Every count is on the new master; the old one holds nothing of it.
+    assert_eq!(ask_closed(&fresh).await, Some(9));
     assert_eq!(from.cli(&["cluster", "countkeysinslot", &slot]).trim(), "0");
 }
 
@@ -269,9 +273,9 @@ async fn calls_to_a_hung_master_do_not_hold_up_the_healthy_masters() {
         .count();
     // At most one call through to the hung master every 5 s (after the
     // first that finds it unreachable), each holding the healthy calls
-    // for up to a timeout: a few failures, not one in three.
+    // for up to a timeout: a few failures, not one in four.
     assert!(
-        failed <= 4,
+        failed * 10 <= to_healthy.len(),
         "{failed} of {} calls to a healthy master failed",
         to_healthy.len()
     );
@@ -379,7 +383,8 @@ async fn a_healthy_primary_whose_connection_drops_is_not_taken_for_unreachable()
             tokio::spawn(async move {
                 let mut answers = Vec::new();
                 while started.elapsed() < Duration::from_secs(4) {
-                    answers.push(ask(&mut client, &key, "err").await);
+                    let answer = ask(&mut client, &key, "err").await;
+                    answers.push((started.elapsed(), answer));
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 answers
@@ -396,15 +401,22 @@ async fn a_healthy_primary_whose_connection_drops_is_not_taken_for_unreachable()
     for caller in callers {
         answers.extend(caller.await.expect("caller"));
     }
-    let failed = answers
+    // Marked unreachable, the master's calls would fail for 5 s from the
+    // kill on; reached again, those a second after it are all decided.
+    let late: Vec<_> = answers
         .iter()
-        .filter(|a| !matches!(a, Answer::Decided(_)))
-        .count();
-    // Marked unreachable, the master's calls would fail for 5 s: every call
-    // from the kill on.
+        .filter(|(at, _)| *at > Duration::from_secs(2))
+        .collect();
+    assert!(late.len() >= 6, "calls went on after the kill");
+    let failed: Vec<_> = late
+        .iter()
+        .filter(|(_, a)| !matches!(a, Answer::Decided(_)))
+        .collect();
     assert!(
-        failed <= 12,
-        "{failed} of {} calls failed after one dropped connection",
-        answers.len()
+        failed.is_empty(),
+        "{} of {} calls a second after one dropped connection failed: {:?}",
+        failed.len(),
+        late.len(),
+        failed.first()
     );
 }
