@@ -1,14 +1,54 @@
 //! A Redis Cluster whose master hangs with its sockets open: at start,
 //! quotad serves the others; while serving, it follows the failover to the
 //! master's replica, however seldom the master's keys are called; while
-//! the master stays hung, its calls do not make quotad connect again and
-//! again.
+//! the master stays hung, its calls neither make quotad connect again and
+//! again nor hold up the other masters'. A dropped connection, a failback
+//! and a resharded slot are followed without taking a healthy master for
+//! an unreachable one.
 
 use std::time::{Duration, Instant};
+
+use quotad_proto::v1::quota_client::QuotaClient;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
 
 use super::{Answer, ask, attempts, three_policies};
 use crate::common::redis::RedisCluster;
 use crate::common::{TestServer, eventually};
+
+/// quotad on the Cluster `nodes` (seeds) with the three policies (`open`
+/// limited to `open_limit`) and a 200 ms timeout: a node is silent after
+/// 600 ms, and the library gives up on a request after 800 ms.
+async fn on_cluster(nodes: &[String], open_limit: u64) -> TestServer {
+    TestServer::start(three_policies(
+        &format!("cluster_nodes = {nodes:?}"),
+        "200ms",
+        open_limit,
+    ))
+    .await
+}
+
+/// Calls `key` under `policy` every `every` until `for_` after `started`,
+/// each answer with when it came.
+fn keep_calling(
+    client: &QuotaClient<Channel>,
+    key: &str,
+    policy: &'static str,
+    started: Instant,
+    for_: Duration,
+    every: Duration,
+) -> JoinHandle<Vec<(Duration, Answer)>> {
+    let (mut client, key) = (client.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let mut answers = Vec::new();
+        while started.elapsed() < for_ {
+            let answer = ask(&mut client, &key, policy).await;
+            answers.push((started.elapsed(), answer));
+            tokio::time::sleep(every).await;
+        }
+        answers
+    })
+}
 
 /// A master with a replica hangs, its sockets open, while its key is
 /// called every `every`; the replica takes over within a few seconds
@@ -18,14 +58,7 @@ async fn followed_to_the_replica(prefix: &str, every: Duration) {
     let mut cluster = RedisCluster::start_with_replica();
     let seeds: Vec<String> = cluster.urls().into_iter().take(3).collect();
     let key = cluster.keys_on(2, prefix, 1).remove(0);
-    // A timeout of 200 ms: a node is silent after 600 ms, and the library
-    // gives up on a request after 800 ms.
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {seeds:?}"),
-        "200ms",
-        1_000,
-    ))
-    .await;
+    let server = on_cluster(&seeds, 1_000).await;
     let mut client = server.client().await;
     assert!(matches!(ask(&mut client, &key, "open").await, Answer::Decided(d) if d.allowed));
 
@@ -70,12 +103,7 @@ async fn quotad_starts_with_a_cluster_master_hung_and_serves_the_other_masters_k
     let healthy = cluster.keys_on(0, "start", 1).remove(0);
     let hung = cluster.keys_on(2, "start", 1).remove(0);
     cluster.nodes[2].pause();
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {:?}", cluster.urls()),
-        "200ms",
-        10,
-    ))
-    .await;
+    let server = on_cluster(&cluster.urls(), 10).await;
     let client = server.client().await;
     eventually(
         Duration::from_secs(15),
@@ -104,12 +132,7 @@ async fn quotad_starts_with_a_cluster_master_hung_and_serves_the_other_masters_k
 async fn a_master_that_stays_hung_is_not_a_storm_of_connections() {
     let mut cluster = RedisCluster::start();
     let key = cluster.keys_on(2, "storm", 1).remove(0);
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {:?}", cluster.urls()),
-        "200ms",
-        1_000,
-    ))
-    .await;
+    let server = on_cluster(&cluster.urls(), 1_000).await;
     let mut client = server.client().await;
     assert!(matches!(ask(&mut client, &key, "open").await, Answer::Decided(d) if d.allowed));
     let (ok, failed) = attempts(&server).await;
@@ -150,12 +173,7 @@ async fn a_slot_being_resharded_fails_only_the_keys_its_old_master_lacks_and_cou
     // Another client key in the same slot: its Redis key's hash tag is
     // `key` (the first `{...}` of `...|{<key>}fresh}|...`).
     let fresh = format!("{key}}}fresh");
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {:?}", cluster.urls()),
-        "200ms",
-        10,
-    ))
-    .await;
+    let server = on_cluster(&cluster.urls(), 10).await;
     let mut client = server.client().await;
     let mut ask_closed = async |key: &str| match ask(&mut client, key, "closed").await {
         Answer::Decided(d) => Some(d.remaining),
@@ -228,12 +246,7 @@ async fn calls_to_a_hung_master_do_not_hold_up_the_healthy_masters() {
     let mut cluster = RedisCluster::start();
     let hung = cluster.keys_on(2, "held", 1).remove(0);
     let healthy = cluster.keys_on(0, "held", 1).remove(0);
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {:?}", cluster.urls()),
-        "200ms",
-        1_000_000,
-    ))
-    .await;
+    let server = on_cluster(&cluster.urls(), 1_000_000).await;
     let client = server.client().await;
     assert!(matches!(
         ask(&mut client.clone(), &hung, "open").await,
@@ -246,20 +259,21 @@ async fn calls_to_a_hung_master_do_not_hold_up_the_healthy_masters() {
     // the slot map again, holding every call for up to a timeout.
     cluster.nodes[2].pause();
     let started = Instant::now();
-    let calls = |key: String, policy: &'static str| {
-        let mut client = client.clone();
-        tokio::spawn(async move {
-            let mut answers = Vec::new();
-            while started.elapsed() < Duration::from_secs(8) {
-                answers.push(ask(&mut client, &key, policy).await);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            answers
-        })
-    };
-    let (to_hung, to_healthy) = (calls(hung, "open"), calls(healthy, "err"));
-    let to_hung = to_hung.await.expect("hung calls");
-    let to_healthy = to_healthy.await.expect("healthy calls");
+    let (eight_s, every) = (Duration::from_secs(8), Duration::from_millis(50));
+    let to_hung = keep_calling(&client, &hung, "open", started, eight_s, every);
+    let to_healthy = keep_calling(&client, &healthy, "err", started, eight_s, every);
+    let to_hung: Vec<Answer> = to_hung
+        .await
+        .expect("hung calls")
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect();
+    let to_healthy: Vec<Answer> = to_healthy
+        .await
+        .expect("healthy calls")
+        .into_iter()
+        .map(|(_, a)| a)
+        .collect();
     cluster.nodes[2].resume();
     assert!(
         to_hung
@@ -286,12 +300,7 @@ async fn a_failback_is_followed_at_once_not_taken_for_an_unreachable_master() {
     let cluster = RedisCluster::start_with_replica();
     let seeds: Vec<String> = cluster.urls().into_iter().take(3).collect();
     let key = cluster.keys_on(2, "failback", 1).remove(0);
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {seeds:?}"),
-        "200ms",
-        1_000_000,
-    ))
-    .await;
+    let server = on_cluster(&seeds, 1_000_000).await;
     let mut client = server.client().await;
     assert!(matches!(
         ask(&mut client, &key, "err").await,
@@ -358,12 +367,7 @@ async fn a_failback_is_followed_at_once_not_taken_for_an_unreachable_master() {
 async fn a_healthy_primary_whose_connection_drops_is_not_taken_for_unreachable() {
     let cluster = RedisCluster::start();
     let key = cluster.keys_on(0, "kill", 1).remove(0);
-    let server = TestServer::start(three_policies(
-        &format!("cluster_nodes = {:?}", cluster.urls()),
-        "200ms",
-        1_000_000,
-    ))
-    .await;
+    let server = on_cluster(&cluster.urls(), 1_000_000).await;
     let client = server.client().await;
     assert!(matches!(
         ask(&mut client.clone(), &key, "err").await,
@@ -378,17 +382,8 @@ async fn a_healthy_primary_whose_connection_drops_is_not_taken_for_unreachable()
     let started = Instant::now();
     let callers: Vec<_> = (0..6)
         .map(|_| {
-            let mut client = client.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let mut answers = Vec::new();
-                while started.elapsed() < Duration::from_secs(4) {
-                    let answer = ask(&mut client, &key, "err").await;
-                    answers.push((started.elapsed(), answer));
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                answers
-            })
+            let (four_s, every) = (Duration::from_secs(4), Duration::from_millis(5));
+            keep_calling(&client, &key, "err", started, four_s, every)
         })
         .collect();
     tokio::time::sleep(Duration::from_secs(1)).await;
