@@ -26,8 +26,9 @@ use crate::metrics::{Method, Metrics};
 
 /// Runs one handler: times it, and turns its error into a status, counted
 /// by method and code. A store failure has been logged where it happened.
-/// A call dropped before it answered (its client cancelled it, or went
-/// away) is counted with code `Cancelled`.
+/// A call dropped before it answered (its client cancelled it or went
+/// away, tonic's own timer ended it, or a shutdown closed its connection)
+/// is counted with code `Cancelled`, and not in the duration histogram.
 pub(crate) async fn observe<T>(
     metrics: &Metrics,
     method: Method,
