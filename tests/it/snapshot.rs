@@ -470,4 +470,18 @@ async fn a_bad_snapshot_is_kept_aside_and_a_crashs_leftovers_are_removed() {
     );
     server.shutdown().await.expect("clean stop");
     assert!(path.exists(), "a good snapshot in its place");
+
+    // A second bad file is kept under a name of its own: the first one
+    // (perhaps the only copy of counts a downgrade could not read) stays.
+    damage(&path, "truncated");
+    let damaged_again = std::fs::read(&path).expect("read");
+    assert_ne!(damaged_again, damaged);
+    let server = start(&path, "", &clock).await;
+    server.client().await;
+    assert_eq!(std::fs::read(&aside).expect("the first kept"), damaged);
+    assert_eq!(
+        std::fs::read(dir.path().join("quotad.snapshot.bad.2")).expect("the second kept"),
+        damaged_again
+    );
+    server.shutdown().await.expect("clean stop");
 }

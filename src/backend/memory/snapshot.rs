@@ -239,19 +239,47 @@ fn bad_file(
             // Kept aside, not overwritten by the next snapshot: the error
             // may have been passing (a read error), or the file of a newer
             // version that a downgrade cannot read.
-            let mut aside = settings.path.clone().into_os_string();
-            aside.push(".bad");
-            let kept = std::fs::rename(&settings.path, &aside);
+            let kept = keep_aside(&settings.path);
             tracing::error!(
                 %error,
-                kept_as = %Path::new(&aside).display(),
-                kept = kept.is_ok(),
+                kept_as = %kept.as_ref().map_or_else(|e| format!("(not kept: {e})"), |p| p.display().to_string()),
                 "SNAPSHOT NOT LOADED: starting with an empty store, every key starts fresh \
                  (store.snapshot.on_bad_file = \"start_empty\")"
             );
             Ok(MemoryStore::new(config, clock))
         }
     }
+}
+
+/// Bad snapshots kept beside the snapshot at most; past them, a bad file
+/// is left in place, for the next snapshot to replace.
+const MAX_KEPT_BAD: u32 = 16;
+
+/// Moves the bad snapshot at `path` aside, to the first free name of
+/// `<path>.bad`, `<path>.bad.2`, ... (a hard link, which never replaces a
+/// file, then the removal of `path`): an earlier bad file, perhaps the
+/// only copy of counts a downgrade could not read, is never overwritten.
+fn keep_aside(path: &Path) -> std::io::Result<PathBuf> {
+    for n in 1..=MAX_KEPT_BAD {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(if n == 1 {
+            ".bad".to_owned()
+        } else {
+            format!(".bad.{n}")
+        });
+        let aside = PathBuf::from(aside);
+        match std::fs::hard_link(path, &aside) {
+            Ok(()) => {
+                std::fs::remove_file(path)?;
+                return Ok(aside);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "{MAX_KEPT_BAD} bad snapshots are kept beside it already"
+    )))
 }
 
 /// Writes the store to `path` atomically: a temporary file in the same
