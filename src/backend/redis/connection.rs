@@ -456,6 +456,30 @@ impl<'a> Moved<'a> {
     }
 }
 
+/// Settles a Cluster request for the primary `node` that came back with
+/// `result`: a `MOVED` back to that primary is [`Health::moved_back`]
+/// (logged when it marks the primary unreachable), anything else a reply
+/// or its absence.
+fn settle(
+    in_flight: InFlight,
+    node: Option<&str>,
+    moved: Option<&Moved<'_>>,
+    result: &RedisResult<Value>,
+    moved_back_within: Duration,
+) {
+    if matches!(moved, Some(Moved::Back)) {
+        if in_flight.moved_back(moved_back_within) {
+            tracing::warn!(
+                node = node.unwrap_or("?"),
+                retry_every = ?UNREACHABLE_RETRY,
+                "redis cluster primary unreachable from the client library: its keys fail at once, one call per retry_every tries it again"
+            );
+        }
+    } else {
+        in_flight.finish(result);
+    }
+}
+
 impl Link {
     /// The primary serving `slot` (`None` on a standalone server, or for a
     /// slot the map does not cover), with its health.
@@ -478,8 +502,9 @@ impl Link {
 
     /// One request as an owned future, so that it can outlive the caller;
     /// on a Cluster, sent to the primary serving `slot`, and sent once more
-    /// when it comes back `MOVED` to another primary before `until` (the
-    /// script did not run; the library has read the new slot map by then).
+    /// when it comes back `MOVED` to another primary of quotad's map, not
+    /// marked unreachable, before `until` (the script did not run; the
+    /// library has read the new slot map by then).
     /// `moved_back_within`: how long the library may take to connect to a
     /// node ([`Health::moved_back`]).
     fn request(
@@ -524,27 +549,35 @@ impl Link {
                         (Some(node), Err(e)) => Moved::of(e, node),
                         _ => None,
                     };
-                    match moved {
-                        Some(Moved::Back) => {
-                            if in_flight.moved_back(moved_back_within) {
-                                tracing::warn!(
-                                    node = node.as_deref().unwrap_or("?"),
-                                    retry_every = ?UNREACHABLE_RETRY,
-                                    "redis cluster primary unreachable from the client library: its keys fail at once, one call per retry_every tries it again"
-                                );
-                            }
-                        }
-                        _ => in_flight.finish(&result),
-                    }
+                    settle(
+                        in_flight,
+                        node.as_deref(),
+                        moved.as_ref(),
+                        &result,
+                        moved_back_within,
+                    );
+                    // Sent again only to a primary of quotad's map that is
+                    // not marked unreachable: one whose requests come back
+                    // `MOVED` to it would cost the library a slot-map read
+                    // holding every call, twice a call.
                     if let Some(Moved::To(to)) = moved
                         && Instant::now() < until
+                        && let Some((to, health)) = nodes.get_key_value(to)
+                        && health.may_send()
                     {
-                        let in_flight = InFlight::start(nodes.get(to).cloned());
+                        let in_flight = InFlight::start(Some(Arc::clone(health)));
                         let again = match conn.route_command(cmd, routing).await {
                             Ok(v) => v.extract_error(),
                             Err(e) => Err(e),
                         };
-                        in_flight.finish(&again);
+                        let moved = again.as_ref().err().and_then(|e| Moved::of(e, to));
+                        settle(
+                            in_flight,
+                            Some(to),
+                            moved.as_ref(),
+                            &again,
+                            moved_back_within,
+                        );
                         return again;
                     }
                     result
