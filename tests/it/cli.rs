@@ -144,13 +144,7 @@ fn serve_reports_a_port_in_use_with_exit_code_one() {
 
 #[tokio::test]
 async fn serve_without_a_config_file_survives_sighup() {
-    let mut server = Server::spawn(&[
-        "serve",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--admin-addr",
-        "127.0.0.1:0",
-    ]);
+    let mut server = serve_on_free_ports(&[]);
     let (_grpc, admin) = server.addresses();
     server.signal("HUP");
     server.signal("HUP");
@@ -165,6 +159,12 @@ async fn serve_without_a_config_file_survives_sighup() {
     );
 }
 
+/// `quotad serve` with `args`, both ports on a free loopback port.
+fn serve_on_free_ports(args: &[&str]) -> Server {
+    let ports = ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"];
+    Server::spawn(&[&["serve"][..], args, &ports].concat())
+}
+
 /// Waits (up to 10 s) until the admin port's `/readyz` answers `code`.
 async fn readyz_turns(admin: std::net::SocketAddr, code: u16) {
     eventually(
@@ -177,15 +177,7 @@ async fn readyz_turns(admin: std::net::SocketAddr, code: u16) {
 
 #[tokio::test]
 async fn a_second_sigterm_ends_a_shutdown_that_waits() {
-    let mut server = Server::spawn(&[
-        "serve",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--shutdown-delay",
-        "60s",
-    ]);
+    let mut server = serve_on_free_ports(&["--shutdown-delay", "60s"]);
     let (_grpc, admin) = server.addresses();
     server.signal("TERM");
     // The first one starts the shutdown: not ready, still serving for 60 s.
@@ -204,15 +196,7 @@ async fn serve_reloads_policies_on_sighup_and_exits_zero_on_sigterm() {
         )
     };
     let path = write(dir.path(), "quotad.toml", &policy(10));
-    let mut server = Server::spawn(&[
-        "serve",
-        "-c",
-        &path,
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--admin-addr",
-        "127.0.0.1:0",
-    ]);
+    let mut server = serve_on_free_ports(&["-c", &path]);
     let (_grpc, admin) = server.addresses();
     let limit = || async {
         let (_, body) = http_get(admin, "/policies").await;
