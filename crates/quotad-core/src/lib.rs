@@ -42,6 +42,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+pub mod grant;
 pub mod policy;
 pub mod store;
 pub mod throttle;
@@ -49,6 +50,10 @@ pub mod throttle;
 pub use algorithm::{Log, Spend, State, decide, decide_spending, peek};
 pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Reason};
+pub use grant::{
+    Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, LeaseTermsError, Ledger,
+    MAX_GRANTS_PER_KEY, Settle, Settled,
+};
 pub use policy::{
     Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
 };

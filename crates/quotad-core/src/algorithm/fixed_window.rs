@@ -59,6 +59,15 @@ impl Meter for FixedWindow {
         }
     }
 
+    fn lease_end(&self) -> Option<u64> {
+        // Every leased unit must land in the window it was charged to.
+        Some(self.end)
+    }
+
+    fn refund(&mut self, units: u64) {
+        self.count = self.count.saturating_sub(units);
+    }
+
     fn into_state(self) -> Option<State> {
         (self.count > 0).then_some(State::FixedWindow {
             start_ms: self.start,

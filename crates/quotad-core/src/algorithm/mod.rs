@@ -21,6 +21,10 @@ use std::num::NonZeroU64;
 pub use sliding_log::Log;
 
 use crate::decision::{Decision, Reason};
+use crate::grant::{
+    Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger, Settle, Settled,
+    lease_size,
+};
 use crate::policy::{Algorithm, Policy};
 
 /// The saved state of one key under one policy. `None` (no state) means
@@ -157,6 +161,16 @@ trait Meter: Sized {
     fn retry_after(&self, cost: u64) -> u64;
     /// The wait until the state is fresh again.
     fn reset_after(&self) -> u64;
+    /// The latest instant a lease charged now may end at, or `None` when
+    /// the algorithm offers no leases (every request is then decided
+    /// directly).
+    fn lease_end(&self) -> Option<u64> {
+        None
+    }
+    /// Gives back `units` of a live lease charged to this meter, unspent.
+    /// Only called on an algorithm that offers leases, for a lease that has
+    /// not ended (so the window it was charged to is still current).
+    fn refund(&mut self, _units: u64) {}
     /// The state to keep; `None` when it is equivalent to fresh.
     fn into_state(self) -> Option<State>;
 }
@@ -329,6 +343,119 @@ fn evaluate(
         Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state, short),
         Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state, short),
     }
+}
+
+/// Whether the lease `settle` names can be settled against `ledger` at
+/// `now`: it is held and was not overspent, or it has ended. Nothing is
+/// changed; [`lease`] is only called after this passed.
+///
+/// # Errors
+///
+/// [`LeaseError::UnknownLease`] for a lease neither held nor ended,
+/// [`LeaseError::Overspent`] for a report of more than it granted.
+pub(crate) fn check_settle(ledger: &Ledger, settle: &Settle, now: u64) -> Result<(), LeaseError> {
+    match ledger.grants().iter().find(|g| g.id == settle.id) {
+        Some(g) if g.ends_at > now && settle.spent > g.units => Err(LeaseError::Overspent {
+            spent: settle.spent,
+            units: g.units,
+        }),
+        Some(_) => Ok(()),
+        None if settle.ends_at <= now => Ok(()),
+        None => Err(LeaseError::UnknownLease),
+    }
+}
+
+/// Settles one lease and grants another, on one key's state and ledger, at
+/// `now`. The caller has passed [`check_settle`]. Returns the state to keep
+/// and the outcome; the ledger is updated in place (ended grants dropped).
+///
+/// A lease is charged to the meter as an admission of its units; its
+/// unspent units go back while it is live (so, for the window algorithms,
+/// while the window it was charged to is current). A state written under
+/// another algorithm or window is fresh, and so are its grants.
+pub(crate) fn lease(
+    policy: &Policy,
+    terms: &LeaseTerms,
+    state: Option<State>,
+    ledger: &mut Ledger,
+    now_ms: u64,
+    ask: &LeaseAsk,
+) -> (Option<State>, LeaseOutcome) {
+    let state = state.filter(|s| s.counts_under(policy));
+    if state.is_none() && !ledger.is_empty() {
+        // Grants charged to a meter this policy does not read: their
+        // charge is gone with it, so they hold nothing back either.
+        ledger.purge(u64::MAX);
+    }
+    let at = state
+        .as_ref()
+        .map_or(now_ms, |s| s.time_floor().max(now_ms));
+    match policy.algorithm() {
+        Algorithm::FixedWindow => {
+            lease_on::<fixed_window::FixedWindow>(policy, terms, state, ledger, at, ask)
+        }
+        Algorithm::SlidingWindow => {
+            lease_on::<sliding_window::SlidingWindow>(policy, terms, state, ledger, at, ask)
+        }
+        Algorithm::TokenBucket => {
+            lease_on::<bucket::TokenBucket>(policy, terms, state, ledger, at, ask)
+        }
+        Algorithm::LeakyBucket => {
+            lease_on::<bucket::LeakyBucket>(policy, terms, state, ledger, at, ask)
+        }
+        Algorithm::SlidingLog => {
+            lease_on::<sliding_log::SlidingLog>(policy, terms, state, ledger, at, ask)
+        }
+    }
+}
+
+fn lease_on<M: Meter>(
+    policy: &Policy,
+    terms: &LeaseTerms,
+    state: Option<State>,
+    ledger: &mut Ledger,
+    at: u64,
+    ask: &LeaseAsk,
+) -> (Option<State>, LeaseOutcome) {
+    let mut meter = M::advance(policy, state, at);
+    ledger.purge(at);
+    let settled = ask.settle.map(|s| match ledger.take(s.id) {
+        Some(g) => {
+            let returned = g.units - s.spent.min(g.units);
+            meter.refund(returned);
+            Settled::Returned { returned }
+        }
+        None => Settled::Ended,
+    });
+    let answer = if ask.want == 0 {
+        LeaseAnswer::None
+    } else {
+        match (
+            meter.lease_end(),
+            lease_size(terms, ask.want, meter.remaining(), ledger.live()),
+        ) {
+            (Some(end), Some(units)) if meter.fits(units) && end > at => {
+                meter.consume(units);
+                let grant = Grant {
+                    id: ask.new_id,
+                    units,
+                    granted_at: at,
+                    ends_at: end.min(at.saturating_add(terms.max_ttl_ms())),
+                };
+                ledger.push(grant);
+                LeaseAnswer::Granted(grant)
+            }
+            _ => LeaseAnswer::Direct,
+        }
+    };
+    let outcome = LeaseOutcome {
+        settled,
+        answer,
+        remaining: meter.remaining(),
+        limit: policy.capacity(),
+        reset_after_ms: meter.reset_after(),
+    };
+    (meter.into_state(), outcome)
 }
 
 struct Step<'a> {

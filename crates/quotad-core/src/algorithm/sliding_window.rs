@@ -115,6 +115,16 @@ impl Meter for SlidingWindow {
         }
     }
 
+    fn lease_end(&self) -> Option<u64> {
+        // A leased unit counts in the current window: it must be spent
+        // before this window becomes the previous one.
+        Some(self.start.saturating_add(self.window))
+    }
+
+    fn refund(&mut self, units: u64) {
+        self.current = self.current.saturating_sub(units);
+    }
+
     fn into_state(self) -> Option<State> {
         (self.previous > 0 || self.current > 0).then_some(State::SlidingWindow {
             start_ms: self.start,

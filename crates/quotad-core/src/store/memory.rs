@@ -15,10 +15,13 @@ use smallvec::SmallVec;
 use thiserror::Error;
 
 use super::item::{BatchMode, CheckItem};
-use super::shard::{ENTRY_BYTES, Found, KeyHasher, Room, Shard, StoreKey, extra_bytes, key_hash};
+use super::shard::{
+    ENTRY_BYTES, Found, KeyHasher, Room, Shard, StoreKey, extra_bytes, extra_bytes_with, key_hash,
+};
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
+use crate::grant::{LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger};
 use crate::policy::Policy;
 
 /// A shard holds at least this many keys before the store splits further,
@@ -398,7 +401,125 @@ impl MemoryStore {
         }
     }
 
-    /// Forgets the state of `key` under the policy `name`. Returns whether
+    /// Settles the lease `ask` names (its unspent units go back) and grants
+    /// a new one of up to `ask.want` units, on the key `key` of the policy
+    /// `name`, in one transition with the key's state: a lease is charged
+    /// as an admission of its units, and its grant is kept in the key's
+    /// entry until it ends (bounded in number, counted in the byte budget,
+    /// written to snapshots). Near the end of the budget, or for an
+    /// algorithm that offers no leases, the answer is
+    /// [`LeaseAnswer::Direct`]; so it is when the store has no room for the
+    /// grant (nothing is evicted for a lease: it is never needed, as direct
+    /// checks decide exactly).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use quotad_core::{Algorithm, CheckItem, FakeClock, LeaseAnswer, LeaseAsk, LeaseTerms, MemoryStore, OnFull, Policy, StoreConfig};
+    ///
+    /// let store = MemoryStore::new(StoreConfig::try_new(1_000, 16, OnFull::Deny)?, Arc::new(FakeClock::new(0)));
+    /// let policy = Policy::try_new(Algorithm::FixedWindow, 100, Duration::from_secs(60), None)?;
+    /// let terms = LeaseTerms::try_new(40, 5, Duration::from_secs(10))?;
+    /// let ask = LeaseAsk { settle: None, want: 50, new_id: 7 };
+    /// let outcome = store.lease("api", "alice", &policy, &terms, &ask)?;
+    /// let LeaseAnswer::Granted(grant) = outcome.answer else { panic!("far from the limit") };
+    /// assert_eq!((grant.units, grant.ends_at), (40, 10_000));
+    /// // The lease is charged: a direct check sees 60 left.
+    /// assert_eq!(store.peek(&CheckItem::new("api", policy, "alice", 1)?).remaining, 60);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError`] when the lease to settle is unknown (not held, not
+    /// ended) or reported overspent; nothing is changed then.
+    pub fn lease(
+        &self,
+        name: &str,
+        key: &str,
+        policy: &Policy,
+        terms: &LeaseTerms,
+        ask: &LeaseAsk,
+    ) -> Result<LeaseOutcome, LeaseError> {
+        let hash = key_hash(&self.hasher, name, key);
+        let mut shard = self.lock(self.shard_of(hash));
+        let now = self.now();
+        if let Some(settle) = &ask.settle {
+            let empty = Ledger::new();
+            let held = shard
+                .find(hash, name, key)
+                .and_then(|i| shard.ledger_at(i))
+                .unwrap_or(&empty);
+            algorithm::check_settle(held, settle, now)?;
+        }
+        let this = |k: &StoreKey| k.is(name, key);
+        // One probe, as a check: a grant that needs bytes the shard lacks
+        // gets room made once (never by evicting this key); without it, the
+        // lease is settled and the answer is direct.
+        for attempt in 0..2 {
+            let Some(i) = shard.find(hash, name, key) else {
+                break;
+            };
+            let fresh_before = shard.fresh_at(i);
+            let state = shard.take(i, now);
+            let ledger = shard.take_ledger(i, now);
+            let before = entry_bytes(state.as_ref(), &ledger);
+            let mut granted = ledger.clone();
+            let (new_state, outcome) =
+                algorithm::lease(policy, terms, state.clone(), &mut granted, now, ask);
+            let after = entry_bytes(new_state.as_ref(), &granted);
+            if after <= shard.free_bytes() {
+                let fresh_at = fresh_at_ms(now, outcome.reset_after_ms);
+                shard.write_granted(i, new_state, granted, fresh_at);
+                return Ok(outcome);
+            }
+            if attempt == 0 {
+                let grow = Room {
+                    keys: 0,
+                    bytes: after.saturating_sub(before),
+                };
+                shard.write_granted(i, state, ledger, fresh_before);
+                if self.make_room(&mut shard, &|_| grow, now, &this) {
+                    continue;
+                }
+                let i = shard
+                    .find(hash, name, key)
+                    .expect("making room never evicts the key it is made for");
+                let state = shard.take(i, now);
+                let ledger = shard.take_ledger(i, now);
+                return Ok(settle_only(
+                    &mut shard, i, policy, terms, state, ledger, now, ask,
+                ));
+            }
+            return Ok(settle_only(
+                &mut shard, i, policy, terms, state, ledger, now, ask,
+            ));
+        }
+        let mut ledger = Ledger::new();
+        let (state, outcome) = algorithm::lease(policy, terms, None, &mut ledger, now, ask);
+        if state.is_some() || !ledger.is_empty() {
+            let need = Room {
+                keys: 1,
+                bytes: extra_bytes_with(name, key, state.as_ref(), &ledger),
+            };
+            if !self.make_room(&mut shard, &|_| need, now, &|_| false) {
+                // A new key with no room: no lease, nothing changed.
+                let ask = LeaseAsk { want: 0, ..*ask };
+                let (_, outcome) =
+                    algorithm::lease(policy, terms, None, &mut Ledger::new(), now, &ask);
+                return Ok(LeaseOutcome {
+                    answer: LeaseAnswer::Direct,
+                    ..outcome
+                });
+            }
+            let fresh_at = fresh_at_ms(now, outcome.reset_after_ms);
+            shard.insert_granted(hash, name, key, state, ledger, fresh_at);
+        }
+        Ok(outcome)
+    }
+
+    /// Forgets the state of `key` under the policy `name`, and its grants
+    /// (their holders may still spend what they hold). Returns whether
     /// there was any.
     pub fn reset(&self, name: &str, key: &str) -> bool {
         let hash = key_hash(&self.hasher, name, key);
@@ -828,10 +949,10 @@ impl Pending<'_> {
     fn change(&self, shard: &Shard) -> (bool, usize, usize) {
         let found = self.find(shard);
         let before = found.map_or(0, |i| shard.extra_at(i));
-        let after = self
-            .state
-            .as_ref()
-            .map_or(0, |s| extra_bytes(self.name, self.key, s));
+        // The entry's grants stay with a state written back.
+        let after = self.state.as_ref().map_or(0, |s| {
+            extra_bytes(self.name, self.key, s) + found.map_or(0, |i| shard.ledger_bytes_at(i))
+        });
         (found.is_none() && self.state.is_some(), before, after)
     }
 }
@@ -868,7 +989,47 @@ fn first_of_each_key(items: &[CheckItem<'_>], hashes: &[u64]) -> Small<usize> {
 }
 
 fn fresh_at(now: u64, decision: &Decision) -> u64 {
-    now.saturating_add(decision.reset_after_ms)
+    fresh_at_ms(now, decision.reset_after_ms)
+}
+
+fn fresh_at_ms(now: u64, reset_after_ms: u64) -> u64 {
+    now.saturating_add(reset_after_ms)
+}
+
+/// The heap bytes a key's state and grants cost its entry, beyond its key.
+fn entry_bytes(state: Option<&State>, ledger: &Ledger) -> usize {
+    extra_bytes_with("", "", state, ledger)
+}
+
+/// Settles the lease `ask` names without granting one (the shard has no
+/// room for a new grant), writing the key's entry back at `index`; a settle
+/// alone never grows an entry. The answer is direct.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the lease path's last step, kept apart"
+)]
+fn settle_only(
+    shard: &mut Shard,
+    index: usize,
+    policy: &Policy,
+    terms: &LeaseTerms,
+    state: Option<State>,
+    mut ledger: Ledger,
+    now: u64,
+    ask: &LeaseAsk,
+) -> LeaseOutcome {
+    let ask = LeaseAsk { want: 0, ..*ask };
+    let (state, outcome) = algorithm::lease(policy, terms, state, &mut ledger, now, &ask);
+    shard.write_granted(
+        index,
+        state,
+        ledger,
+        fresh_at_ms(now, outcome.reset_after_ms),
+    );
+    LeaseOutcome {
+        answer: LeaseAnswer::Direct,
+        ..outcome
+    }
 }
 
 fn capacity_denial(policy: &Policy) -> Decision {

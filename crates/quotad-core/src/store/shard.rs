@@ -13,14 +13,16 @@ use indexmap::map::RawEntryApiV1;
 use indexmap::map::raw_entry_v1::RawEntryMut;
 
 use crate::algorithm::State;
+use crate::grant::Ledger;
 
 /// How many entries an eviction looks at to choose its victim.
 const EVICTION_SAMPLE: usize = 16;
 
 /// The heap bytes one slot of a shard's table costs, used or not: the
 /// 80-byte entry (8-byte hash, 24-byte key with its inline buffer, 48-byte
-/// slot: the state of up to four integers, its tag and when it is fresh)
-/// and its share of the index table.
+/// slot: the state of up to four integers, its tag and when it is fresh;
+/// a key holding grants keeps its state and ledger behind one pointer in
+/// the same 40 bytes) and its share of the index table.
 ///
 /// Measured with `cargo run --release -p quotad-core --example
 /// bytes_per_key`: 1,000,000 fixed-window keys of 16 bytes (inline) in 64
@@ -52,6 +54,29 @@ fn key_heap_bytes(len: usize) -> usize {
 /// beyond its table slot: its key's heap bytes and its state's.
 pub(super) fn extra_bytes(name: &str, key: &str, state: &State) -> usize {
     key_heap_bytes(name.len() + 1 + key.len()) + state.heap_bytes()
+}
+
+/// [`extra_bytes`] of an entry that may also hold grants.
+pub(super) fn extra_bytes_with(
+    name: &str,
+    key: &str,
+    state: Option<&State>,
+    ledger: &Ledger,
+) -> usize {
+    key_heap_bytes(name.len() + 1 + key.len())
+        + state.map_or(0, State::heap_bytes)
+        + granted_bytes(ledger)
+}
+
+/// The heap bytes a ledger costs an entry: none while it is empty (the
+/// entry holds its state inline), else the box holding state and ledger and
+/// the ledger's grants.
+fn granted_bytes(ledger: &Ledger) -> usize {
+    if ledger.is_empty() {
+        0
+    } else {
+        size_of::<Granted>() + ledger.heap_bytes()
+    }
 }
 
 /// Keys, and bytes beyond table slots: what a change needs free in a shard,
@@ -127,23 +152,80 @@ pub(super) fn key_hash(hasher: &KeyHasher, name: &str, key: &str) -> u64 {
     h.finish()
 }
 
-/// The state of one key and when it becomes equivalent to fresh.
+/// What the store keeps for one key, and when it becomes equivalent to
+/// fresh.
 #[derive(Debug)]
 struct Slot {
     fresh_at: u64,
-    /// Always `Some` while in the table; taken only inside one transition.
+    body: Body,
+}
+
+/// A key's meter state and, once it holds grants, its ledger. The common
+/// case, a meter alone, stays inline: a ledger costs a key nothing until it
+/// has one.
+#[derive(Debug)]
+enum Body {
+    /// The meter's state. `None` only while taken out for one transition
+    /// (an entry with neither state nor grants is removed).
+    Meter(Option<State>),
+    /// State and grants together.
+    Granted(Box<Granted>),
+}
+
+/// A key's state with its live grants.
+#[derive(Debug)]
+struct Granted {
+    /// `None` while taken out for one transition, or when only grants keep
+    /// the entry.
     state: Option<State>,
+    /// Never empty while in the table.
+    ledger: Ledger,
 }
 
 impl Slot {
+    fn state(&self) -> Option<&State> {
+        match &self.body {
+            Body::Meter(state) => state.as_ref(),
+            Body::Granted(g) => g.state.as_ref(),
+        }
+    }
+
+    fn state_mut(&mut self) -> &mut Option<State> {
+        match &mut self.body {
+            Body::Meter(state) => state,
+            Body::Granted(g) => &mut g.state,
+        }
+    }
+
+    fn ledger(&self) -> Option<&Ledger> {
+        match &self.body {
+            Body::Meter(_) => None,
+            Body::Granted(g) => Some(&g.ledger),
+        }
+    }
+
     fn state_bytes(&self) -> usize {
-        self.state.as_ref().map_or(0, State::heap_bytes)
+        self.state().map_or(0, State::heap_bytes)
+    }
+
+    fn ledger_bytes(&self) -> usize {
+        self.ledger().map_or(0, granted_bytes)
+    }
+
+    /// The slot of `state` and `ledger`.
+    fn new(fresh_at: u64, state: Option<State>, ledger: Ledger) -> Self {
+        let body = if ledger.is_empty() {
+            Body::Meter(state)
+        } else {
+            Body::Granted(Box::new(Granted { state, ledger }))
+        };
+        Slot { fresh_at, body }
     }
 }
 
 /// What an entry costs beyond its table slot.
 fn extra_of(key: &StoreKey, slot: &Slot) -> usize {
-    key.heap_bytes() + slot.state_bytes()
+    key.heap_bytes() + slot.state_bytes() + slot.ledger_bytes()
 }
 
 /// A shard's table and its budgets. Its cost is counted as every table slot
@@ -281,13 +363,15 @@ impl Shard {
                 .sum::<usize>()
     }
 
-    /// Each entry: its policy name, key, when it becomes fresh and its
-    /// state.
+    /// Each entry: its policy name, key, when it becomes fresh, its state
+    /// and its grants (if any).
     #[cfg(feature = "snapshot")]
-    pub(super) fn entries(&self) -> impl Iterator<Item = (&str, &str, u64, &State)> {
-        self.map.iter().filter_map(|(k, slot)| {
+    pub(super) fn entries(
+        &self,
+    ) -> impl Iterator<Item = (&str, &str, u64, Option<&State>, Option<&Ledger>)> {
+        self.map.iter().map(|(k, slot)| {
             let (name, key) = k.parts();
-            Some((name, key, slot.fresh_at, slot.state.as_ref()?))
+            (name, key, slot.fresh_at, slot.state(), slot.ledger())
         })
     }
 
@@ -325,7 +409,7 @@ impl Shard {
         let state = self
             .map
             .get_index_mut(index)
-            .and_then(|(_, slot)| slot.state.take());
+            .and_then(|(_, slot)| slot.state_mut().take());
         self.bytes -= state.as_ref().map_or(0, State::heap_bytes);
         state.filter(|_| !self.fresh_by(index, now))
     }
@@ -335,8 +419,77 @@ impl Shard {
     pub(super) fn state(&self, index: usize, now: u64) -> Option<&State> {
         self.map
             .get_index(index)
-            .and_then(|(_, slot)| slot.state.as_ref())
+            .and_then(|(_, slot)| slot.state())
             .filter(|_| !self.fresh_by(index, now))
+    }
+
+    /// The grants of the entry at `index`, taken out for one transition at
+    /// `now` (empty once the entry is fresh); until they are written back
+    /// with [`Shard::write_granted`], their bytes are not counted.
+    pub(super) fn take_ledger(&mut self, index: usize, now: u64) -> Ledger {
+        let fresh = self.fresh_by(index, now);
+        let Some((_, slot)) = self.map.get_index_mut(index) else {
+            return Ledger::new();
+        };
+        let bytes = slot.ledger_bytes();
+        let ledger = match &mut slot.body {
+            Body::Meter(_) => Ledger::new(),
+            Body::Granted(g) => {
+                let ledger = std::mem::take(&mut g.ledger);
+                let state = g.state.take();
+                slot.body = Body::Meter(state);
+                ledger
+            }
+        };
+        self.bytes -= bytes;
+        if fresh { Ledger::new() } else { ledger }
+    }
+
+    /// The grants of the entry at `index`, if it holds any (ended ones
+    /// too, until the next transition drops them).
+    pub(super) fn ledger_at(&self, index: usize) -> Option<&Ledger> {
+        self.map
+            .get_index(index)
+            .and_then(|(_, slot)| slot.ledger())
+    }
+
+    /// The bytes the grants of the entry at `index` cost.
+    pub(super) fn ledger_bytes_at(&self, index: usize) -> usize {
+        self.map
+            .get_index(index)
+            .map_or(0, |(_, slot)| slot.ledger_bytes())
+    }
+
+    /// When the entry at `index` becomes fresh.
+    pub(super) fn fresh_at(&self, index: usize) -> u64 {
+        self.map
+            .get_index(index)
+            .map_or(0, |(_, slot)| slot.fresh_at)
+    }
+
+    /// Writes `state` and `ledger` back at `index` (both taken out), or
+    /// removes the entry when both are empty. The entry is fresh no earlier
+    /// than its last grant ends.
+    pub(super) fn write_granted(
+        &mut self,
+        index: usize,
+        state: Option<State>,
+        ledger: Ledger,
+        fresh_at: u64,
+    ) {
+        let Some((key, slot)) = self.map.get_index_mut(index) else {
+            return;
+        };
+        self.bytes -= slot.state_bytes() + slot.ledger_bytes();
+        if state.is_none() && ledger.is_empty() {
+            self.bytes -= key.heap_bytes();
+            self.remove_at(index);
+            return;
+        }
+        let fresh_at = fresh_at.max(ledger.last_end());
+        self.next_expiry = self.next_expiry.min(fresh_at);
+        self.bytes += state.as_ref().map_or(0, State::heap_bytes) + granted_bytes(&ledger);
+        *slot = Slot::new(fresh_at, state, ledger);
     }
 
     /// Whether the entry at `index` is fresh by `now`: the store drops it
@@ -348,8 +501,11 @@ impl Shard {
             .is_some_and(|(_, slot)| slot.fresh_at <= now)
     }
 
-    /// Writes `state` back at `index`, or removes the entry when `state` is
-    /// fresh.
+    /// Writes `state` back at `index`, keeping the entry's grants, or
+    /// removes the entry, grants and all, when `state` is fresh: a meter
+    /// that has become fresh holds no live grant's charge (a grant charged
+    /// to it ends no later than it does), and one the policy no longer
+    /// reads takes its grants' meaning with it.
     pub(super) fn write(&mut self, index: usize, state: Option<State>, fresh_at: u64) {
         let Some((key, slot)) = self.map.get_index_mut(index) else {
             return;
@@ -357,15 +513,14 @@ impl Shard {
         self.bytes -= slot.state_bytes();
         match state {
             Some(state) => {
+                let fresh_at = fresh_at.max(slot.ledger().map_or(0, Ledger::last_end));
                 self.next_expiry = self.next_expiry.min(fresh_at);
                 self.bytes += state.heap_bytes();
-                *slot = Slot {
-                    fresh_at,
-                    state: Some(state),
-                };
+                slot.fresh_at = fresh_at;
+                *slot.state_mut() = Some(state);
             }
             None => {
-                self.bytes -= key.heap_bytes();
+                self.bytes -= key.heap_bytes() + slot.ledger_bytes();
                 self.remove_at(index);
             }
         }
@@ -381,13 +536,26 @@ impl Shard {
 
     /// Adds a key that has no entry yet. The caller has made room.
     pub(super) fn insert(&mut self, hash: u64, name: &str, key: &str, state: State, fresh_at: u64) {
-        self.reserve(1, extra_bytes(name, key, &state));
+        self.insert_granted(hash, name, key, Some(state), Ledger::new(), fresh_at);
+    }
+
+    /// Adds a key that has no entry yet, with its grants: at least one of
+    /// `state` and `ledger` holds something. The caller has made room.
+    pub(super) fn insert_granted(
+        &mut self,
+        hash: u64,
+        name: &str,
+        key: &str,
+        state: Option<State>,
+        ledger: Ledger,
+        fresh_at: u64,
+    ) {
+        debug_assert!(state.is_some() || !ledger.is_empty());
+        self.reserve(1, extra_bytes_with(name, key, state.as_ref(), &ledger));
+        let fresh_at = fresh_at.max(ledger.last_end());
         self.next_expiry = self.next_expiry.min(fresh_at);
-        self.bytes += state.heap_bytes();
-        let slot = Slot {
-            fresh_at,
-            state: Some(state),
-        };
+        self.bytes += state.as_ref().map_or(0, State::heap_bytes) + granted_bytes(&ledger);
+        let slot = Slot::new(fresh_at, state, ledger);
         match self
             .map
             .raw_entry_mut_v1()
@@ -399,7 +567,7 @@ impl Shard {
                 v.insert_hashed_nocheck(hash, key, slot);
             }
             RawEntryMut::Occupied(mut o) => {
-                self.bytes -= o.get().state_bytes();
+                self.bytes -= o.get().state_bytes() + o.get().ledger_bytes();
                 o.insert(slot);
             }
         }
@@ -534,6 +702,14 @@ mod tests {
         decide_spending(&policy, None, 0, NonZeroU64::MIN, Spend::WhenAdmitted)
             .0
             .expect("a check leaves state")
+    }
+
+    #[test]
+    fn a_key_without_grants_costs_no_more_than_a_meter_did() {
+        // The 48-byte slot of ENTRY_BYTES: the ledger shares the state's
+        // room behind the enum's niche, so keys without grants pay nothing.
+        assert_eq!(size_of::<Slot>(), 48);
+        assert_eq!(size_of::<Body>(), size_of::<Option<State>>());
     }
 
     #[test]

@@ -2,13 +2,13 @@
 //! written shard by shard ([`MemoryStore::export`]) and loaded into a new
 //! store ([`SnapshotReader`]).
 //!
-//! # Format (version 2)
+//! # Format (version 4)
 //!
 //! All fixed-width integers are little-endian.
 //!
 //! ```text
 //! magic    8 bytes    "QUOTADSN"
-//! version  u32        2
+//! version  u32        4
 //! frames   each: len u32 (> 0), crc u32 (CRC-32 of the payload), payload
 //!          the first: taken_at_ms u64, then the caller's header bytes
 //!          then: entries, whole records, each frame's namespaces its own
@@ -22,8 +22,13 @@
 //! `i + 1` for the frame's `i`-th), then the key, the milliseconds from
 //! `taken_at_ms` until the entry is fresh, and the state, whose instants
 //! are counted back from that moment (zigzag, so any value round-trips),
-//! with the window it was counted over. Version 1 had no window in fixed
-//! windows, sliding windows and sliding logs; it is not read.
+//! with the window it was counted over (or none, for a key that only
+//! grants keep), then the key's grants: `(id, units, granted_at, ends_at)`,
+//! instants counted back the same way. Version 2 had no grants and always a
+//! state; it is still read. There is no version 3: 4 is two flipped bits
+//! away from 2, so no single damaged bit makes one readable version look
+//! like the other (the stream's checksum is checked only at its end). Version 1 had no window in fixed windows,
+//! sliding windows and sliding logs; it is not read.
 //! Frames hold about 64 KiB each, and never span two shards.
 //!
 //! One file of about 800 lines: the writer and the reader of one format
@@ -40,16 +45,22 @@ use serde::{Deserialize, Serialize, Serializer};
 use thiserror::Error;
 
 use super::memory::{MemoryStore, StoreConfig};
-use super::shard::{Room, Shard, extra_bytes, key_hash};
+use super::shard::{Room, Shard, extra_bytes_with, key_hash};
 use crate::algorithm::{Log, State};
 use crate::clock::Clock;
+use crate::grant::{Grant, Ledger, MAX_GRANTS_PER_KEY};
 use crate::policy::{MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
 
 /// The first bytes of every snapshot.
 const MAGIC: [u8; 8] = *b"QUOTADSN";
 
-/// The snapshot format this build writes, and the only one it reads.
-pub const SNAPSHOT_VERSION: u32 = 2;
+/// The snapshot format this build writes; it also reads
+/// [`READ_VERSIONS`].
+pub const SNAPSHOT_VERSION: u32 = 4;
+
+/// The snapshot formats this build reads: version 2 (no grants) and this
+/// one.
+const READ_VERSIONS: [u32; 2] = [2, SNAPSHOT_VERSION];
 
 /// A frame is closed once its payload reaches this size.
 const FRAME_BYTES: usize = 64 * 1024;
@@ -209,8 +220,8 @@ fn encode_shard(shard: &Shard, now: u64, buf: &mut Vec<u8>) -> Result<u64, Snaps
     let mut entries = 0;
     let mut frame = Frame::open(buf);
     let mut names: HashMap<&str, u32> = HashMap::default();
-    for (name, key, fresh_at, state) in shard.entries() {
-        if fresh_at <= now {
+    for (name, key, fresh_at, state, ledger) in shard.entries() {
+        if fresh_at <= now || (state.is_none() && ledger.is_none()) {
             continue;
         }
         match names.get(name) {
@@ -222,10 +233,20 @@ fn encode_shard(shard: &Shard, now: u64, buf: &mut Vec<u8>) -> Result<u64, Snaps
                 frame.put(name);
             }
         }
+        let grants = ledger.map_or(&[][..], Ledger::grants);
         frame.put(&RecordOut {
             key,
             fresh_in: fresh_at - now,
-            state: Stored::new(state, fresh_at),
+            state: state.map(|state| Stored::new(state, fresh_at)),
+            grants: grants
+                .iter()
+                .map(|g| GrantStored {
+                    id: g.id,
+                    units: g.units,
+                    granted_at: back(fresh_at, g.granted_at),
+                    ends_at: back(fresh_at, g.ends_at),
+                })
+                .collect(),
         });
         entries += 1;
         if frame.len() >= FRAME_BYTES {
@@ -310,7 +331,8 @@ impl<W: Write> Hashed<W> {
 struct RecordOut<'a> {
     key: &'a str,
     fresh_in: u64,
-    state: Stored<LogOut<'a>>,
+    state: Option<Stored<LogOut<'a>>>,
+    grants: Vec<GrantStored>,
 }
 
 /// One entry as read; the same layout as [`RecordOut`].
@@ -318,7 +340,63 @@ struct RecordOut<'a> {
 struct RecordIn<'a> {
     key: &'a str,
     fresh_in: u64,
+    state: Option<Stored<Vec<(i64, u64)>>>,
+    grants: Vec<GrantStored>,
+}
+
+/// One entry as version 2 wrote it: a state, no grants.
+#[derive(Deserialize)]
+struct RecordInV2<'a> {
+    key: &'a str,
+    fresh_in: u64,
     state: Stored<Vec<(i64, u64)>>,
+}
+
+impl<'a> From<RecordInV2<'a>> for RecordIn<'a> {
+    fn from(r: RecordInV2<'a>) -> Self {
+        RecordIn {
+            key: r.key,
+            fresh_in: r.fresh_in,
+            state: Some(r.state),
+            grants: Vec::new(),
+        }
+    }
+}
+
+/// A grant as stored: instants counted back from the entry's `fresh_at`.
+#[derive(Serialize, Deserialize)]
+struct GrantStored {
+    id: u64,
+    units: u64,
+    granted_at: i64,
+    ends_at: i64,
+}
+
+/// The ledger of `grants`, if it keeps the rules a live one keeps.
+fn ledger_of(grants: Vec<GrantStored>, fresh_at: u64) -> Result<Ledger, &'static str> {
+    if grants.len() > MAX_GRANTS_PER_KEY {
+        return Err("more grants than a key may hold");
+    }
+    let mut out = Vec::with_capacity(grants.len());
+    for g in grants {
+        let grant = Grant {
+            id: g.id,
+            units: g.units,
+            granted_at: forth(fresh_at, g.granted_at),
+            ends_at: forth(fresh_at, g.ends_at),
+        };
+        if grant.units == 0 || grant.units > MAX_EXACT {
+            return Err("a grant of 0 units or above 2^53");
+        }
+        if grant.ends_at <= grant.granted_at || grant.ends_at > fresh_at {
+            return Err("a grant that ends before it starts, or after its entry is fresh");
+        }
+        if out.iter().any(|o: &Grant| o.id == grant.id) {
+            return Err("a grant id held twice");
+        }
+        out.push(grant);
+    }
+    Ok(Ledger::from_grants(out))
 }
 
 /// `fresh_at - t` as a signed varint: small for the instants a state holds
@@ -611,6 +689,7 @@ impl<R: Read> Checked<R> {
 /// ```
 pub struct SnapshotReader<R> {
     input: Checked<R>,
+    version: u32,
     taken_at_ms: u64,
     header: Vec<u8>,
 }
@@ -643,7 +722,7 @@ impl<R: Read> SnapshotReader<R> {
             return Err(SnapshotError::WrongMagic);
         }
         let version = input.u32()?;
-        if version != SNAPSHOT_VERSION {
+        if !READ_VERSIONS.contains(&version) {
             return Err(SnapshotError::UnsupportedVersion {
                 found: version,
                 supported: SNAPSHOT_VERSION,
@@ -663,6 +742,7 @@ impl<R: Read> SnapshotReader<R> {
         header.drain(..8);
         Ok(SnapshotReader {
             input,
+            version,
             taken_at_ms,
             header,
         })
@@ -749,8 +829,13 @@ impl<R: Read> SnapshotReader<R> {
                         invalid(format!("names namespace {code} of {}", dict.len()))
                     })?
                 };
-                let (record, r) =
-                    postcard::take_from_bytes::<RecordIn<'_>>(rest).map_err(decode)?;
+                let (record, r) = if self.version == 2 {
+                    postcard::take_from_bytes::<RecordInV2<'_>>(rest)
+                        .map(|(record, r)| (RecordIn::from(record), r))
+                } else {
+                    postcard::take_from_bytes::<RecordIn<'_>>(rest)
+                }
+                .map_err(decode)?;
                 rest = r;
                 if record.key.is_empty() {
                     return Err(invalid("an empty key".into()));
@@ -761,8 +846,13 @@ impl<R: Read> SnapshotReader<R> {
                     .ok_or_else(|| invalid("becomes fresh past u64 ms".into()))?;
                 let state = record
                     .state
-                    .into_state(fresh_at)
+                    .map(|s| s.into_state(fresh_at))
+                    .transpose()
                     .map_err(|r| invalid(r.into()))?;
+                let ledger = ledger_of(record.grants, fresh_at).map_err(|r| invalid(r.into()))?;
+                if state.is_none() && ledger.is_empty() {
+                    return Err(invalid("an entry with neither state nor grants".into()));
+                }
                 index += 1;
                 let (name, kept, counts) = &mut namespaces[ns];
                 if !*kept {
@@ -780,10 +870,10 @@ impl<R: Read> SnapshotReader<R> {
                     }
                     let need = Room {
                         keys: 1,
-                        bytes: extra_bytes(name, record.key, &state),
+                        bytes: extra_bytes_with(name, record.key, state.as_ref(), &ledger),
                     };
                     if shard.short(need, false).is_empty() {
-                        shard.insert(hash, name, record.key, state, fresh_at);
+                        shard.insert_granted(hash, name, record.key, state, ledger, fresh_at);
                         counts.loaded += 1;
                     } else {
                         counts.over_capacity += 1;

@@ -1,0 +1,332 @@
+//! Grants: shares of a key's budget held outside the store, written
+//! atomically with the key's state.
+//!
+//! A grant `(id, units, granted_at, ends_at)` lives in the key's entry, next
+//! to its meter, and is bounded in number per key ([`MAX_GRANTS_PER_KEY`]).
+//! A **lease** is a grant of rate budget: it is charged to the meter when it
+//! is made, as an admission of `units`, and its holder admits locally until
+//! its units or its time run out, then reports what it spent; what it did not
+//! spend goes back to the meter while the window it was charged to is still
+//! current. The invariant: the admissions counted directly plus the units the
+//! live grants can still spend form a history the policy's algorithm would
+//! have accepted (`docs/leases.md` has the model and the proof sketch).
+//!
+//! Leases are offered for the window algorithms (fixed and sliding window),
+//! whose leases end with the window they were charged to; for the others
+//! every lease request is answered [`LeaseAnswer::Direct`], so decisions
+//! stay exact by being made one by one.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::policy::MAX_EXACT;
+
+/// The most live grants one key holds; a lease asked for past it is
+/// answered [`LeaseAnswer::Direct`].
+pub const MAX_GRANTS_PER_KEY: usize = 32;
+
+/// One share of a key's budget held outside the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// Chosen by the caller that made it (unguessable: whoever presents it
+    /// can return its units).
+    pub id: u64,
+    /// Units granted, all charged to the meter when granted.
+    pub units: u64,
+    /// When it was granted (store time).
+    pub granted_at: u64,
+    /// When it ends (store time): its holder stops spending before then.
+    pub ends_at: u64,
+}
+
+/// The live grants of one key, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    grants: Vec<Grant>,
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A ledger of `grants`, as a snapshot holds them.
+    pub fn from_grants(grants: Vec<Grant>) -> Self {
+        Self { grants }
+    }
+
+    /// The grants, oldest first.
+    pub fn grants(&self) -> &[Grant] {
+        &self.grants
+    }
+
+    /// Whether it holds no grant.
+    pub fn is_empty(&self) -> bool {
+        self.grants.is_empty()
+    }
+
+    /// Drops every grant that has ended by `now`.
+    pub fn purge(&mut self, now: u64) {
+        self.grants.retain(|g| g.ends_at > now);
+    }
+
+    /// Live grants (the caller purges first).
+    pub fn live(&self) -> usize {
+        self.grants.len()
+    }
+
+    /// The latest end of any grant, 0 for none.
+    pub fn last_end(&self) -> u64 {
+        self.grants.iter().map(|g| g.ends_at).max().unwrap_or(0)
+    }
+
+    /// The grant `id`, taken out of the ledger.
+    pub(crate) fn take(&mut self, id: u64) -> Option<Grant> {
+        let i = self.grants.iter().position(|g| g.id == id)?;
+        Some(self.grants.remove(i))
+    }
+
+    pub(crate) fn push(&mut self, grant: Grant) {
+        self.grants.push(grant);
+    }
+
+    /// Heap bytes held, by allocated capacity.
+    pub fn heap_bytes(&self) -> usize {
+        self.grants.capacity() * size_of::<Grant>()
+    }
+}
+
+/// How a policy hands out leases: validated, so terms that exist are
+/// usable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseTerms {
+    max_units: u64,
+    min_units: u64,
+    max_ttl_ms: u64,
+}
+
+/// Lease terms that break a rule.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum LeaseTermsError {
+    /// `max_units` is 0.
+    #[error("lease.max_units must be at least 1")]
+    ZeroMaxUnits,
+    /// `min_units` is 0 or above `max_units`.
+    #[error("lease.min_units must be from 1 to lease.max_units ({max_units}), got {min_units}")]
+    MinUnits {
+        /// The minimum given.
+        min_units: u64,
+        /// The maximum it must not exceed.
+        max_units: u64,
+    },
+    /// `max_units` is above 2^53.
+    #[error("lease.max_units must be at most 2^53")]
+    MaxUnitsTooLarge,
+    /// `max_ttl` is shorter than one millisecond or longer than a day.
+    #[error("lease.max_ttl must be from 1ms to 1d")]
+    MaxTtl,
+}
+
+/// The longest lease: a holder that crashes strands its units at most this
+/// long.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(86_400);
+
+impl LeaseTerms {
+    /// Terms granting at most `max_units` per lease, none smaller than
+    /// `min_units` (below it the answer is direct), each lasting at most
+    /// `max_ttl`.
+    ///
+    /// # Errors
+    ///
+    /// One [`LeaseTermsError`] per broken rule.
+    pub fn try_new(
+        max_units: u64,
+        min_units: u64,
+        max_ttl: Duration,
+    ) -> Result<Self, LeaseTermsError> {
+        if max_units == 0 {
+            return Err(LeaseTermsError::ZeroMaxUnits);
+        }
+        if max_units > MAX_EXACT {
+            return Err(LeaseTermsError::MaxUnitsTooLarge);
+        }
+        if min_units == 0 || min_units > max_units {
+            return Err(LeaseTermsError::MinUnits {
+                min_units,
+                max_units,
+            });
+        }
+        let ms = u64::try_from(max_ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 || max_ttl > MAX_LEASE_TTL || !max_ttl.subsec_nanos().is_multiple_of(1_000_000) {
+            return Err(LeaseTermsError::MaxTtl);
+        }
+        Ok(Self {
+            max_units,
+            min_units,
+            max_ttl_ms: ms,
+        })
+    }
+
+    /// The most units one lease gets.
+    pub fn max_units(&self) -> u64 {
+        self.max_units
+    }
+
+    /// The fewest units worth a lease; below it the answer is direct.
+    pub fn min_units(&self) -> u64 {
+        self.min_units
+    }
+
+    /// The longest a lease lasts, in ms.
+    pub fn max_ttl_ms(&self) -> u64 {
+        self.max_ttl_ms
+    }
+}
+
+/// The end of a lease the caller holds: its id and what it spent of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settle {
+    /// The lease's id.
+    pub id: u64,
+    /// When it ends, as the store answered it: a lease whose end has passed
+    /// is settled as ended, whether or not the store still holds it.
+    pub ends_at: u64,
+    /// Units its holder admitted with it.
+    pub spent: u64,
+}
+
+/// What happened to the lease a request settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// It was live: `returned` units went back to the budget (0 when the
+    /// window it was charged to is over, or it was all spent).
+    Returned {
+        /// Units given back.
+        returned: u64,
+    },
+    /// It had ended: nothing to give back.
+    Ended,
+}
+
+/// A lease request the store cannot act on; nothing was changed.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum LeaseError {
+    /// The lease named is not held by the key and has not ended: it was
+    /// never granted there, or the key was reset.
+    #[error("lease_id names no lease of this key")]
+    UnknownLease,
+    /// The holder reports spending more than the lease granted.
+    #[error("spent is {spent}, more than the lease's {units} units")]
+    Overspent {
+        /// What it reported.
+        spent: u64,
+        /// What the lease granted.
+        units: u64,
+    },
+}
+
+/// What a lease request asked for: settle one lease, then (with `want > 0`)
+/// get a new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// The lease to end first, if any.
+    pub settle: Option<Settle>,
+    /// Units wanted for a new lease; 0 asks for none (a plain return).
+    pub want: u64,
+    /// The id a new lease gets.
+    pub new_id: u64,
+}
+
+/// The answer to a lease request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseOutcome {
+    /// What became of the lease settled, if one was named.
+    pub settled: Option<Settled>,
+    /// The new lease, or why there is none.
+    pub answer: LeaseAnswer,
+    /// Units left to grant or admit right now, net of every live lease.
+    pub remaining: u64,
+    /// The policy's capacity.
+    pub limit: u64,
+    /// Time until the key's meter is back to fresh, as a check reports it.
+    pub reset_after_ms: u64,
+}
+
+/// Whether a new lease was granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseAnswer {
+    /// Granted: spend it locally until it ends.
+    Granted(Grant),
+    /// No lease: check each request directly. The budget is near its end
+    /// (a fair share would be below `min_units`), the key holds as many
+    /// leases as it may, or the algorithm offers none.
+    Direct,
+    /// No lease was asked for (`want` 0).
+    None,
+}
+
+/// The units a new lease gets: at most `want`, at most `max_units`, at most a
+/// fair share `free / (live + 1)` of what is free; `None` (direct) below
+/// `min_units` or when the key holds as many grants as it may.
+pub(crate) fn lease_size(terms: &LeaseTerms, want: u64, free: u64, live: usize) -> Option<u64> {
+    if live >= MAX_GRANTS_PER_KEY {
+        return None;
+    }
+    let share = free / (live as u64 + 1);
+    let units = want.min(terms.max_units).min(share);
+    (units >= terms.min_units).then_some(units)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn terms() -> LeaseTerms {
+        LeaseTerms::try_new(100, 10, Duration::from_secs(10)).expect("valid terms")
+    }
+
+    #[test]
+    fn terms_name_the_rule_they_break() {
+        let s = Duration::from_secs(1);
+        assert_eq!(
+            LeaseTerms::try_new(0, 1, s),
+            Err(LeaseTermsError::ZeroMaxUnits)
+        );
+        assert!(matches!(
+            LeaseTerms::try_new(5, 6, s),
+            Err(LeaseTermsError::MinUnits { .. })
+        ));
+        assert!(matches!(
+            LeaseTerms::try_new(5, 0, s),
+            Err(LeaseTermsError::MinUnits { .. })
+        ));
+        assert_eq!(
+            LeaseTerms::try_new(5, 1, Duration::ZERO),
+            Err(LeaseTermsError::MaxTtl)
+        );
+        assert_eq!(
+            LeaseTerms::try_new(5, 1, Duration::from_secs(86_401)),
+            Err(LeaseTermsError::MaxTtl)
+        );
+        assert_eq!(
+            LeaseTerms::try_new(MAX_EXACT + 1, 1, s),
+            Err(LeaseTermsError::MaxUnitsTooLarge)
+        );
+    }
+
+    #[test]
+    fn a_lease_is_a_fair_share_of_what_is_free_and_direct_below_the_minimum() {
+        let t = terms();
+        assert_eq!(lease_size(&t, 1_000, 10_000, 0), Some(100));
+        assert_eq!(lease_size(&t, 50, 10_000, 0), Some(50));
+        assert_eq!(lease_size(&t, 1_000, 60, 1), Some(30));
+        assert_eq!(lease_size(&t, 1_000, 60, 5), Some(10));
+        assert_eq!(lease_size(&t, 1_000, 60, 6), None);
+        assert_eq!(lease_size(&t, 1_000, 10_000, MAX_GRANTS_PER_KEY), None);
+        // Fewer than the minimum is not worth a lease, even when asked for.
+        assert_eq!(lease_size(&t, 3, 10_000, 0), None);
+        assert_eq!(lease_size(&t, 0, 10_000, 0), None);
+    }
+}

@@ -1,0 +1,500 @@
+//! Leases in the memory store: charged when granted, spent by their holders
+//! locally, returned, ended; and the bound they must keep, checked by
+//! replaying every admission at its real time against the algorithm.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use quotad_core::{
+    Algorithm, CheckItem, FakeClock, Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseTerms,
+    MAX_GRANTS_PER_KEY, MemoryStore, OnFull, Policy, Settle, Settled, SnapshotReader, State,
+    StoreConfig, decide,
+};
+
+fn store(clock: &Arc<FakeClock>) -> MemoryStore {
+    let config = StoreConfig::try_new(10_000, 16, OnFull::Deny).expect("valid config");
+    MemoryStore::new(config, clock.clone())
+}
+
+fn policy(algorithm: Algorithm, limit: u64, window: Duration) -> Policy {
+    Policy::try_new(algorithm, limit, window, None).expect("valid policy")
+}
+
+fn terms(max: u64, min: u64, ttl: Duration) -> LeaseTerms {
+    LeaseTerms::try_new(max, min, ttl).expect("valid terms")
+}
+
+fn ask(want: u64, new_id: u64) -> LeaseAsk {
+    LeaseAsk {
+        settle: None,
+        want,
+        new_id,
+    }
+}
+
+fn settle(grant: &Grant, spent: u64) -> Settle {
+    Settle {
+        id: grant.id,
+        ends_at: grant.ends_at,
+        spent,
+    }
+}
+
+fn granted(answer: LeaseAnswer) -> Grant {
+    match answer {
+        LeaseAnswer::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn remaining(store: &MemoryStore, policy: Policy) -> u64 {
+    let item = CheckItem::new("api", policy, "k", 1).expect("valid item");
+    store.peek(&item).remaining
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_lease_is_charged_when_granted_and_ends_with_its_window() {
+    let clock = Arc::new(FakeClock::new(120_000 + 50_000));
+    let store = store(&clock);
+    let p = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(30, 5, Duration::from_secs(60));
+    let out = store.lease("api", "k", &p, &t, &ask(50, 1)).expect("lease");
+    let g = granted(out.answer);
+    assert_eq!(g.units, 30);
+    // The window ends at 180,000: 10 s left, less than the TTL.
+    assert_eq!((g.granted_at, g.ends_at), (170_000, 180_000));
+    assert_eq!(out.remaining, 70);
+    assert_eq!(remaining(&store, p), 70);
+}
+
+#[test]
+fn unspent_units_go_back_while_the_window_is_current() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let clock = Arc::new(FakeClock::new(0));
+        let store = store(&clock);
+        let p = policy(algorithm, 100, MINUTE);
+        let t = terms(40, 1, Duration::from_secs(10));
+        let g = granted(
+            store
+                .lease("api", "k", &p, &t, &ask(40, 1))
+                .expect("lease")
+                .answer,
+        );
+        assert_eq!(remaining(&store, p), 60);
+        clock.advance(Duration::from_secs(1));
+        let back = LeaseAsk {
+            settle: Some(settle(&g, 15)),
+            want: 0,
+            new_id: 2,
+        };
+        let out = store.lease("api", "k", &p, &t, &back).expect("return");
+        assert_eq!(out.settled, Some(Settled::Returned { returned: 25 }));
+        assert_eq!(out.answer, LeaseAnswer::None);
+        assert_eq!(remaining(&store, p), 85, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_lease_that_ended_settles_as_ended_and_gives_nothing_back() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let p = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(40, 1, Duration::from_secs(10));
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 1))
+            .expect("lease")
+            .answer,
+    );
+    clock.advance(Duration::from_secs(10));
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 0)),
+        want: 0,
+        new_id: 2,
+    };
+    let out = store.lease("api", "k", &p, &t, &back).expect("settle");
+    assert_eq!(out.settled, Some(Settled::Ended));
+    // Its units stay spent until the window ends: a crashed holder's
+    // units are lost, never admitted twice.
+    assert_eq!(remaining(&store, p), 60);
+}
+
+#[test]
+fn an_unknown_or_overspent_lease_is_refused_and_changes_nothing() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let p = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(40, 1, Duration::from_secs(10));
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 1))
+            .expect("lease")
+            .answer,
+    );
+    let unknown = LeaseAsk {
+        settle: Some(Settle {
+            id: 99,
+            ends_at: g.ends_at,
+            spent: 0,
+        }),
+        want: 10,
+        new_id: 3,
+    };
+    assert_eq!(
+        store.lease("api", "k", &p, &t, &unknown),
+        Err(LeaseError::UnknownLease)
+    );
+    let overspent = LeaseAsk {
+        settle: Some(settle(&g, 41)),
+        want: 10,
+        new_id: 3,
+    };
+    assert_eq!(
+        store.lease("api", "k", &p, &t, &overspent),
+        Err(LeaseError::Overspent {
+            spent: 41,
+            units: 40
+        })
+    );
+    // An unknown lease of a key that has no state creates nothing.
+    assert_eq!(
+        store.lease("api", "other", &p, &t, &unknown),
+        Err(LeaseError::UnknownLease)
+    );
+    assert_eq!(store.live_keys(), 1);
+    assert_eq!(remaining(&store, p), 60);
+    // The lease is still held: settling it works.
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 0)),
+        want: 0,
+        new_id: 4,
+    };
+    assert!(store.lease("api", "k", &p, &t, &back).is_ok());
+    assert_eq!(remaining(&store, p), 100);
+}
+
+#[test]
+fn near_the_end_of_the_budget_the_answer_is_direct() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let p = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(40, 10, Duration::from_secs(10));
+    let sizes: Vec<LeaseAnswer> = (0..5)
+        .map(|i| {
+            store
+                .lease("api", "k", &p, &t, &ask(40, i))
+                .expect("lease")
+                .answer
+        })
+        .collect();
+    let units: Vec<Option<u64>> = sizes
+        .iter()
+        .map(|a| match a {
+            LeaseAnswer::Granted(g) => Some(g.units),
+            _ => None,
+        })
+        .collect();
+    // Fair shares of what is free among the live holders and the asker:
+    // 100/1 -> 40, 60/2 -> 30, 30/3 -> 10, 20/4 = 5 < 10 -> direct.
+    assert_eq!(units, [Some(40), Some(30), Some(10), None, None]);
+    assert_eq!(remaining(&store, p), 20);
+    // Direct checks decide the rest exactly.
+    let item = CheckItem::new("api", p, "k", 20).expect("item");
+    assert!(store.check_one(&item).allowed);
+    assert!(
+        !store
+            .check_one(&CheckItem::new("api", p, "k", 1).expect("item"))
+            .allowed
+    );
+}
+
+#[test]
+fn a_key_holds_a_bounded_number_of_leases() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let p = policy(Algorithm::FixedWindow, 1_000_000, MINUTE);
+    let t = terms(1, 1, Duration::from_secs(10));
+    for i in 0..MAX_GRANTS_PER_KEY as u64 {
+        granted(
+            store
+                .lease("api", "k", &p, &t, &ask(1, i))
+                .expect("lease")
+                .answer,
+        );
+    }
+    let out = store
+        .lease("api", "k", &p, &t, &ask(1, 1_000))
+        .expect("lease");
+    assert_eq!(out.answer, LeaseAnswer::Direct);
+}
+
+#[test]
+fn algorithms_without_leases_answer_direct_and_count_nothing() {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::SlidingLog,
+    ] {
+        let clock = Arc::new(FakeClock::new(0));
+        let store = store(&clock);
+        let p = policy(algorithm, 100, MINUTE);
+        let t = terms(40, 1, Duration::from_secs(10));
+        let out = store.lease("api", "k", &p, &t, &ask(40, 1)).expect("lease");
+        assert_eq!(out.answer, LeaseAnswer::Direct, "{algorithm}");
+        assert_eq!(out.remaining, 100);
+        assert_eq!(store.live_keys(), 0, "{algorithm}");
+    }
+}
+
+#[test]
+fn reset_clears_the_leases_of_a_key() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let p = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(40, 1, Duration::from_secs(10));
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 1))
+            .expect("lease")
+            .answer,
+    );
+    assert!(store.reset("api", "k"));
+    assert_eq!(remaining(&store, p), 100);
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 0)),
+        want: 0,
+        new_id: 2,
+    };
+    assert_eq!(
+        store.lease("api", "k", &p, &t, &back),
+        Err(LeaseError::UnknownLease)
+    );
+}
+
+#[test]
+fn leases_and_their_charge_survive_a_snapshot() {
+    let clock = Arc::new(FakeClock::new(5_000));
+    let store = store(&clock);
+    let p = policy(Algorithm::SlidingWindow, 100, MINUTE);
+    let t = terms(40, 1, Duration::from_secs(30));
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 9))
+            .expect("lease")
+            .answer,
+    );
+    let mut file = Vec::new();
+    store.export(&mut file, b"").expect("export");
+    let config = StoreConfig::try_new(10_000, 16, OnFull::Deny).expect("valid config");
+    let (restored, report) = SnapshotReader::open(file.as_slice())
+        .expect("open")
+        .load(config, clock.clone(), |_| true)
+        .expect("load");
+    assert_eq!(report.namespaces["api"].loaded, 1);
+    assert_eq!(remaining(&restored, p), 60);
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 10)),
+        want: 0,
+        new_id: 10,
+    };
+    let out = restored.lease("api", "k", &p, &t, &back).expect("return");
+    assert_eq!(out.settled, Some(Settled::Returned { returned: 30 }));
+    assert_eq!(remaining(&restored, p), 90);
+}
+
+#[test]
+fn a_version_2_snapshot_still_loads() {
+    // Written by the build before grants existed (format version 2): one
+    // key per algorithm and two keys each, at 1,000,000 ms, 10 per minute.
+    let bytes = include_bytes!("fixtures/snapshot-v2.bin");
+    let clock = Arc::new(FakeClock::new(1_000_000));
+    let config = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid config");
+    let (restored, report) = SnapshotReader::open(&bytes[..])
+        .expect("open")
+        .load(config, clock, |_| true)
+        .expect("load");
+    assert_eq!(report.total().loaded, 10);
+    for (i, algorithm) in Algorithm::ALL.into_iter().enumerate() {
+        let p = policy(algorithm, 10, MINUTE);
+        let item = CheckItem::new(algorithm.as_str(), p, "alice", 1).expect("item");
+        assert_eq!(
+            restored.peek(&item).remaining,
+            10 - 3 - i as u64,
+            "{algorithm}"
+        );
+    }
+}
+
+// --- The bound, under random interleavings -------------------------------
+
+/// One client's view of its lease: what it may still spend, until when
+/// (its own clock), and what it spent.
+#[derive(Clone, Debug)]
+struct Held {
+    grant: Grant,
+    left: u64,
+    spent: u64,
+    /// The client stops spending here: its send time + TTL, less a margin.
+    until: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Time passes.
+    Advance(u64),
+    /// Client `c` asks for a lease (settling the one it holds, if any).
+    Lease(usize, u64),
+    /// Client `c` admits `n` requests locally, as far as its lease goes.
+    Spend(usize, u64),
+    /// Client `c` gives its lease back.
+    Return(usize),
+    /// Client `c` dies: its lease is never spent further nor returned.
+    Crash(usize),
+    /// A direct check of `cost`.
+    Direct(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1u64..4_000).prop_map(Op::Advance),
+        3 => (0usize..4, 1u64..60).prop_map(|(c, w)| Op::Lease(c, w)),
+        6 => (0usize..4, 1u64..20).prop_map(|(c, n)| Op::Spend(c, n)),
+        1 => (0usize..4).prop_map(Op::Return),
+        1 => (0usize..4).prop_map(Op::Crash),
+        2 => (1u64..8).prop_map(Op::Direct),
+    ]
+}
+
+/// The margin a client keeps before its lease's end.
+const MARGIN_MS: u64 = 5;
+
+/// Runs `ops` and returns every admission `(at, units)`, in time order.
+fn run(policy: Policy, terms: LeaseTerms, ops: &[Op]) -> Vec<(u64, u64)> {
+    let clock = Arc::new(FakeClock::new(1_000_000));
+    let store = store(&clock);
+    let mut clients: Vec<Option<Held>> = vec![None; 4];
+    let mut admitted = Vec::new();
+    let mut next_id = 1;
+    for op in ops {
+        let now = clock.now_ms_value();
+        match *op {
+            Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
+            Op::Lease(c, want) => {
+                let settle = clients[c].take().map(|h| Settle {
+                    id: h.grant.id,
+                    ends_at: h.grant.ends_at,
+                    spent: h.spent,
+                });
+                next_id += 1;
+                let ask = LeaseAsk {
+                    settle,
+                    want,
+                    new_id: next_id,
+                };
+                let out = store
+                    .lease("api", "k", &policy, &terms, &ask)
+                    .expect("a held lease");
+                if let LeaseAnswer::Granted(g) = out.answer {
+                    // The TTL is relative; the client counts it from its
+                    // send time (here, the same instant).
+                    let ttl = g.ends_at - now;
+                    clients[c] = Some(Held {
+                        grant: g,
+                        left: g.units,
+                        spent: 0,
+                        until: (now + ttl - ttl / 1_000).saturating_sub(MARGIN_MS),
+                    });
+                }
+            }
+            Op::Spend(c, n) => {
+                if let Some(h) = clients[c].as_mut()
+                    && now < h.until
+                {
+                    let n = n.min(h.left);
+                    if n > 0 {
+                        h.left -= n;
+                        h.spent += n;
+                        admitted.push((now, n));
+                    }
+                }
+            }
+            Op::Return(c) => {
+                if let Some(h) = clients[c].take() {
+                    let ask = LeaseAsk {
+                        settle: Some(Settle {
+                            id: h.grant.id,
+                            ends_at: h.grant.ends_at,
+                            spent: h.spent,
+                        }),
+                        want: 0,
+                        new_id: 0,
+                    };
+                    store
+                        .lease("api", "k", &policy, &terms, &ask)
+                        .expect("a held lease");
+                }
+            }
+            Op::Crash(c) => clients[c] = None,
+            Op::Direct(cost) => {
+                let item = CheckItem::new("api", policy, "k", cost).expect("item");
+                if store.check_one(&item).allowed {
+                    admitted.push((now, cost));
+                }
+            }
+        }
+    }
+    admitted
+}
+
+/// Whether a central store, deciding each admission at its real time,
+/// would have admitted every one.
+fn replay_admits_all(policy: Policy, admitted: &[(u64, u64)]) -> Result<(), String> {
+    let mut state: Option<State> = None;
+    for &(at, units) in admitted {
+        let cost = NonZeroU64::new(units).expect("admissions are of at least 1");
+        let (next, decision) = decide(&policy, state, at, cost);
+        if !decision.allowed {
+            return Err(format!(
+                "{units} admitted at {at} that a central {} would have denied ({} left)",
+                policy.algorithm(),
+                decision.remaining
+            ));
+        }
+        state = next;
+    }
+    Ok(())
+}
+
+trait NowValue {
+    fn now_ms_value(&self) -> u64;
+}
+
+impl NowValue for FakeClock {
+    fn now_ms_value(&self) -> u64 {
+        quotad_core::Clock::now_ms(self)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn leased_and_direct_admissions_are_a_history_the_algorithm_accepts(
+        algorithm in prop_oneof![Just(Algorithm::FixedWindow), Just(Algorithm::SlidingWindow)],
+        limit in 1u64..200,
+        window_s in 1u64..20,
+        max_units in 1u64..60,
+        min_units in 1u64..10,
+        ttl_ms in 10u64..30_000,
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        let p = policy(algorithm, limit, Duration::from_secs(window_s));
+        let t = terms(max_units.max(min_units), min_units, Duration::from_millis(ttl_ms));
+        let admitted = run(p, t, &ops);
+        prop_assert!(replay_admits_all(p, &admitted).is_ok(), "{:?}", replay_admits_all(p, &admitted));
+    }
+}
