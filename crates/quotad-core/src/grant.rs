@@ -67,24 +67,35 @@ impl Ledger {
         self.grants.is_empty()
     }
 
-    /// Drops every grant that has ended by `now`.
-    pub fn purge(&mut self, now: u64) {
-        self.grants.retain(|g| g.ends_at > now);
+    /// Drops every grant that no longer counts at `now`: those that ended
+    /// `linger` ms ago or earlier.
+    pub fn purge(&mut self, now: u64, linger: u64) {
+        self.grants
+            .retain(|g| g.ends_at.saturating_add(linger) > now);
     }
 
-    /// Live grants (the caller purges first).
-    pub fn live(&self) -> usize {
-        self.grants.len()
+    /// Grants that have not ended by `now`.
+    pub fn live(&self, now: u64) -> usize {
+        self.grants.iter().filter(|g| g.ends_at > now).count()
     }
 
-    /// The latest end of any grant, 0 for none.
-    pub fn last_end(&self) -> u64 {
-        self.grants.iter().map(|g| g.ends_at).max().unwrap_or(0)
+    /// The latest instant any grant still counts at, with `linger`: 0 for
+    /// none.
+    pub fn last_end(&self, linger: u64) -> u64 {
+        self.grants
+            .iter()
+            .map(|g| g.ends_at.saturating_add(linger))
+            .max()
+            .unwrap_or(0)
     }
 
-    /// The grant `id`, taken out of the ledger.
-    pub(crate) fn take(&mut self, id: u64) -> Option<Grant> {
-        let i = self.grants.iter().position(|g| g.id == id)?;
+    /// The grant `id`, taken out of the ledger, if it has not ended by
+    /// `now`.
+    pub(crate) fn take_live(&mut self, id: u64, now: u64) -> Option<Grant> {
+        let i = self
+            .grants
+            .iter()
+            .position(|g| g.id == id && g.ends_at > now)?;
         Some(self.grants.remove(i))
     }
 

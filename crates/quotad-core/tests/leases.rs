@@ -233,21 +233,114 @@ fn a_key_holds_a_bounded_number_of_leases() {
 }
 
 #[test]
-fn algorithms_without_leases_answer_direct_and_count_nothing() {
-    for algorithm in [
-        Algorithm::TokenBucket,
-        Algorithm::LeakyBucket,
-        Algorithm::SlidingLog,
-    ] {
+fn every_algorithm_charges_a_lease_when_granted() {
+    for algorithm in Algorithm::ALL {
         let clock = Arc::new(FakeClock::new(0));
         let store = store(&clock);
         let p = policy(algorithm, 100, MINUTE);
         let t = terms(40, 1, Duration::from_secs(10));
-        let out = store.lease("api", "k", &p, &t, &ask(40, 1)).expect("lease");
-        assert_eq!(out.answer, LeaseAnswer::Direct, "{algorithm}");
-        assert_eq!(out.remaining, 100);
-        assert_eq!(store.live_keys(), 0, "{algorithm}");
+        let g = granted(
+            store
+                .lease("api", "k", &p, &t, &ask(40, 1))
+                .expect("lease")
+                .answer,
+        );
+        assert_eq!((g.units, g.ends_at), (40, 10_000), "{algorithm}");
+        assert_eq!(remaining(&store, p), 60, "{algorithm}");
     }
+}
+
+#[test]
+fn a_bucket_does_not_refill_what_a_live_lease_holds() {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let clock = Arc::new(FakeClock::new(0));
+        let store = store(&clock);
+        // 100 a minute, burst 100: a lease of the whole burst for 30 s.
+        let p = policy(algorithm, 100, MINUTE);
+        let t = terms(100, 1, Duration::from_secs(30));
+        let g = granted(
+            store
+                .lease("api", "k", &p, &t, &ask(100, 1))
+                .expect("lease")
+                .answer,
+        );
+        assert_eq!(g.units, 100);
+        // Without the cap, 30 s would refill 50 tokens: the holder could
+        // then spend its 100 while direct checks took 50 more.
+        clock.advance(Duration::from_secs(30) - Duration::from_millis(1));
+        assert_eq!(remaining(&store, p), 0, "{algorithm}");
+        let item = CheckItem::new("api", p, "k", 1).expect("item");
+        let denied = store.check_one(&item);
+        assert!(!denied.allowed, "{algorithm}");
+        // The first token comes 600 ms after the lease ends.
+        assert_eq!(denied.retry_after_ms, 1 + 600, "{algorithm}");
+        clock.advance(Duration::from_millis(1 + 600));
+        assert!(store.check_one(&item).allowed, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_returned_bucket_lease_refills_from_its_return() {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+        let clock = Arc::new(FakeClock::new(0));
+        let store = store(&clock);
+        let p = policy(algorithm, 100, MINUTE);
+        let t = terms(100, 1, Duration::from_secs(30));
+        let g = granted(
+            store
+                .lease("api", "k", &p, &t, &ask(100, 1))
+                .expect("lease")
+                .answer,
+        );
+        clock.advance(Duration::from_secs(6));
+        let back = LeaseAsk {
+            settle: Some(settle(&g, 40)),
+            want: 0,
+            new_id: 2,
+        };
+        let out = store.lease("api", "k", &p, &t, &back).expect("return");
+        assert_eq!(out.settled, Some(Settled::Returned { returned: 60 }));
+        // 60 back; the 10 tokens of the 6 s were capped while all 100 were
+        // out.
+        assert_eq!(remaining(&store, p), 60, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_sliding_log_counts_a_lease_for_a_window_after_it_ends() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let p = policy(Algorithm::SlidingLog, 100, MINUTE);
+    let t = terms(40, 1, Duration::from_secs(10));
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 1))
+            .expect("lease")
+            .answer,
+    );
+    assert_eq!(g.ends_at, 10_000);
+    // Spent up to its end, its units count until 70 s.
+    clock.advance(Duration::from_secs(70) - Duration::from_millis(1));
+    assert_eq!(remaining(&store, p), 60);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(remaining(&store, p), 100);
+    // Returned early with 15 spent, 15 count for a window from the return.
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 2))
+            .expect("lease")
+            .answer,
+    );
+    clock.advance(Duration::from_secs(1));
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 15)),
+        want: 0,
+        new_id: 3,
+    };
+    store.lease("api", "k", &p, &t, &back).expect("return");
+    assert_eq!(remaining(&store, p), 85);
+    let item = CheckItem::new("api", p, "k", 86).expect("item");
+    assert_eq!(store.check_one(&item).retry_after_ms, 60_000);
 }
 
 #[test]
@@ -484,15 +577,18 @@ proptest! {
 
     #[test]
     fn leased_and_direct_admissions_are_a_history_the_algorithm_accepts(
-        algorithm in prop_oneof![Just(Algorithm::FixedWindow), Just(Algorithm::SlidingWindow)],
+        algorithm in proptest::sample::select(Algorithm::ALL.to_vec()),
         limit in 1u64..200,
+        burst in proptest::option::of(1u64..300),
         window_s in 1u64..20,
         max_units in 1u64..60,
         min_units in 1u64..10,
         ttl_ms in 10u64..30_000,
         ops in proptest::collection::vec(op(), 1..200),
     ) {
-        let p = policy(algorithm, limit, Duration::from_secs(window_s));
+        let burst = burst.filter(|_| algorithm.is_bucket());
+        let p = Policy::try_new(algorithm, limit, Duration::from_secs(window_s), burst)
+            .expect("valid policy");
         let t = terms(max_units.max(min_units), min_units, Duration::from_millis(ttl_ms));
         let admitted = run(p, t, &ops);
         prop_assert!(replay_admits_all(p, &admitted).is_ok(), "{:?}", replay_admits_all(p, &admitted));

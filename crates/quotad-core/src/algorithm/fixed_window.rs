@@ -1,6 +1,7 @@
 //! Fixed window: one counter per epoch-aligned window.
 
 use super::{Meter, State};
+use crate::grant::Grant;
 use crate::policy::Policy;
 
 pub(super) struct FixedWindow {
@@ -13,7 +14,7 @@ pub(super) struct FixedWindow {
 }
 
 impl Meter for FixedWindow {
-    fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
+    fn advance(policy: &Policy, state: Option<State>, _grants: &[Grant], at: u64) -> Self {
         let window = policy.window_ms();
         let start = at - at % window;
         // A count from this window still applies; the state's own window
@@ -59,13 +60,15 @@ impl Meter for FixedWindow {
         }
     }
 
-    fn lease_end(&self) -> Option<u64> {
+    fn lease_end(&self) -> u64 {
         // Every leased unit must land in the window it was charged to.
-        Some(self.end)
+        self.end
     }
 
-    fn refund(&mut self, units: u64) {
-        self.count = self.count.saturating_sub(units);
+    fn refund(&mut self, _grant: &Grant, unused: u64) -> Option<Grant> {
+        // A live lease ends with its window: that window is this one.
+        self.count = self.count.saturating_sub(unused);
+        None
     }
 
     fn into_state(self) -> Option<State> {

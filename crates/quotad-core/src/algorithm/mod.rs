@@ -143,8 +143,10 @@ impl State {
 /// One algorithm's state brought forward to a single instant.
 trait Meter: Sized {
     /// The state at instant `at`; a missing state is fresh. Only ever given
-    /// a state that [`State::counts_under`] the policy.
-    fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self;
+    /// a state that [`State::counts_under`] the policy. `grants` are the
+    /// key's grants (for most keys, none): those the algorithm still counts
+    /// shape how it refills or what it holds.
+    fn advance(policy: &Policy, state: Option<State>, grants: &[Grant], at: u64) -> Self;
     /// Whether `cost` fits now. Only called with `cost <= capacity`.
     fn fits(&self, cost: u64) -> bool;
     /// Takes `cost`. Only called when it fits.
@@ -161,16 +163,23 @@ trait Meter: Sized {
     fn retry_after(&self, cost: u64) -> u64;
     /// The wait until the state is fresh again.
     fn reset_after(&self) -> u64;
-    /// The latest instant a lease charged now may end at, or `None` when
-    /// the algorithm offers no leases (every request is then decided
-    /// directly).
-    fn lease_end(&self) -> Option<u64> {
-        None
+    /// The latest instant a lease charged now may end at (`u64::MAX`: no
+    /// bound of the algorithm's own, only the lease's TTL).
+    fn lease_end(&self) -> u64;
+    /// Charges a lease of `units` that ends at `ends_at`. Only called when
+    /// `units` fit.
+    fn grant(&mut self, units: u64, ends_at: u64) {
+        let _ = ends_at;
+        self.consume(units);
     }
-    /// Gives back `units` of a live lease charged to this meter, unspent.
-    /// Only called on an algorithm that offers leases, for a lease that has
-    /// not ended (so the window it was charged to is still current).
-    fn refund(&mut self, _units: u64) {}
+    /// Settles the live lease `grant`, of which `unused` units were not
+    /// spent; returns what the ledger keeps of it (an algorithm that counts
+    /// a lease's admissions for a while after it ends keeps them).
+    fn refund(&mut self, grant: &Grant, unused: u64) -> Option<Grant>;
+    /// How long after its end a grant still counts.
+    fn linger(&self) -> u64 {
+        0
+    }
     /// The state to keep; `None` when it is equivalent to fresh.
     fn into_state(self) -> Option<State>;
 }
@@ -237,6 +246,7 @@ pub fn decide_spending(
     evaluate(
         policy,
         state,
+        &[],
         now_ms,
         cost,
         Some(spend),
@@ -251,6 +261,7 @@ pub fn peek(policy: &Policy, state: Option<&State>, now_ms: u64, cost: NonZeroU6
     evaluate(
         policy,
         state.cloned(),
+        &[],
         now_ms,
         cost,
         None,
@@ -278,33 +289,76 @@ pub enum Spend {
 /// No bound on the heap bytes a state may hold.
 const UNBOUNDED: usize = usize::MAX;
 
-/// [`decide`], with the state's heap bytes bounded by `room`: a cost that
-/// fits but whose consumption would make the state allocate past `room` is
-/// denied with [`Reason::Capacity`] and not consumed. The state comes back
-/// brought forward to `now_ms` either way, and, on that denial, with the
-/// heap bytes consuming needs.
+/// [`decide`] on a key that holds `grants`, with the state's heap bytes
+/// bounded by `room`: a cost that fits but whose consumption would make the
+/// state allocate past `room` is denied with [`Reason::Capacity`] and not
+/// consumed. The state comes back brought forward to `now_ms` either way,
+/// and, on that denial, with the heap bytes consuming needs.
 pub(crate) fn decide_within(
     policy: &Policy,
     state: Option<State>,
+    grants: &[Grant],
     now_ms: u64,
     cost: NonZeroU64,
     spend: Spend,
     room: usize,
 ) -> (Option<State>, Decision, Option<usize>) {
     let mut short = None;
-    let (state, decision) = evaluate(policy, state, now_ms, cost, Some(spend), room, &mut short);
+    let (state, decision) = evaluate(
+        policy,
+        state,
+        grants,
+        now_ms,
+        cost,
+        Some(spend),
+        room,
+        &mut short,
+    );
     (state, decision, short)
 }
 
-/// [`peek`], with the room [`decide_within`] would have.
+/// [`decide_spending`] on a key that holds `grants`.
+pub(crate) fn decide_granted(
+    policy: &Policy,
+    state: Option<State>,
+    grants: &[Grant],
+    now_ms: u64,
+    cost: NonZeroU64,
+    spend: Spend,
+) -> (Option<State>, Decision) {
+    evaluate(
+        policy,
+        state,
+        grants,
+        now_ms,
+        cost,
+        Some(spend),
+        UNBOUNDED,
+        &mut None,
+    )
+}
+
+/// [`peek`] on a key that holds `grants`, with the room [`decide_within`]
+/// would have.
 pub(crate) fn peek_within(
     policy: &Policy,
     state: Option<&State>,
+    grants: &[Grant],
     now_ms: u64,
     cost: NonZeroU64,
     room: usize,
 ) -> Decision {
-    evaluate(policy, state.cloned(), now_ms, cost, None, room, &mut None).1
+    evaluate(
+        policy,
+        state.cloned(),
+        grants,
+        now_ms,
+        cost,
+        None,
+        room,
+        &mut None,
+    )
+    .1
 }
 
 /// Decides (or peeks, without `consume`: `None`), with the state's heap bytes
@@ -317,18 +371,22 @@ pub(crate) fn peek_within(
 fn evaluate(
     policy: &Policy,
     state: Option<State>,
+    grants: &[Grant],
     now_ms: u64,
     cost: NonZeroU64,
     consume: Option<Spend>,
     room: usize,
     short: &mut Option<usize>,
 ) -> (Option<State>, Decision) {
+    // A key's grants count whatever the policy: their holders spend them
+    // until they end, even if the policy changed since they were granted.
     let state = state.filter(|s| s.counts_under(policy));
     let at = state
         .as_ref()
         .map_or(now_ms, |s| s.time_floor().max(now_ms));
     let step = Step {
         policy,
+        grants,
         at,
         skew: at - now_ms,
         cost: cost.get(),
@@ -354,11 +412,13 @@ fn evaluate(
 /// [`LeaseError::UnknownLease`] for a lease neither held nor ended,
 /// [`LeaseError::Overspent`] for a report of more than it granted.
 pub(crate) fn check_settle(ledger: &Ledger, settle: &Settle, now: u64) -> Result<(), LeaseError> {
-    match ledger.grants().iter().find(|g| g.id == settle.id) {
+    let held = ledger.grants().iter().find(|g| g.id == settle.id);
+    match held {
         Some(g) if g.ends_at > now && settle.spent > g.units => Err(LeaseError::Overspent {
             spent: settle.spent,
             units: g.units,
         }),
+        // Held, live or ended (a log counts an ended one a while longer).
         Some(_) => Ok(()),
         None if settle.ends_at <= now => Ok(()),
         None => Err(LeaseError::UnknownLease),
@@ -372,7 +432,7 @@ pub(crate) fn check_settle(ledger: &Ledger, settle: &Settle, now: u64) -> Result
 /// A lease is charged to the meter as an admission of its units; its
 /// unspent units go back while it is live (so, for the window algorithms,
 /// while the window it was charged to is current). A state written under
-/// another algorithm or window is fresh, and so are its grants.
+/// another algorithm or window is fresh; its grants still count until they end.
 pub(crate) fn lease(
     policy: &Policy,
     terms: &LeaseTerms,
@@ -382,11 +442,6 @@ pub(crate) fn lease(
     ask: &LeaseAsk,
 ) -> (Option<State>, LeaseOutcome) {
     let state = state.filter(|s| s.counts_under(policy));
-    if state.is_none() && !ledger.is_empty() {
-        // Grants charged to a meter this policy does not read: their
-        // charge is gone with it, so they hold nothing back either.
-        ledger.purge(u64::MAX);
-    }
     let at = state
         .as_ref()
         .map_or(now_ms, |s| s.time_floor().max(now_ms));
@@ -417,12 +472,15 @@ fn lease_on<M: Meter>(
     at: u64,
     ask: &LeaseAsk,
 ) -> (Option<State>, LeaseOutcome) {
-    let mut meter = M::advance(policy, state, at);
-    ledger.purge(at);
-    let settled = ask.settle.map(|s| match ledger.take(s.id) {
+    let mut meter = M::advance(policy, state, ledger.grants(), at);
+    let linger = meter.linger();
+    ledger.purge(at, linger);
+    let settled = ask.settle.map(|s| match ledger.take_live(s.id, at) {
         Some(g) => {
             let returned = g.units - s.spent.min(g.units);
-            meter.refund(returned);
+            if let Some(kept) = meter.refund(&g, returned) {
+                ledger.push(kept);
+            }
             Settled::Returned { returned }
         }
         None => Settled::Ended,
@@ -430,17 +488,16 @@ fn lease_on<M: Meter>(
     let answer = if ask.want == 0 {
         LeaseAnswer::None
     } else {
-        match (
-            meter.lease_end(),
-            lease_size(terms, ask.want, meter.remaining(), ledger.live()),
-        ) {
-            (Some(end), Some(units)) if meter.fits(units) && end > at => {
-                meter.consume(units);
+        let end = meter.lease_end();
+        match lease_size(terms, ask.want, meter.remaining(), ledger.live(at)) {
+            Some(units) if meter.fits(units) && end > at => {
+                let ends_at = end.min(at.saturating_add(terms.max_ttl_ms()));
+                meter.grant(units, ends_at);
                 let grant = Grant {
                     id: ask.new_id,
                     units,
                     granted_at: at,
-                    ends_at: end.min(at.saturating_add(terms.max_ttl_ms())),
+                    ends_at,
                 };
                 ledger.push(grant);
                 LeaseAnswer::Granted(grant)
@@ -460,6 +517,7 @@ fn lease_on<M: Meter>(
 
 struct Step<'a> {
     policy: &'a Policy,
+    grants: &'a [Grant],
     /// The instant decided at: the clock, or the state's floor if later.
     at: u64,
     /// How far `at` is ahead of the clock; added to every wait reported.
@@ -477,7 +535,7 @@ impl Step<'_> {
         state: Option<State>,
         short: &mut Option<usize>,
     ) -> (Option<State>, Decision) {
-        let mut meter = M::advance(self.policy, state, self.at);
+        let mut meter = M::advance(self.policy, state, self.grants, self.at);
         let capacity = self.policy.capacity();
         let wait = |ms: u64| {
             if ms == 0 {

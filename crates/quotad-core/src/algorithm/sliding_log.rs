@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 
 use super::{Meter, State};
+use crate::grant::Grant;
 use crate::policy::Policy;
 
 /// A log never keeps room for fewer entries than this, so a key admitted
@@ -193,11 +194,46 @@ pub(super) struct SlidingLog {
     /// The log's total, kept here so a check reads it once.
     total: u64,
     log: Box<Log>,
+    /// The key's leases still counted: `(counted until, units)`. A lease is
+    /// one entry, counted from its grant until a window after its end, as
+    /// its holder may admit with it until then.
+    leased: Vec<(u64, u64)>,
+    /// Their units.
+    leased_total: u64,
+}
+
+impl SlidingLog {
+    /// Units counted now: the log's and the leases'.
+    fn counted(&self) -> u64 {
+        self.total + self.leased_total
+    }
+
+    /// The wait until `excess` units have left, the log's entries and the
+    /// leases' together, soonest first.
+    #[cold]
+    fn wait_with_leases(&self, excess: u64) -> u64 {
+        let window = self.window;
+        let mut leaving: Vec<(u64, u64)> = self
+            .log
+            .admissions()
+            .map(|(ms, units)| (ms.saturating_add(window), units))
+            .chain(self.leased.iter().copied())
+            .collect();
+        leaving.sort_unstable();
+        let mut freed = 0u64;
+        for (at, units) in leaving {
+            freed += units;
+            if freed >= excess {
+                return at.saturating_sub(self.at);
+            }
+        }
+        window
+    }
 }
 
 impl Meter for SlidingLog {
     #[inline]
-    fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
+    fn advance(policy: &Policy, state: Option<State>, grants: &[Grant], at: u64) -> Self {
         let window = policy.window_ms();
         let mut log = match state {
             Some(State::SlidingLog { log, .. }) => log,
@@ -208,17 +244,24 @@ impl Meter for SlidingLog {
         if let Some(last) = at.checked_sub(window) {
             log.expire(last);
         }
+        let leased: Vec<(u64, u64)> = grants
+            .iter()
+            .map(|g| (g.ends_at.saturating_add(window), g.units))
+            .filter(|&(until, _)| until > at)
+            .collect();
         Self {
             limit: policy.limit(),
             window,
             at,
             total: log.total(),
             log,
+            leased_total: leased.iter().map(|&(_, units)| units).sum(),
+            leased,
         }
     }
 
     fn fits(&self, cost: u64) -> bool {
-        self.total <= self.limit - cost
+        self.counted() <= self.limit - cost
     }
 
     #[inline]
@@ -247,11 +290,14 @@ impl Meter for SlidingLog {
     }
 
     fn remaining(&self) -> u64 {
-        self.limit.saturating_sub(self.total)
+        self.limit.saturating_sub(self.counted())
     }
 
     #[inline]
     fn retry_after(&self, cost: u64) -> u64 {
+        if !self.leased.is_empty() {
+            return self.wait_with_leases(self.counted() - (self.limit - cost));
+        }
         // Wait for the oldest admissions to leave until `cost` fits: the
         // first prefix holding at least the excess (most often the oldest
         // entry alone).
@@ -269,9 +315,51 @@ impl Meter for SlidingLog {
     }
 
     fn reset_after(&self) -> u64 {
-        self.log
+        let log = self
+            .log
             .last_ms()
-            .map_or(0, |ms| ms.saturating_add(self.window) - self.at)
+            .map_or(self.at, |ms| ms.saturating_add(self.window));
+        let leased = self
+            .leased
+            .iter()
+            .map(|&(until, _)| until)
+            .max()
+            .unwrap_or(self.at);
+        log.max(leased) - self.at
+    }
+
+    fn lease_end(&self) -> u64 {
+        u64::MAX
+    }
+
+    fn grant(&mut self, units: u64, ends_at: u64) {
+        self.leased
+            .push((ends_at.saturating_add(self.window), units));
+        self.leased_total += units;
+    }
+
+    fn refund(&mut self, grant: &Grant, unused: u64) -> Option<Grant> {
+        let counted = (grant.ends_at.saturating_add(self.window), grant.units);
+        if let Some(i) = self.leased.iter().position(|&l| l == counted) {
+            self.leased.swap_remove(i);
+            self.leased_total -= grant.units;
+        }
+        // What was spent stays counted, as admitted until now, for a window.
+        let spent = grant.units - unused;
+        (spent > 0).then(|| {
+            self.leased
+                .push((self.at.saturating_add(self.window), spent));
+            self.leased_total += spent;
+            Grant {
+                units: spent,
+                ends_at: self.at,
+                ..*grant
+            }
+        })
+    }
+
+    fn linger(&self) -> u64 {
+        self.window
     }
 
     fn into_state(self) -> Option<State> {

@@ -5,6 +5,7 @@
 //! rounding halves up, in exact integers.
 
 use super::{Meter, State, narrow};
+use crate::grant::Grant;
 use crate::policy::Policy;
 
 pub(super) struct SlidingWindow {
@@ -45,7 +46,7 @@ impl SlidingWindow {
 }
 
 impl Meter for SlidingWindow {
-    fn advance(policy: &Policy, state: Option<State>, at: u64) -> Self {
+    fn advance(policy: &Policy, state: Option<State>, _grants: &[Grant], at: u64) -> Self {
         let window = policy.window_ms();
         let start = at - at % window;
         let (previous, current) = match state {
@@ -115,14 +116,16 @@ impl Meter for SlidingWindow {
         }
     }
 
-    fn lease_end(&self) -> Option<u64> {
+    fn lease_end(&self) -> u64 {
         // A leased unit counts in the current window: it must be spent
         // before this window becomes the previous one.
-        Some(self.start.saturating_add(self.window))
+        self.start.saturating_add(self.window)
     }
 
-    fn refund(&mut self, units: u64) {
-        self.current = self.current.saturating_sub(units);
+    fn refund(&mut self, _grant: &Grant, unused: u64) -> Option<Grant> {
+        // A live lease ends with its window: that window is the current one.
+        self.current = self.current.saturating_sub(unused);
+        None
     }
 
     fn into_state(self) -> Option<State> {

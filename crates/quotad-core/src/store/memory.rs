@@ -21,7 +21,7 @@ use super::shard::{
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
-use crate::grant::{LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger};
+use crate::grant::{Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger};
 use crate::policy::Policy;
 
 /// A shard holds at least this many keys before the store splits further,
@@ -243,6 +243,8 @@ struct Pending<'a> {
     found: Found,
     /// Its state as the batch's items so far leave it.
     state: Option<State>,
+    /// Its grants (which a check leaves as they are): none for most keys.
+    grants: Vec<Grant>,
     fresh_at: u64,
 }
 
@@ -376,7 +378,8 @@ impl MemoryStore {
         let evict = self.config.on_full() == OnFull::Evict;
         if let Some(i) = shard.find(hash, name, key) {
             let room = shard.room_for_state(i, evict);
-            return algorithm::peek_within(policy, shard.state(i, now), now, cost, room);
+            let grants = shard.grants_at(i);
+            return algorithm::peek_within(policy, shard.state(i, now), grants, now, cost, room);
         }
         let decision = algorithm::peek(policy, None, now, cost);
         if !decision.allowed {
@@ -526,7 +529,7 @@ impl MemoryStore {
         let mut shard = self.lock(self.shard_of(hash));
         match shard.find(hash, name, key) {
             Some(i) => {
-                shard.write(i, None, 0);
+                shard.remove(i);
                 true
             }
             None => false,
@@ -601,10 +604,12 @@ impl MemoryStore {
                 break;
             };
             let state = shard.take(i, now);
+            // Only a key that holds grants pays for copying them.
+            let grants = shard.grants_at(i).to_vec();
             // The state is not counted while taken: what is free is its room.
             let room = shard.free_bytes();
             let (state, decision, wanted) =
-                algorithm::decide_within(policy, state, now, cost, item.spend(), room);
+                algorithm::decide_within(policy, state, &grants, now, cost, item.spend(), room);
             let held = state.as_ref().map_or(0, State::heap_bytes);
             shard.write(i, state, fresh_at(now, &decision));
             let Some(wanted) = wanted else {
@@ -690,6 +695,10 @@ impl MemoryStore {
                     .index()
                     .and_then(|f| locked.item_shard(i).state(f, now))
                     .cloned();
+                let grants = found
+                    .index()
+                    .map(|f| locked.item_shard(i).grants_at(f).to_vec())
+                    .unwrap_or_default();
                 pending.push(Pending {
                     name,
                     key,
@@ -697,14 +706,16 @@ impl MemoryStore {
                     shard,
                     found,
                     state,
+                    grants,
                     fresh_at: 0,
                 });
                 pending.len() - 1
             };
             let entry = &mut pending[p];
-            let (state, decision) = algorithm::decide_spending(
+            let (state, decision) = algorithm::decide_granted(
                 item.policy(),
                 entry.state.take(),
+                &entry.grants,
                 now,
                 item.cost(),
                 item.spend(),
@@ -790,10 +801,16 @@ impl MemoryStore {
                 // Nothing of the batch's keys was written: the shard holds
                 // the state the batch started from.
                 let shard = locked.item_shard(i);
-                let original = pending[slot_of_item[i]]
-                    .find(shard)
-                    .and_then(|f| shard.state(f, now));
-                let current = algorithm::peek(item.policy(), original, now, item.cost());
+                let p = &pending[slot_of_item[i]];
+                let original = p.find(shard).and_then(|f| shard.state(f, now));
+                let current = algorithm::peek_within(
+                    item.policy(),
+                    original,
+                    &p.grants,
+                    now,
+                    item.cost(),
+                    usize::MAX,
+                );
                 decisions[i] = Decision {
                     allowed: false,
                     reason: Reason::BatchRejected,

@@ -13,7 +13,7 @@ use indexmap::map::RawEntryApiV1;
 use indexmap::map::raw_entry_v1::RawEntryMut;
 
 use crate::algorithm::State;
-use crate::grant::Ledger;
+use crate::grant::{Grant, Ledger};
 
 /// How many entries an eviction looks at to choose its victim.
 const EVICTION_SAMPLE: usize = 16;
@@ -453,6 +453,11 @@ impl Shard {
             .and_then(|(_, slot)| slot.ledger())
     }
 
+    /// The grants of the entry at `index`: none for most keys.
+    pub(super) fn grants_at(&self, index: usize) -> &[Grant] {
+        self.ledger_at(index).map_or(&[], Ledger::grants)
+    }
+
     /// The bytes the grants of the entry at `index` cost.
     pub(super) fn ledger_bytes_at(&self, index: usize) -> usize {
         self.map
@@ -486,7 +491,7 @@ impl Shard {
             self.remove_at(index);
             return;
         }
-        let fresh_at = fresh_at.max(ledger.last_end());
+        let fresh_at = fresh_at.max(ledger.last_end(0));
         self.next_expiry = self.next_expiry.min(fresh_at);
         self.bytes += state.as_ref().map_or(0, State::heap_bytes) + granted_bytes(&ledger);
         *slot = Slot::new(fresh_at, state, ledger);
@@ -501,28 +506,31 @@ impl Shard {
             .is_some_and(|(_, slot)| slot.fresh_at <= now)
     }
 
-    /// Writes `state` back at `index`, keeping the entry's grants, or
-    /// removes the entry, grants and all, when `state` is fresh: a meter
-    /// that has become fresh holds no live grant's charge (a grant charged
-    /// to it ends no later than it does), and one the policy no longer
-    /// reads takes its grants' meaning with it.
+    /// Writes `state` back at `index`, keeping the entry's grants; removes
+    /// the entry when `state` is fresh and it holds no grants (a key whose
+    /// grants still count keeps its entry until they end).
     pub(super) fn write(&mut self, index: usize, state: Option<State>, fresh_at: u64) {
         let Some((key, slot)) = self.map.get_index_mut(index) else {
             return;
         };
         self.bytes -= slot.state_bytes();
-        match state {
-            Some(state) => {
-                let fresh_at = fresh_at.max(slot.ledger().map_or(0, Ledger::last_end));
-                self.next_expiry = self.next_expiry.min(fresh_at);
-                self.bytes += state.heap_bytes();
-                slot.fresh_at = fresh_at;
-                *slot.state_mut() = Some(state);
-            }
-            None => {
-                self.bytes -= key.heap_bytes() + slot.ledger_bytes();
-                self.remove_at(index);
-            }
+        if state.is_none() && slot.ledger().is_none() {
+            self.bytes -= key.heap_bytes();
+            self.remove_at(index);
+            return;
+        }
+        let fresh_at = fresh_at.max(slot.ledger().map_or(0, |l| l.last_end(0)));
+        self.next_expiry = self.next_expiry.min(fresh_at);
+        self.bytes += state.as_ref().map_or(0, State::heap_bytes);
+        slot.fresh_at = fresh_at;
+        *slot.state_mut() = state;
+    }
+
+    /// Removes the entry at `index`, state and grants.
+    pub(super) fn remove(&mut self, index: usize) {
+        if let Some((key, slot)) = self.map.get_index(index) {
+            self.bytes -= extra_of(key, slot);
+            self.remove_at(index);
         }
     }
 
@@ -552,7 +560,7 @@ impl Shard {
     ) {
         debug_assert!(state.is_some() || !ledger.is_empty());
         self.reserve(1, extra_bytes_with(name, key, state.as_ref(), &ledger));
-        let fresh_at = fresh_at.max(ledger.last_end());
+        let fresh_at = fresh_at.max(ledger.last_end(0));
         self.next_expiry = self.next_expiry.min(fresh_at);
         self.bytes += state.as_ref().map_or(0, State::heap_bytes) + granted_bytes(&ledger);
         let slot = Slot::new(fresh_at, state, ledger);

@@ -388,7 +388,7 @@ fn ledger_of(grants: Vec<GrantStored>, fresh_at: u64) -> Result<Ledger, &'static
         if grant.units == 0 || grant.units > MAX_EXACT {
             return Err("a grant of 0 units or above 2^53");
         }
-        if grant.ends_at <= grant.granted_at || grant.ends_at > fresh_at {
+        if grant.ends_at < grant.granted_at || grant.ends_at > fresh_at {
             return Err("a grant that ends before it starts, or after its entry is fresh");
         }
         if out.iter().any(|o: &Grant| o.id == grant.id) {
