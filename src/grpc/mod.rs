@@ -9,6 +9,7 @@
 //! timeout per call, and the size of a request message (past it:
 //! RESOURCE_EXHAUSTED, [`status`]).
 
+pub mod arrival;
 pub mod status;
 
 use std::time::Duration;
@@ -29,7 +30,8 @@ use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
 use crate::policy::MAX_POLICY_NAME_LEN;
 use crate::tasks::ServerTask;
 
-use self::status::{ArrivalLayer, SizeStatusLayer};
+use self::arrival::ArrivalLayer;
+use self::status::SizeStatusLayer;
 
 /// The gRPC server builder [`server`] makes: tonic's, with quotad's layers.
 pub type GrpcServer = Server<Stack<SizeStatusLayer, Stack<ArrivalLayer, Identity>>>;
