@@ -68,7 +68,7 @@ pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::{LimitSettings, LogFormat, OnBadSnapshot};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
 pub use tls::TlsSettings;
-pub use transport::TransportSettings;
+pub use transport::{TransportSettings, largest_request_bytes};
 
 use document::Layers;
 use policies::{Invalid, RawPolicy};
@@ -272,7 +272,7 @@ impl Config {
             })?;
         }
         let store = StoreSettings::validate(raw.store, base_dir).map_err(located)?;
-        let needed = crate::grpc::largest_request_bytes(store.max_key_bytes);
+        let needed = transport::largest_request_bytes(store.max_key_bytes);
         let transport = TransportSettings::validate(raw.transport, needed).map_err(located)?;
         let mtls = server.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
         let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
