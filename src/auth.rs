@@ -259,13 +259,13 @@ mod layer_tests {
     use std::convert::Infallible;
 
     use super::*;
-    use crate::config::{Config, Files, Overrides};
+    use crate::config::{Config, Files, FlagValues};
 
     #[tokio::test]
     async fn a_quotad_method_no_group_names_is_closed_once_any_allowlist_is_set() {
         let text = "[server.tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
                     [auth]\nreset = [\"spiffe://example.org/ops/*\"]\n";
-        let config = Config::parse(text, None, &Overrides::default(), Files::Skip).expect("valid");
+        let config = Config::parse(text, None, &FlagValues::default(), Files::Skip).expect("valid");
         let metrics = Metrics::new().expect("metrics");
         let inner =
             tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });

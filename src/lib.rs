@@ -88,7 +88,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
 pub use config::{
-    Config, ConfigError, ListenAddr, OnError, Overrides, PolicySettings, TransportSettings,
+    Config, ConfigError, FlagValues, ListenAddr, OnError, PolicySettings, TransportSettings,
 };
 pub use listen::GrpcListener;
 pub use log::init_tool_logs;
