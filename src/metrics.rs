@@ -42,10 +42,12 @@
 //! rules files) or `rls:<domain>#<unit>` for limits sent by Envoy: never
 //! a request's values.
 //!
-//! One file of about 630 lines (tests apart): every series quotad exports
-//! is declared here, once, with its help text and labels next to the table
-//! above, so adding a metric touches one file and the dashboard's and
-//! alerts' names can be checked against one place.
+//! Every series quotad exports is declared here, once, with its help text
+//! and labels next to the table above, so adding a metric touches one file
+//! and the dashboard's and alerts' names can be checked against one place.
+//! The per-method series follow the method table (`crate::methods`): a
+//! method added there is timed and counted without a change here.
+//! What each series means to an operator is `docs/metrics.md`.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
