@@ -8,9 +8,10 @@
 //! names. A call is allowed when its method group has no allowlist
 //! (`[auth]`), or when one of the identities matches one of the group's
 //! patterns. Denied: PERMISSION_DENIED naming the method and the identity,
-//! counted in `quotad_auth_denied_total{method}`. Methods outside the
-//! groups (health checking, reflection) are open to every client that
-//! passed mTLS.
+//! counted in `quotad_auth_denied_total{method}`. Each method's group is
+//! its row of the method table (`crate::methods`); methods outside it
+//! (health checking, reflection) are open to every client that passed
+//! mTLS.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,8 +19,6 @@ use std::task::{Context, Poll};
 use futures_util::future::{Either, Ready, ready};
 use http::{Request, Response};
 use metrics::Counter;
-use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME as RLS_SERVICE;
-use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
 use rustls_pki_types::CertificateDer;
 use tonic::Status;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
@@ -29,60 +28,41 @@ use x509_parser::extensions::GeneralName;
 
 use crate::config::{AuthSettings, IdentityPattern};
 use crate::log::Throttled;
+use crate::methods::{AuthGroup, Method, Path};
 use crate::metrics::Metrics;
 
 /// A method group's rule: its allowlist, and the counter of its denials.
 #[derive(Debug)]
 struct Rule {
-    /// The `[auth]` setting, which is also the metric label.
-    group: &'static str,
+    group: AuthGroup,
     allowed: Vec<IdentityPattern>,
     denied: Counter,
 }
 
-/// The rules by method path.
+/// The rules by method group ([`AuthGroup::index`]): `None` for a group
+/// without an allowlist.
 #[derive(Debug)]
 struct Rules {
-    methods: Vec<(String, Arc<Rule>)>,
-    /// Every method some group names, allowlisted or not.
-    known: Vec<String>,
+    groups: [Option<Rule>; AuthGroup::COUNT],
+    /// Whether any group has an allowlist.
+    any: bool,
     denials_log: Throttled,
-}
-
-/// The gRPC methods in each `[auth]` group.
-fn groups() -> [(&'static str, Vec<String>); 4] {
-    let quota = |method: &str| format!("/{QUOTA_SERVICE}/{method}");
-    [
-        ("check", vec![quota("Check"), quota("CheckBatch")]),
-        ("peek", vec![quota("Peek")]),
-        ("reset", vec![quota("Reset")]),
-        (
-            "should_rate_limit",
-            vec![format!("/{RLS_SERVICE}/ShouldRateLimit")],
-        ),
-    ]
 }
 
 /// The layer enforcing `[auth]`; without allowlists it lets every call
 /// through.
 pub(crate) fn layer(settings: &AuthSettings, metrics: &Metrics) -> AuthLayer {
-    let mut methods = Vec::new();
-    let mut known = Vec::new();
-    for ((group, allowed), (name, paths)) in settings.groups().zip(groups()) {
-        debug_assert_eq!(group, name, "the groups are listed in the same order");
-        known.extend(paths.iter().cloned());
-        let Some(allowed) = allowed else { continue };
-        let rule = Arc::new(Rule {
+    let groups = AuthGroup::ALL.map(|group| {
+        settings.allowlist(group).map(|allowed| Rule {
             group,
             allowed: allowed.to_vec(),
             denied: metrics.auth_denied(group),
-        });
-        methods.extend(paths.into_iter().map(|p| (p, Arc::clone(&rule))));
-    }
+        })
+    });
     AuthLayer {
         rules: Arc::new(Rules {
-            methods,
-            known,
+            any: groups.iter().any(Option::is_some),
+            groups,
             denials_log: Throttled::default(),
         }),
     }
@@ -127,21 +107,20 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let path = request.uri().path();
-        let Some((_, rule)) = self.rules.methods.iter().find(|(p, _)| p == path) else {
-            // A quotad.v1 method no group names (one added later) is closed
-            // once any allowlist is set, rather than open by omission.
-            if !self.rules.methods.is_empty()
-                && path
-                    .strip_prefix('/')
-                    .and_then(|p| p.strip_prefix(QUOTA_SERVICE))
-                    .is_some_and(|p| p.starts_with('/'))
-                && !self.rules.known.iter().any(|known| known == path)
-            {
+        let rule = match Method::find(path) {
+            Path::Method(method) => self.rules.groups[method.group().index()].as_ref(),
+            // A method of quotad's own API that the table does not list (one
+            // added later) is closed once any allowlist is set, rather than
+            // open by omission.
+            Path::Unlisted(service) if service.grows_with_quotad() && self.rules.any => {
                 let status = Status::permission_denied(format!(
                     "{path}: no [auth] group covers this method"
                 ));
                 return Either::Left(ready(Ok(status.into_http())));
             }
+            Path::Unlisted(_) | Path::Other => None,
+        };
+        let Some(rule) = rule else {
             return Either::Right(self.inner.call(request));
         };
         let identities = client_identities(&request);
@@ -161,14 +140,14 @@ where
             tracing::warn!(
                 method = path,
                 %identity,
-                group = rule.group,
+                group = rule.group.setting(),
                 suppressed,
                 "call denied by [auth]"
             );
         }
         let status = Status::permission_denied(format!(
             "{path}: not allowed for client {identity} (auth.{})",
-            rule.group
+            rule.group.setting()
         ));
         Either::Left(ready(Ok(status.into_http())))
     }
@@ -258,14 +237,16 @@ mod tests {
 mod layer_tests {
     use std::convert::Infallible;
 
+    use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
+
     use super::*;
-    use crate::config::{Config, Files, Overrides};
+    use crate::config::{Config, Files, FlagValues};
 
     #[tokio::test]
     async fn a_quotad_method_no_group_names_is_closed_once_any_allowlist_is_set() {
         let text = "[server.tls]\ncert = \"c\"\nkey = \"k\"\nclient_ca = \"ca\"\n\
                     [auth]\nreset = [\"spiffe://example.org/ops/*\"]\n";
-        let config = Config::parse(text, None, &Overrides::default(), Files::Skip).expect("valid");
+        let config = Config::parse(text, None, &FlagValues::default(), Files::Skip).expect("valid");
         let metrics = Metrics::new().expect("metrics");
         let inner =
             tower::service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });

@@ -13,6 +13,10 @@
 //! - [`policy`]: named policies, their registry and hot reload;
 //! - `api`: the gRPC edges (`quotad.v1.Quota`): proto -> domain at the
 //!   edge, one error mapping;
+//! - `methods`: every gRPC method declared once (its service, path,
+//!   `[auth]` group and metric label), from which routes, authorization,
+//!   metrics and health follow; `services` builds each service from one
+//!   context and registers its routes;
 //! - [`backend`]: the one [`backend::Backend`] trait, memory and Redis;
 //! - [`grpc`], `admin`: the two servers (gRPC with health checking and
 //!   reflection; admin HTTP with `/metrics`, `/healthz`, `/readyz`,
@@ -70,7 +74,9 @@ mod api;
 mod auth;
 mod health;
 mod log;
+mod methods;
 mod metrics;
+mod services;
 mod tasks;
 
 use std::future::Future;
@@ -78,31 +84,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::BuildError;
-use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitServiceServer, SERVICE_NAME as RLS_SERVICE,
-};
-use quotad_proto::v1::quota_server::{QuotaServer, SERVICE_NAME as QUOTA_SERVICE};
 use tokio::net::TcpListener;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
-use tonic::service::Routes;
 
 pub use config::{
-    Config, ConfigError, ListenAddr, OnError, Overrides, PolicySettings, TransportSettings,
+    Config, ConfigError, FlagValues, ListenAddr, OnError, PolicySettings, TransportSettings,
 };
 pub use listen::GrpcListener;
 pub use log::init_tool_logs;
 
 use crate::admin::AdminState;
-use crate::api::{QuotaService, RequestLimits, RlsOptions, RlsService};
 use crate::backend::Backend;
 use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
 use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
+use crate::methods::Service;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyRegistry, PolicySet, Reloader};
+use crate::services::ServiceContext;
 use crate::tasks::{ServerTask, Tasks};
 
 /// The bound sockets the server accepts on. `main` binds them from the
@@ -234,8 +236,8 @@ pub async fn run(
                 .snapshot
                 .as_ref()
                 .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
-            let serving = (registry.clone(), metrics.clone());
-            serve(&config, listeners, shutdown, store, serving, &mut tasks).await
+            let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
+            serve(cx, listeners, shutdown).await
         }
         BackendSettings::Redis(settings) => {
             let store = Arc::new(
@@ -243,8 +245,8 @@ pub async fn run(
                     .await
                     .map_err(Error::Store)?,
             );
-            let serving = (registry.clone(), metrics.clone());
-            serve(&config, listeners, shutdown, store, serving, &mut tasks).await
+            let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
+            serve(cx, listeners, shutdown).await
         }
     };
     tasks.stop().await;
@@ -255,45 +257,31 @@ pub async fn run(
     result
 }
 
-/// Runs both servers over `backend` until `shutdown`, or until one of them
-/// fails (which brings the other down too).
+/// Runs both servers over the context's backend until `shutdown`, or until
+/// one of them fails (which brings the other down too).
 async fn serve<B: Backend>(
-    config: &Config,
+    mut cx: ServiceContext<'_, B>,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    backend: Arc<B>,
-    (registry, metrics): (Arc<PolicyRegistry>, Arc<Metrics>),
-    tasks: &mut Tasks,
 ) -> Result<(), Error> {
-    let upkeep = Arc::clone(&metrics);
-    tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
+    let upkeep = Arc::clone(&cx.metrics);
+    cx.tasks.spawn(|stop| metrics_upkeep(upkeep, stop));
 
-    let (health, health_service) = Health::new(&[QUOTA_SERVICE, RLS_SERVICE]);
+    let (health, health_service) = Health::new(&Service::NAMES);
+    for service in Service::ALL {
+        cx.register(service)?;
+    }
+    let ServiceContext {
+        config,
+        backend,
+        registry,
+        metrics,
+        tasks,
+        routes,
+    } = cx;
     let probed = Arc::clone(&backend);
-    let quota = QuotaService::new(
-        Arc::clone(&backend),
-        Arc::clone(&registry),
-        Arc::clone(&metrics),
-        RequestLimits {
-            max_key_bytes: config.store().max_key_bytes,
-            on_error: config.store().on_error,
-            request_timeout: config.transport().request_timeout,
-        },
-    );
-    let rls = RlsService::new(
-        Arc::clone(&backend),
-        policy::rls::start(config, &metrics, tasks)?,
-        Arc::clone(&registry),
-        Arc::clone(&metrics),
-        RlsOptions::new(config),
-    );
     let transport = config.transport();
-    let routes =
-        Routes::new(QuotaServer::new(quota).max_decoding_message_size(transport.max_message_bytes))
-            .add_service(
-                RateLimitServiceServer::new(rls)
-                    .max_decoding_message_size(transport.max_message_bytes),
-            );
+    let routes = routes.routes();
     let grpc_addr = listeners.grpc.describe();
     let admin_addr = display_addr(listeners.admin.local_addr());
     let limit = |port| {

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use quotad::config::{LogFormat, LogSettings};
-use quotad::{Config, ConfigError, Listeners, Overrides};
+use quotad::{Config, ConfigError, FlagValues, Listeners};
 use tracing_subscriber::EnvFilter;
 
 /// The process's allocator with the `mimalloc` feature; the system's
@@ -74,7 +74,7 @@ struct ServeArgs {
     #[arg(long, short = 'c', env = "QUOTAD_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(flatten)]
-    overrides: Overrides,
+    flags: FlagValues,
 }
 
 /// An invalid config; exits with code 2.
@@ -104,11 +104,11 @@ fn main() -> ExitCode {
 }
 
 fn validate_config(file: &Path, rls_config: Option<&Path>) -> ExitCode {
-    let overrides = match rls_config {
-        Some(dir) => Overrides::new().with("rls.config_dir", &dir.to_string_lossy()),
-        None => Overrides::new(),
+    let flags = match rls_config {
+        Some(dir) => FlagValues::new().with("rls.config_dir", &dir.to_string_lossy()),
+        None => FlagValues::new(),
     };
-    match Config::load(Some(file), &overrides) {
+    match Config::load(Some(file), &flags) {
         Ok(config) => {
             let mut out = std::io::stdout().lock();
             let rls = match (config.rls().config_dir.as_deref(), config.rls().rules()) {
@@ -134,7 +134,7 @@ fn validate_config(file: &Path, rls_config: Option<&Path>) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let config = match Config::load(args.config.as_deref(), &args.overrides) {
+    let config = match Config::load(args.config.as_deref(), &args.flags) {
         Ok(config) => config,
         Err(error) => return config_error(args.config.as_deref(), &error),
     };

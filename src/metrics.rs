@@ -42,10 +42,12 @@
 //! rules files) or `rls:<domain>#<unit>` for limits sent by Envoy: never
 //! a request's values.
 //!
-//! One file of about 630 lines (tests apart): every series quotad exports
-//! is declared here, once, with its help text and labels next to the table
-//! above, so adding a metric touches one file and the dashboard's and
-//! alerts' names can be checked against one place.
+//! Every series quotad exports is declared here, once, with its help text
+//! and labels next to the table above, so adding a metric touches one file
+//! and the dashboard's and alerts' names can be checked against one place.
+//! The per-method series follow the method table (`crate::methods`): a
+//! method added there is timed and counted without a change here.
+//! What each series means to an operator is `docs/metrics.md`.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -55,6 +57,7 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 use quotad_core::{Algorithm, Decision, Reason};
 
 use crate::backend::BackendStats;
+use crate::methods::AuthGroup;
 
 /// The label used for every inline policy, whatever its parameters.
 pub(crate) const INLINE_POLICY_LABEL: &str = "inline";
@@ -91,45 +94,15 @@ const DURATION_BUCKETS: [f64; 13] = [
     0.05, 0.1,
 ];
 
-/// The gRPC methods, as metric labels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Method {
-    Check,
-    CheckBatch,
-    Peek,
-    Reset,
-    ShouldRateLimit,
-}
-
-impl Method {
-    const ALL: [Method; 5] = [
-        Method::Check,
-        Method::CheckBatch,
-        Method::Peek,
-        Method::Reset,
-        Method::ShouldRateLimit,
-    ];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Method::Check => "check",
-            Method::CheckBatch => "check_batch",
-            Method::Peek => "peek",
-            Method::Reset => "reset",
-            Method::ShouldRateLimit => "should_rate_limit",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+/// The gRPC methods, whose `as_str` is their `method` label: declared in
+/// the method table, which every per-method series follows.
+pub(crate) use crate::methods::Method;
 
 /// One server's metrics registry and the handles it hands out.
 #[derive(Debug)]
 pub(crate) struct Metrics {
     recorder: Arc<PrometheusRecorder>,
-    durations: [Histogram; 5],
+    durations: [Histogram; Method::COUNT],
     live_keys: Gauge,
     max_keys: Gauge,
     evictions: Counter,
@@ -308,11 +281,11 @@ impl Metrics {
     }
 
     /// A counter of the calls of the `[auth]` group `group` denied.
-    pub(crate) fn auth_denied(&self, group: &'static str) -> Counter {
+    pub(crate) fn auth_denied(&self, group: AuthGroup) -> Counter {
         register_counter(
             &self.recorder,
             AUTH_DENIED,
-            vec![Label::new("method", group)],
+            vec![Label::new("method", group.setting())],
         )
     }
 

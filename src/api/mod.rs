@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 
 use self::error::{ServiceError, to_status};
 use crate::backend::Deadline;
-use crate::grpc::status::Arrived;
+use crate::grpc::arrival::Arrived;
 use crate::metrics::{Method, Metrics};
 
 /// Runs one handler: times it, and turns its error into a status, counted

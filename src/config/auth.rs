@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::policies::Invalid;
 use super::settings::AuthSection;
+use crate::methods::AuthGroup;
 
 /// `[auth]`: an allowlist per method group; a group without one is open to
 /// every client that passed mTLS. Allowlists need mTLS
@@ -12,14 +13,8 @@ use super::settings::AuthSection;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AuthSettings {
-    /// `auth.check`: `Check` and `CheckBatch`.
-    pub check: Option<Vec<IdentityPattern>>,
-    /// `auth.peek`: `Peek`.
-    pub peek: Option<Vec<IdentityPattern>>,
-    /// `auth.reset`: `Reset`.
-    pub reset: Option<Vec<IdentityPattern>>,
-    /// `auth.should_rate_limit`: Envoy's `ShouldRateLimit`.
-    pub should_rate_limit: Option<Vec<IdentityPattern>>,
+    /// By group ([`AuthGroup::index`]): `auth.check`, `auth.peek`, ...
+    allowlists: [Option<Vec<IdentityPattern>>; AuthGroup::COUNT],
 }
 
 /// A client identity to allow: matched exactly, or, when it ends in `*`,
@@ -73,53 +68,51 @@ impl fmt::Display for IdentityPattern {
 impl AuthSettings {
     /// Whether any method has an allowlist.
     pub fn is_enabled(&self) -> bool {
-        self.groups().any(|(_, list)| list.is_some())
+        self.allowlists.iter().any(Option::is_some)
     }
 
-    /// Each method group's setting name and allowlist.
-    pub(crate) fn groups(
-        &self,
-    ) -> impl Iterator<Item = (&'static str, Option<&[IdentityPattern]>)> {
-        [
-            ("check", self.check.as_deref()),
-            ("peek", self.peek.as_deref()),
-            ("reset", self.reset.as_deref()),
-            ("should_rate_limit", self.should_rate_limit.as_deref()),
-        ]
-        .into_iter()
+    /// The allowlist of `group`, if it has one.
+    pub(crate) fn allowlist(&self, group: AuthGroup) -> Option<&[IdentityPattern]> {
+        self.allowlists[group.index()].as_deref()
     }
 
     /// Validates `[auth]`; `mtls` is whether `server.tls.client_ca` is set.
-    pub(super) fn validate(section: AuthSection, mtls: bool) -> Result<Self, Invalid> {
-        let list = |field: &'static str, raw: Option<Vec<String>>| {
-            raw.map(|patterns| {
-                if !mtls {
-                    return Err((
-                        vec!["auth".to_owned(), field.to_owned()],
-                        "allowlists need mTLS: set server.tls.client_ca, so clients present the certificates their identities come from".to_owned(),
-                    ));
-                }
-                patterns
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        IdentityPattern::try_new(p).map_err(|m| {
-                            (
-                                vec!["auth".to_owned(), field.to_owned()],
-                                format!("entry {i}: {m}"),
-                            )
-                        })
-                    })
-                    .collect()
-            })
-            .transpose()
-        };
-        Ok(AuthSettings {
-            check: list("check", section.check)?,
-            peek: list("peek", section.peek)?,
-            reset: list("reset", section.reset)?,
-            should_rate_limit: list("should_rate_limit", section.should_rate_limit)?,
-        })
+    pub(super) fn validate(mut section: AuthSection, mtls: bool) -> Result<Self, Invalid> {
+        let mut allowlists = <[Option<Vec<IdentityPattern>>; AuthGroup::COUNT]>::default();
+        for group in AuthGroup::ALL {
+            let field = group.setting();
+            let path = || vec!["auth".to_owned(), field.to_owned()];
+            let Some(patterns) = written(&mut section, group) else {
+                continue;
+            };
+            if !mtls {
+                return Err((
+                    path(),
+                    "allowlists need mTLS: set server.tls.client_ca, so clients present the certificates their identities come from".to_owned(),
+                ));
+            }
+            let list = patterns
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    IdentityPattern::try_new(p).map_err(|m| (path(), format!("entry {i}: {m}")))
+                })
+                .collect::<Result<_, _>>()?;
+            allowlists[group.index()] = Some(list);
+        }
+        Ok(AuthSettings { allowlists })
+    }
+}
+
+/// The allowlist of `group` as written, taken out of `section`: the one
+/// place that ties a group to its declared setting (a test checks the
+/// names agree).
+fn written(section: &mut AuthSection, group: AuthGroup) -> Option<Vec<String>> {
+    match group {
+        AuthGroup::Check => section.check.take(),
+        AuthGroup::Peek => section.peek.take(),
+        AuthGroup::Reset => section.reset.take(),
+        AuthGroup::ShouldRateLimit => section.should_rate_limit.take(),
     }
 }
 
@@ -156,5 +149,24 @@ mod tests {
             "{error}"
         );
         assert!(!Config::default().auth().is_enabled());
+    }
+
+    #[test]
+    fn every_group_is_the_setting_of_its_name() {
+        let declared: Vec<_> = crate::config::settings::all()
+            .filter_map(|s| s.path.strip_prefix("auth."))
+            .collect();
+        let groups: Vec<_> = AuthGroup::ALL.iter().map(|g| g.setting()).collect();
+        assert_eq!(declared, groups);
+        for group in AuthGroup::ALL {
+            let text = format!("{} = [\"{}\"]", group.setting(), group.setting());
+            let section: AuthSection = toml::from_str(&text).expect("a declared setting");
+            let settings = AuthSettings::validate(section, true).expect("valid");
+            for other in AuthGroup::ALL {
+                let list = settings.allowlist(other).map(|l| l[0].to_string());
+                let expected = (other == group).then(|| group.setting().to_owned());
+                assert_eq!(list, expected, "{other:?} after setting {group:?}");
+            }
+        }
     }
 }

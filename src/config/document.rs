@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use toml::{Table, Value};
 
 use super::error::{ConfigError, Origin};
-use super::overrides::Overrides;
+use super::flags::FlagValues;
 use super::settings::{self, Kind, Setting};
 
 /// The merged configuration, with what is needed to locate a field.
@@ -15,29 +15,29 @@ pub(crate) struct Layers<'a> {
     text: &'a str,
     /// The file's parse tree, with spans.
     spans: toml::de::DeValue<'a>,
-    /// Defaults, then the file, then the overrides.
+    /// Defaults, then the file, then the flags.
     merged: Table,
-    overridden: Vec<&'static str>,
+    flagged: Vec<&'static str>,
     defaulted: Vec<&'static str>,
 }
 
 impl<'a> Layers<'a> {
-    /// Parses `text` and merges `overrides` and the declared defaults into
+    /// Parses `text` and merges `flags` and the declared defaults into
     /// it.
-    pub(crate) fn merge(text: &'a str, overrides: &Overrides) -> Result<Self, ConfigError> {
+    pub(crate) fn merge(text: &'a str, flags: &FlagValues) -> Result<Self, ConfigError> {
         let spans = toml::de::DeTable::parse(text).map_err(|e| syntax_error(text, &e))?;
         let merged: Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         let mut layers = Layers {
             text,
             spans: toml::de::DeValue::Table(spans.into_inner()),
             merged,
-            overridden: Vec::new(),
+            flagged: Vec::new(),
             defaulted: Vec::new(),
         };
-        for (setting, values) in overrides.iter() {
+        for (setting, values) in flags.iter() {
             let value = flag_value(setting, values)?;
             set(&mut layers.merged, setting, value, true);
-            layers.overridden.push(setting.path);
+            layers.flagged.push(setting.path);
         }
         for setting in settings::all() {
             let Some(default) = setting.default else {
@@ -91,8 +91,8 @@ impl<'a> Layers<'a> {
     /// Where the value at `path` came from.
     pub(crate) fn origin_of(&self, path: &[&str]) -> Origin {
         let joined = path.join(".");
-        if self.overridden.iter().any(|p| *p == joined) {
-            Origin::Override
+        if self.flagged.iter().any(|p| *p == joined) {
+            Origin::Flag
         } else if self.defaulted.iter().any(|p| *p == joined) {
             Origin::Default
         } else {
@@ -123,7 +123,7 @@ fn flag_value(setting: &Setting, values: &[String]) -> Result<Value, ConfigError
     let invalid = |message: String| ConfigError::Invalid {
         field: setting.path.to_owned(),
         message,
-        origin: Origin::Override,
+        origin: Origin::Flag,
     };
     let one = || values.first().map(String::as_str).unwrap_or_default();
     Ok(match setting.kind {
@@ -148,7 +148,7 @@ fn flag_value(setting: &Setting, values: &[String]) -> Result<Value, ConfigError
     })
 }
 
-/// Writes `value` at the setting's path. An override creates the tables on
+/// Writes `value` at the setting's path. A flag's value creates the tables on
 /// the way; a default fills only a table that exists (or a top-level
 /// section), and never replaces a value. Returns whether it wrote.
 fn set(table: &mut Table, setting: &Setting, value: Value, create: bool) -> bool {

@@ -59,7 +59,7 @@ pub enum Origin {
     /// The config file, at this 1-based line when known.
     File(Option<usize>),
     /// A command-line flag or environment variable.
-    Override,
+    Flag,
     /// A default combined with other values.
     Default,
 }
@@ -69,7 +69,7 @@ impl fmt::Display for Origin {
         match self {
             Origin::File(Some(line)) => write!(f, " (line {line})"),
             Origin::File(None) | Origin::Default => Ok(()),
-            Origin::Override => f.write_str(" (from a flag or environment variable)"),
+            Origin::Flag => f.write_str(" (from a flag or environment variable)"),
         }
     }
 }

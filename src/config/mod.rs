@@ -1,6 +1,6 @@
-//! The server's configuration: one TOML file, overridden by flags and
-//! environment variables, validated into a [`Config`] before any port is
-//! bound.
+//! The server's configuration: one TOML file, with flags and environment
+//! variables replacing its values one by one, validated into a [`Config`]
+//! before any port is bound.
 //!
 //! - [`settings`](self::settings): every setting, declared once (name, type,
 //!   default, flag and environment variable, documentation, whether it
@@ -42,8 +42,8 @@
 mod auth;
 mod document;
 mod error;
+mod flags;
 mod limits;
-mod overrides;
 mod policies;
 mod rls;
 mod settings;
@@ -62,13 +62,13 @@ use serde::{Deserialize, Deserializer};
 
 pub use auth::{AuthSettings, IdentityPattern};
 pub use error::{ConfigError, Origin};
-pub use overrides::Overrides;
+pub use flags::FlagValues;
 pub use policies::{OnError, PolicySettings};
 pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::{LimitSettings, LogFormat, OnBadSnapshot};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
 pub use tls::TlsSettings;
-pub use transport::TransportSettings;
+pub use transport::{TransportSettings, largest_request_bytes};
 
 use document::Layers;
 use policies::{Invalid, RawPolicy};
@@ -78,7 +78,7 @@ use settings::{
 };
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
-/// overrides) or [`Config::from_toml`]; every value in it is valid.
+/// flags) or [`Config::from_toml`]; every value in it is valid.
 #[derive(Clone)]
 pub struct Config {
     server: ServerSettings,
@@ -110,11 +110,11 @@ impl std::fmt::Debug for Config {
 }
 
 /// Where the configuration came from, so that policies can be reloaded
-/// from the same file with the same overrides.
+/// from the same file with the same flags.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Source {
     pub(crate) path: PathBuf,
-    pub(crate) overrides: Overrides,
+    pub(crate) flags: FlagValues,
     /// The bytes validated, so a reload can tell whether the file changed
     /// since.
     pub(crate) contents: Vec<u8>,
@@ -204,35 +204,35 @@ pub(crate) enum Files {
 }
 
 impl Default for Config {
-    /// The configuration with no file and no overrides.
+    /// The configuration with no file and no flags.
     fn default() -> Self {
-        Config::parse("", None, &Overrides::default(), Files::Skip)
+        Config::parse("", None, &FlagValues::default(), Files::Skip)
             .expect("the built-in defaults are a valid configuration")
     }
 }
 
 impl Config {
-    /// Reads `path` (if any), applies `overrides` and validates the result,
-    /// TLS files included. Without a file, every setting not overridden
+    /// Reads `path` (if any), applies `flags` and validates the result,
+    /// TLS files included. Without a file, every setting not given as a flag
     /// takes its default.
     ///
     /// # Errors
     ///
     /// [`ConfigError`] naming the file or the field that is wrong.
-    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+    pub fn load(path: Option<&Path>, flags: &FlagValues) -> Result<Config, ConfigError> {
         match path {
-            None => Config::parse("", None, overrides, Files::Check),
+            None => Config::parse("", None, flags, Files::Check),
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_owned(),
                     source,
                 })?;
-                Config::parse(&text, Some(path), overrides, Files::Check)
+                Config::parse(&text, Some(path), flags, Files::Check)
             }
         }
     }
 
-    /// Validates a configuration given as TOML text, with no overrides,
+    /// Validates a configuration given as TOML text, with no flags,
     /// TLS files included. Relative TLS paths are resolved against the
     /// working directory.
     ///
@@ -240,20 +240,20 @@ impl Config {
     ///
     /// [`ConfigError`] naming the field that is wrong.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        Config::parse(text, None, &Overrides::default(), Files::Check)
+        Config::parse(text, None, &FlagValues::default(), Files::Check)
     }
 
     /// Validates `text`, read from `path` when given (policies then reload
-    /// from it), with `overrides` applied, and reads the files it names
+    /// from it), with `flags` applied, and reads the files it names
     /// when `files` says so. A policy reload skips them: it must not fail
     /// because a certificate is being rotated.
     pub(crate) fn parse(
         text: &str,
         path: Option<&Path>,
-        overrides: &Overrides,
+        flags: &FlagValues,
         files: Files,
     ) -> Result<Config, ConfigError> {
-        let layers = Layers::merge(text, overrides)?;
+        let layers = Layers::merge(text, flags)?;
         let raw: RawConfig = layers.deserialize()?;
         let located = |(field, message): Invalid| {
             let path: Vec<&str> = field.iter().map(String::as_str).collect();
@@ -272,7 +272,7 @@ impl Config {
             })?;
         }
         let store = StoreSettings::validate(raw.store, base_dir).map_err(located)?;
-        let needed = crate::grpc::largest_request_bytes(store.max_key_bytes);
+        let needed = transport::largest_request_bytes(store.max_key_bytes);
         let transport = TransportSettings::validate(raw.transport, needed).map_err(located)?;
         let mtls = server.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
         let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
@@ -282,7 +282,7 @@ impl Config {
         // from a flag or the environment is the working directory's.
         let rls_base = match layers.origin_of(&["rls", "config_dir"]) {
             Origin::File(_) => base_dir,
-            Origin::Override | Origin::Default => None,
+            Origin::Flag | Origin::Default => None,
         };
         let mut rls = RlsSettings::validate(raw.rls, rls_base).map_err(located)?;
         if files == Files::Check {
@@ -300,7 +300,7 @@ impl Config {
             effective: layers.merged().clone(),
             source: path.map(|path| Source {
                 path: path.to_owned(),
-                overrides: overrides.clone(),
+                flags: flags.clone(),
                 contents: text.as_bytes().to_vec(),
             }),
             clock: Arc::new(SystemClock),

@@ -279,18 +279,18 @@ fn reports_syntax_errors_with_their_line() {
 
 #[test]
 fn overrides_replace_file_values_and_say_so_in_errors() {
-    let overrides = Overrides::new()
+    let flags = FlagValues::new()
         .with("store.max_keys", "7000")
         .with("store.on_full", "evict")
         .with("limits.allow_inline_policies", "false");
     let config =
-        Config::parse("[store]\nmax_keys = 5\n", None, &overrides, Files::Check).expect("valid");
+        Config::parse("[store]\nmax_keys = 5\n", None, &flags, Files::Check).expect("valid");
     assert_eq!(memory(&config).store.max_keys(), 7_000);
     assert_eq!(memory(&config).store.on_full(), OnFull::Evict);
     assert!(!config.limits().allow_inline_policies);
 
-    let overrides = Overrides::new().with("store.shards", "6");
-    let message = match Config::parse("[store]\nshards = 8\n", None, &overrides, Files::Check) {
+    let flags = FlagValues::new().with("store.shards", "6");
+    let message = match Config::parse("[store]\nshards = 8\n", None, &flags, Files::Check) {
         Ok(_) => panic!("6 shards is invalid"),
         Err(e) => e.to_string(),
     };
@@ -348,8 +348,8 @@ fn a_policy_reload_reads_no_tls_file() {
     // A reload validates the file without the certificates, which may be
     // in the middle of a rotation.
     let text = "[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n";
-    assert!(Config::parse(text, None, &Overrides::default(), Files::Skip).is_ok());
-    assert!(Config::parse(text, None, &Overrides::default(), Files::Check).is_err());
+    assert!(Config::parse(text, None, &FlagValues::default(), Files::Skip).is_ok());
+    assert!(Config::parse(text, None, &FlagValues::default(), Files::Check).is_err());
 }
 
 #[test]
@@ -364,7 +364,7 @@ fn lists_settings_that_need_a_restart() {
     let c = Config::parse(
         "[server.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n",
         None,
-        &Overrides::default(),
+        &FlagValues::default(),
         Files::Skip,
     )
     .expect("valid without reading the files");
@@ -390,9 +390,9 @@ fn every_setting_has_its_own_flag_and_variable_and_takes_its_default_as_an_overr
         );
         assert!(!setting.help().is_empty(), "{} has no help", setting.path);
         if let Some(default) = setting.default {
-            let overrides = Overrides::new().with(setting.path, default);
+            let flags = FlagValues::new().with(setting.path, default);
             let table = setting.path.rsplit_once('.').map_or("", |(t, _)| t);
-            let config = match Config::parse("", None, &overrides, Files::Skip) {
+            let config = match Config::parse("", None, &flags, Files::Skip) {
                 Ok(config) => config,
                 // Creating a table that needs more than this setting (a
                 // snapshot path) is refused for the table's sake only.

@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
+use quotad_core::MAX_EXACT;
 use quotad_proto::MAX_BATCH_ITEMS;
 
 use super::policies::Invalid;
 use super::settings::TransportSection;
+use crate::policy::MAX_POLICY_NAME_LEN;
 
 /// `[transport]`: what one connection, one call and one message may cost
 /// the server. [`Default`] is the declared defaults, with the message
@@ -115,8 +117,38 @@ impl TransportSettings {
     }
 }
 
+/// The encoded size of the largest valid request: a `CheckBatch` of
+/// [`MAX_BATCH_ITEMS`] items, each with a key of `max_key_bytes`, a cost of
+/// 2^53 and a policy name of [`MAX_POLICY_NAME_LEN`] characters (longer
+/// than any inline policy), in batch mode `ALL_OR_NOTHING`.
+///
+/// The default of `transport.max_message_bytes`, so that a server never
+/// refuses a request it would have served.
+pub fn largest_request_bytes(max_key_bytes: usize) -> usize {
+    // A length-delimited field: tag, length, bytes. Every field number is
+    // below 16, so each tag is one byte.
+    let delimited = |len: usize| 1 + varint_len(len as u64) + len;
+    let number = |value: u64| 1 + varint_len(value);
+    let name = delimited(MAX_POLICY_NAME_LEN);
+    // algorithm (an enum below 128), limit, window_ms and burst (each at most
+    // 2^53).
+    let inline = delimited(number(5) + 3 * number(MAX_EXACT));
+    let item = delimited(max_key_bytes) + number(MAX_EXACT) + name.max(inline);
+    MAX_BATCH_ITEMS * delimited(item) + number(1)
+}
+
+/// The bytes of `value` as a protobuf varint.
+fn varint_len(value: u64) -> usize {
+    let bits = 64 - value.leading_zeros() as usize;
+    bits.div_ceil(7).max(1)
+}
+
 #[cfg(test)]
 mod tests {
+    use prost::Message as _;
+    use quotad_proto::v1 as pb;
+
+    use super::*;
     use crate::Config;
 
     fn error(text: &str) -> String {
@@ -128,12 +160,12 @@ mod tests {
         let config = Config::default();
         assert_eq!(
             config.transport().max_message_bytes,
-            crate::grpc::largest_request_bytes(256)
+            largest_request_bytes(256)
         );
         let longer = Config::from_toml("[store]\nmax_key_bytes = 1024\n").expect("valid");
         assert_eq!(
             longer.transport().max_message_bytes,
-            crate::grpc::largest_request_bytes(1024)
+            largest_request_bytes(1024)
         );
         let set = Config::from_toml("[transport]\nmax_message_bytes = 4_000_000\n").expect("valid");
         assert_eq!(set.transport().max_message_bytes, 4_000_000);
@@ -163,6 +195,52 @@ mod tests {
         ] {
             let message = error(&format!("[transport]\n{text}\n"));
             assert!(message.starts_with(field), "{message}");
+        }
+    }
+
+    fn largest_batch(key_bytes: usize, policy: pb::check_request::Policy) -> pb::CheckBatchRequest {
+        let item = pb::CheckRequest {
+            key: "k".repeat(key_bytes),
+            cost: Some(MAX_EXACT),
+            policy: Some(policy),
+        };
+        pb::CheckBatchRequest {
+            items: vec![item; MAX_BATCH_ITEMS],
+            mode: pb::BatchMode::AllOrNothing.into(),
+        }
+    }
+
+    #[test]
+    fn the_largest_request_is_a_full_batch_of_the_longest_keys_and_names() {
+        for key_bytes in [1, 127, 128, 256, 16_383, 16_384, 100_000] {
+            let named = largest_batch(
+                key_bytes,
+                pb::check_request::Policy::PolicyName("p".repeat(MAX_POLICY_NAME_LEN)),
+            );
+            assert_eq!(
+                named.encoded_len(),
+                largest_request_bytes(key_bytes),
+                "{key_bytes}-byte keys"
+            );
+            let inline = largest_batch(
+                key_bytes,
+                pb::check_request::Policy::InlinePolicy(pb::Policy {
+                    algorithm: pb::Algorithm::SlidingLog.into(),
+                    limit: MAX_EXACT,
+                    window_ms: MAX_EXACT,
+                    burst: Some(MAX_EXACT),
+                }),
+            );
+            assert!(inline.encoded_len() <= largest_request_bytes(key_bytes));
+        }
+        // The default store.max_key_bytes.
+        assert_eq!(largest_request_bytes(256), 337_002);
+    }
+
+    #[test]
+    fn varints_take_seven_bits_a_byte() {
+        for (value, len) in [(0, 1), (127, 1), (128, 2), (MAX_EXACT, 8), (u64::MAX, 10)] {
+            assert_eq!(varint_len(value), len, "{value}");
         }
     }
 }

@@ -9,12 +9,11 @@
 //! timeout per call, and the size of a request message (past it:
 //! RESOURCE_EXHAUSTED, [`status`]).
 
+pub mod arrival;
 pub mod status;
 
 use std::time::Duration;
 
-use quotad_core::MAX_EXACT;
-use quotad_proto::MAX_BATCH_ITEMS;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 use tonic::transport::Server;
@@ -26,10 +25,10 @@ use crate::Error;
 use crate::auth::AuthLayer;
 use crate::config::{TlsSettings, TransportSettings};
 use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
-use crate::policy::MAX_POLICY_NAME_LEN;
 use crate::tasks::ServerTask;
 
-use self::status::{ArrivalLayer, SizeStatusLayer};
+use self::arrival::ArrivalLayer;
+use self::status::SizeStatusLayer;
 
 /// The gRPC server builder [`server`] makes: tonic's, with quotad's layers.
 pub type GrpcServer = Server<Stack<SizeStatusLayer, Stack<ArrivalLayer, Identity>>>;
@@ -93,32 +92,6 @@ pub(crate) fn incoming_within(
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(60)));
     Incoming::new(tcp, limit)
-}
-
-/// The encoded size of the largest valid request: a `CheckBatch` of
-/// [`MAX_BATCH_ITEMS`] items, each with a key of `max_key_bytes`, a cost of
-/// 2^53 and a policy name of [`MAX_POLICY_NAME_LEN`] characters (longer
-/// than any inline policy), in batch mode `ALL_OR_NOTHING`.
-///
-/// The default of `transport.max_message_bytes`, so that a server never
-/// refuses a request it would have served.
-pub fn largest_request_bytes(max_key_bytes: usize) -> usize {
-    // A length-delimited field: tag, length, bytes. Every field number is
-    // below 16, so each tag is one byte.
-    let delimited = |len: usize| 1 + varint_len(len as u64) + len;
-    let number = |value: u64| 1 + varint_len(value);
-    let name = delimited(MAX_POLICY_NAME_LEN);
-    // algorithm (an enum below 128), limit, window_ms and burst (each at most
-    // 2^53).
-    let inline = delimited(number(5) + 3 * number(MAX_EXACT));
-    let item = delimited(max_key_bytes) + number(MAX_EXACT) + name.max(inline);
-    MAX_BATCH_ITEMS * delimited(item) + number(1)
-}
-
-/// The bytes of `value` as a protobuf varint.
-fn varint_len(value: u64) -> usize {
-    let bits = 64 - value.leading_zeros() as usize;
-    bits.div_ceil(7).max(1)
 }
 
 /// The largest request message health checking and reflection accept: a
@@ -186,58 +159,4 @@ pub(crate) fn spawn(
             })
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use prost::Message as _;
-    use quotad_proto::v1 as pb;
-
-    use super::*;
-
-    fn largest_batch(key_bytes: usize, policy: pb::check_request::Policy) -> pb::CheckBatchRequest {
-        let item = pb::CheckRequest {
-            key: "k".repeat(key_bytes),
-            cost: Some(MAX_EXACT),
-            policy: Some(policy),
-        };
-        pb::CheckBatchRequest {
-            items: vec![item; MAX_BATCH_ITEMS],
-            mode: pb::BatchMode::AllOrNothing.into(),
-        }
-    }
-
-    #[test]
-    fn the_largest_request_is_a_full_batch_of_the_longest_keys_and_names() {
-        for key_bytes in [1, 127, 128, 256, 16_383, 16_384, 100_000] {
-            let named = largest_batch(
-                key_bytes,
-                pb::check_request::Policy::PolicyName("p".repeat(MAX_POLICY_NAME_LEN)),
-            );
-            assert_eq!(
-                named.encoded_len(),
-                largest_request_bytes(key_bytes),
-                "{key_bytes}-byte keys"
-            );
-            let inline = largest_batch(
-                key_bytes,
-                pb::check_request::Policy::InlinePolicy(pb::Policy {
-                    algorithm: pb::Algorithm::SlidingLog.into(),
-                    limit: MAX_EXACT,
-                    window_ms: MAX_EXACT,
-                    burst: Some(MAX_EXACT),
-                }),
-            );
-            assert!(inline.encoded_len() <= largest_request_bytes(key_bytes));
-        }
-        // The default store.max_key_bytes.
-        assert_eq!(largest_request_bytes(256), 337_002);
-    }
-
-    #[test]
-    fn varints_take_seven_bits_a_byte() {
-        for (value, len) in [(0, 1), (127, 1), (128, 2), (MAX_EXACT, 8), (u64::MAX, 10)] {
-            assert_eq!(varint_len(value), len, "{value}");
-        }
-    }
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{PolicyRegistry, PolicySet};
-use crate::config::{Config, Files, Overrides, PolicySettings};
+use crate::config::{Config, Files, FlagValues, PolicySettings};
 use crate::metrics::Metrics;
 
 /// The contents of the file as last read, or why it could not be read.
@@ -36,7 +36,7 @@ type Contents = Result<Vec<u8>, String>;
 #[derive(Debug)]
 pub(crate) struct Reloader {
     path: PathBuf,
-    overrides: Overrides,
+    flags: FlagValues,
     initial: Vec<u8>,
     running: Config,
     registry: Arc<PolicyRegistry>,
@@ -53,7 +53,7 @@ impl Reloader {
         let source = config.source()?;
         Some(Reloader {
             path: source.path.clone(),
-            overrides: source.overrides.clone(),
+            flags: source.flags.clone(),
             initial: source.contents.clone(),
             running: config.clone(),
             registry,
@@ -90,13 +90,13 @@ impl Reloader {
     /// policies.
     fn reload(&self, contents: &Contents) {
         let path = self.path.display();
-        let parse = |overrides: &Overrides| {
+        let parse = |flags: &FlagValues| {
             contents
                 .as_ref()
                 .map_err(|e| format!("cannot read: {e}"))
                 .and_then(|bytes| {
                     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-                    Config::parse(text, Some(&self.path), overrides, Files::Skip)
+                    Config::parse(text, Some(&self.path), flags, Files::Skip)
                         .map_err(|e| e.to_string())
                 })
         };
@@ -104,7 +104,7 @@ impl Reloader {
             tracing::warn!(path = %path, %error, "config reload rejected; keeping the current policies");
             self.metrics.policy_reload(false);
         };
-        let new = match parse(&self.overrides) {
+        let new = match parse(&self.flags) {
             Ok(new) => new,
             Err(error) => return reject(error),
         };
@@ -117,7 +117,7 @@ impl Reloader {
         // one, so that named and inline policies keep answering alike.
         let new = if restart.contains(&"store.on_error") {
             let running = self.running.store().on_error.as_str();
-            match parse(&self.overrides.clone().with("store.on_error", running)) {
+            match parse(&self.flags.clone().with("store.on_error", running)) {
                 Ok(new) => new,
                 Err(error) => return reject(error),
             }

@@ -28,7 +28,7 @@ async fn start(dir: &Path, pki: &Pki, auth: &str) -> TestServer {
     );
     let path = dir.join("quotad.toml");
     std::fs::write(&path, toml).expect("write the config");
-    let config = Config::load(Some(&path), &quotad::Overrides::default()).expect("valid config");
+    let config = Config::load(Some(&path), &quotad::FlagValues::default()).expect("valid config");
     TestServer::start(config).await
 }
 

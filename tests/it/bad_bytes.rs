@@ -151,7 +151,7 @@ async fn the_largest_valid_batch_is_served_and_one_byte_more_is_resource_exhaust
         mode: pb::BatchMode::AllOrNothing.into(),
     }
     .encode_to_vec();
-    assert_eq!(largest.len(), quotad::grpc::largest_request_bytes(256));
+    assert_eq!(largest.len(), quotad::config::largest_request_bytes(256));
     let answer = send(&channel, "CheckBatch", largest.clone())
         .await
         .expect("the largest valid request is served");

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{NOON_30, TestServer, check, eventually, named};
-use quotad::{Config, Overrides};
+use quotad::{Config, FlagValues};
 use quotad_core::FakeClock;
 use tonic::Code;
 
@@ -52,7 +52,7 @@ pub(crate) fn write_atomically(path: &Path, text: &str) {
 }
 
 async fn start(path: &Path) -> TestServer {
-    let config = Config::load(Some(path), &Overrides::default())
+    let config = Config::load(Some(path), &FlagValues::default())
         .expect("valid config")
         .with_clock(Arc::new(FakeClock::new(NOON_30)));
     TestServer::start(config).await

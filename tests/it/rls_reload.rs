@@ -145,7 +145,7 @@ fn validate_config_names_the_rules_file_field_and_line() {
 /// switch turned off in the config file refuses them without a restart.
 #[tokio::test]
 async fn a_reloaded_limits_section_bounds_the_limits_envoy_sends() {
-    use quotad::Overrides;
+    use quotad::FlagValues;
     use quotad_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 
     let rules = rules_dir(&[("api.yaml", &rule("3"))]);
@@ -158,7 +158,7 @@ async fn a_reloaded_limits_section_bounds_the_limits_envoy_sends() {
         )
     };
     write_atomically(&path, &text(true));
-    let config = Config::load(Some(&path), &Overrides::default())
+    let config = Config::load(Some(&path), &FlagValues::default())
         .expect("valid config")
         .with_clock(Arc::new(FakeClock::new(NOON_30)));
     let server = TestServer::start(config).await;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::common::{TestServer, named};
 use crate::pki::{Names, Pki};
-use quotad::{Config, Overrides};
+use quotad::{Config, FlagValues};
 use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
@@ -29,7 +29,7 @@ pub(crate) async fn start(dir: &Path, client_ca: bool) -> TestServer {
     text.push_str(POLICY);
     let path = dir.join("quotad.toml");
     std::fs::write(&path, text).expect("write config");
-    let config = Config::load(Some(&path), &Overrides::default()).expect("valid TLS config");
+    let config = Config::load(Some(&path), &FlagValues::default()).expect("valid TLS config");
     TestServer::start(config).await
 }
 

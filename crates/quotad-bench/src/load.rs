@@ -15,7 +15,7 @@
 //! (50 µs by default). What remains, the pacer's wake-up and the hand-over
 //! to a worker, is counted in the latency and reported as `send_lag`.
 //!
-//! One file of about 640 lines: the closed and open loops share one way of
+//! The closed and open loops share one way of
 //! sending a request in every mode (unary, batch, RLS, through
 //! quotad-client) and of counting its answer; the options are in
 //! `config.rs`, the keys in `keys.rs`, the report in `report.rs`.

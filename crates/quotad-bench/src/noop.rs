@@ -1,6 +1,7 @@
 //! The no-op server: quotad's APIs with nothing behind them.
 
-use quotad::grpc::status::{ArrivalLayer, SizeStatusLayer};
+use quotad::grpc::arrival::ArrivalLayer;
+use quotad::grpc::status::SizeStatusLayer;
 use quotad::listen::{ConnectionLimit, Incoming, UnixIncoming, UnixSocket};
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,

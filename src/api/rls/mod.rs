@@ -29,7 +29,7 @@
 //! The answer follows the reference: [`status`] builds each descriptor's
 //! status, the overall code and the optional headers.
 //!
-//! One file of about 740 lines: how a request is counted (alone, each on
+//! How a request is counted (alone, each on
 //! its own, or together) and the verdict on a store failure are one plan,
 //! read together; the answer's shape is in `status.rs`, the rules in
 //! `crate::policy::rls`.

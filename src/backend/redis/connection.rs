@@ -54,7 +54,7 @@
 //! the whole cluster connection anew (slot map included) when one is
 //! silent, as a task of its own, the old one serving meanwhile.
 //!
-//! One file of about 1,400 lines (tests included): the link, its
+//! The link, its
 //! generation, judging silence, reconnecting (for a Cluster, its slot map
 //! rebuilt) and a call with its deadline are one state machine; split, each
 //! part would need the others' invariants restated.

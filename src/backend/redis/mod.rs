@@ -23,7 +23,7 @@
 //! purpose; unreadable state fails only its own key's items; passwords and
 //! keys never reach errors or logs ([`redact`]).
 //!
-//! One file of about 720 lines (tests apart): the [`Backend`] over Redis —
+//! This file is the [`Backend`] over Redis —
 //! checks, batches split into scripts and put back in order, resets,
 //! health — against the script's reply format; connections, deadlines,
 //! errors and keys have files of their own.

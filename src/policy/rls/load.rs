@@ -13,7 +13,7 @@
 //! there silently leaves the descriptor without a limit), a second YAML
 //! document in a file, and limits quotad cannot count exactly.
 //!
-//! One file of about 600 lines: every check of the reference's format (its
+//! Every check of the reference's format (its
 //! fields, units, wildcards, `replaces`, the quotad extensions) stands
 //! next to the field it reads, in the order a file is read.
 

@@ -1,7 +1,7 @@
 //! The embedded default store: a fixed number of shards, each a mutex over
 //! its own table.
 //!
-//! One file of about 780 lines (tests apart): finding, deciding and writing
+//! Finding, deciding and writing
 //! back, making room and the batch paths are one locking protocol over the
 //! shards (one shard lock, or several taken in ascending order), read
 //! together; the shard's table is in `shard.rs`.

@@ -31,7 +31,7 @@
 //! sliding windows and sliding logs; it is not read.
 //! Frames hold about 64 KiB each, and never span two shards.
 //!
-//! One file of about 800 lines: the writer and the reader of one format
+//! The writer and the reader of one format
 //! (frames, entries, states, version) change together, so they stand
 //! together.
 

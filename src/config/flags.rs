@@ -11,12 +11,12 @@ use super::settings::{self, Kind, Setting};
 /// configuration, and an invalid one is reported as coming from a flag or
 /// environment variable.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Overrides {
+pub struct FlagValues {
     values: Vec<(&'static Setting, Vec<String>)>,
 }
 
-impl Overrides {
-    /// No overrides.
+impl FlagValues {
+    /// No flag or variable given.
     pub fn new() -> Self {
         Self::default()
     }
@@ -51,7 +51,7 @@ fn flags() -> impl Iterator<Item = &'static Setting> {
     settings::all().filter(|s| s.kind != Kind::Table)
 }
 
-impl clap::Args for Overrides {
+impl clap::Args for FlagValues {
     fn augment_args(mut cmd: Command) -> Command {
         for setting in flags() {
             let mut help = setting.help();
@@ -84,11 +84,11 @@ impl clap::Args for Overrides {
     }
 }
 
-impl FromArgMatches for Overrides {
+impl FromArgMatches for FlagValues {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        let mut overrides = Overrides::default();
-        overrides.update_from_arg_matches(matches)?;
-        Ok(overrides)
+        let mut flags = FlagValues::default();
+        flags.update_from_arg_matches(matches)?;
+        Ok(flags)
     }
 
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
