@@ -44,8 +44,8 @@ use quotad_proto::envoy::service::ratelimit::v3 as pb;
 use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
 
+use super::answer::{Answer, StoreOps, on_backend_error, store_failed};
 use super::error::ServiceError;
-use super::quota::{Answer, StoreOps, on_backend_error};
 use crate::backend::redis::{RedisSettings, RedisTarget};
 use crate::backend::{Backend, BackendError, Deadline, ItemResult};
 use crate::config::{BackendSettings, Config, CountMode, LimitSettings, OnError, ResponseHeaders};
@@ -658,7 +658,7 @@ impl<S: Backend> RlsService<S> {
         result: ItemResult,
     ) {
         let decision = result.unwrap_or_else(|error| {
-            crate::log::store_failed(&error);
+            store_failed(&error);
             let decision = on_backend_error(
                 &error,
                 self.options.on_error,
@@ -743,7 +743,7 @@ impl<S: Backend> RlsService<S> {
             match (result, &mut results[i]) {
                 (Ok(_), Ok(decision)) => decision.remaining = 0,
                 // A failure is logged (throttled); the hit stays uncounted.
-                (Err(error), _) => crate::log::store_failed(&error),
+                (Err(error), _) => store_failed(&error),
                 // Only decided items have second checks.
                 (Ok(_), Err(_)) => {}
             }
