@@ -25,7 +25,7 @@ use super::error::ServiceError;
 use super::request::{
     BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
 };
-use crate::backend::{Backend, BackendError, Deadline, ItemResult};
+use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, DecisionTally, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
@@ -307,7 +307,7 @@ impl<S: Backend> QuotaService<S> {
             .collect::<Result<Vec<_>, _>>()?;
         // A batch the store refuses by its size is not a call to it.
         if batch.mode == BatchMode::Independent
-            || self.backend.fits_one_batch(items.iter().copied())
+            || self.backend.atomicity(items.iter().copied()) != Atomicity::TooLarge
         {
             self.store_ops.check_batch.increment(1);
         }

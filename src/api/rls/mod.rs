@@ -46,9 +46,8 @@ use tonic::{Request, Response, Status};
 
 use super::answer::{Answer, StoreOps, on_backend_error, store_failed};
 use super::error::ServiceError;
-use crate::backend::redis::{RedisSettings, RedisTarget};
-use crate::backend::{Backend, BackendError, Deadline, ItemResult};
-use crate::config::{BackendSettings, Config, CountMode, LimitSettings, OnError, ResponseHeaders};
+use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
+use crate::config::{Config, CountMode, LimitSettings, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
 use crate::policy::PolicyRegistry;
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
@@ -57,9 +56,6 @@ use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry
 #[derive(Clone, Debug)]
 pub(crate) struct RlsOptions {
     pub(crate) count_mode: CountMode,
-    /// Whether enforced descriptors may share one all-or-nothing batch
-    /// (not on a Redis Cluster, where their keys live in different slots).
-    pub(crate) one_batch: bool,
     pub(crate) headers: ResponseHeaders,
     pub(crate) shadow_mode: bool,
     pub(crate) quota_mode: bool,
@@ -237,21 +233,8 @@ impl RlsOptions {
     /// The options `config` sets.
     pub(crate) fn new(config: &Config) -> Self {
         let rls = config.rls();
-        let cluster = matches!(
-            &config.store().backend,
-            BackendSettings::Redis(RedisSettings {
-                target: RedisTarget::Cluster(_),
-                ..
-            })
-        );
-        if cluster && rls.count_mode == CountMode::AllOrNothing {
-            tracing::info!(
-                "Redis Cluster: the descriptors of an RLS request are decided one by one (each key lives in its own slot)"
-            );
-        }
         RlsOptions {
             count_mode: rls.count_mode,
-            one_batch: !cluster,
             headers: rls.headers.clone(),
             shadow_mode: rls.shadow_mode,
             quota_mode: rls.quota_mode,
@@ -273,6 +256,14 @@ impl<S: Backend> RlsService<S> {
     ) -> Self {
         let name = backend.name();
         let store_ops = StoreOps::new(&metrics, name);
+        if options.count_mode == CountMode::AllOrNothing
+            && backend.atomicity(std::iter::empty()) == Atomicity::IfColocated
+        {
+            tracing::info!(
+                backend = name,
+                "the descriptors of an RLS request are decided one by one (this backend decides a batch atomically only when its keys live together, as on a Redis Cluster)"
+            );
+        }
         if options.count_mode == CountMode::Reference && !backend.spends_when_denied() {
             tracing::info!(
                 backend = name,
@@ -409,28 +400,25 @@ impl<S: Backend> RlsService<S> {
         answers: &mut Answers,
     ) {
         let o = &self.options;
-        if o.count_mode == CountMode::Reference
-            || !o.one_batch
-            || o.shadow_mode
-            || !self.fits_one_batch(resolved)
-        {
+        if o.count_mode == CountMode::Reference || o.shadow_mode || !self.one_batch(resolved) {
             self.check_each(resolved, spend, deadline, answers).await;
         } else {
             self.check_together(resolved, deadline, answers).await;
         }
     }
 
-    /// Whether every limited descriptor of a request could be one
-    /// all-or-nothing batch in the store (on Redis, within
-    /// `store.redis.max_atomic_items`). A request that could not is
-    /// counted descriptor by descriptor, as on a Cluster, rather than
-    /// failed: Envoy would let a failed call through.
-    fn fits_one_batch(&self, resolved: &[Resolution<'_>]) -> bool {
-        self.backend
-            .fits_one_batch(resolved.iter().filter_map(|r| match r {
-                Resolution::Limited(applied) => applied.check_item(),
-                _ => None,
-            }))
+    /// Whether every limited descriptor of a request is sure to be one
+    /// atomic all-or-nothing batch in the store (on Redis, within
+    /// `store.redis.max_atomic_items`, and not on a Cluster, where keys
+    /// live in different slots). A request that could not is counted
+    /// descriptor by descriptor rather than failed: Envoy would let a
+    /// failed call through.
+    fn one_batch(&self, resolved: &[Resolution<'_>]) -> bool {
+        let items = resolved.iter().filter_map(|r| match r {
+            Resolution::Limited(applied) => applied.check_item(),
+            _ => None,
+        });
+        self.backend.atomicity(items) == Atomicity::Atomic
     }
 
     /// Each descriptor on its own (the reference's counting, a Cluster, the

@@ -49,7 +49,7 @@ use redis::{Cmd, RedisResult, Script, Value};
 use self::connection::{
     Bound, CORRUPT_STATE, CallError, Connections, Counts, LateReply, Link, local_ms,
 };
-use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
+use super::{Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
@@ -188,6 +188,30 @@ pub struct RedisCounts {
     pub corrupt_state: u64,
 }
 
+impl RedisCounts {
+    /// The counts as the series the metrics export. (`metrics.rs` declares
+    /// them too, so that they are there at 0 with any backend.)
+    pub fn figures(&self) -> Vec<Figure> {
+        let figure = |name, labels, value| Figure {
+            name,
+            labels,
+            value,
+        };
+        vec![
+            figure(CONNECTS, &[("outcome", "ok")], self.connected),
+            figure(CONNECTS, &[("outcome", "error")], self.connect_failures),
+            figure(LATE, &[("outcome", "refused")], self.late_refused),
+            figure(LATE, &[("outcome", "counted")], self.late_counted),
+            figure(CORRUPT, &[], self.corrupt_state),
+        ]
+    }
+}
+
+/// The series of [`RedisCounts::figures`].
+const CONNECTS: &str = "quotad_redis_connection_attempts_total";
+const LATE: &str = "quotad_redis_late_scripts_total";
+const CORRUPT: &str = "quotad_redis_corrupt_state_total";
+
 /// The Redis state store.
 #[derive(Clone)]
 pub struct RedisBackend {
@@ -283,6 +307,12 @@ impl RedisBackend {
             late_counted: c.late_counted.load(Ordering::Relaxed),
             corrupt_state: c.corrupt.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether `items` fit in one all-or-nothing script
+    /// (`store.redis.max_atomic_items`, a sliding log counting as 4).
+    fn fits_one_script<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
+        items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
     }
 
     /// Runs the script over `items` in one call, with a deadline in Redis's
@@ -674,7 +704,7 @@ impl Backend for RedisBackend {
     ) -> Vec<ItemResult> {
         match mode {
             BatchMode::Independent => self.each(Mode::Check, items, deadline).await,
-            BatchMode::AllOrNothing if !self.fits_one_batch(items.iter().copied()) => {
+            BatchMode::AllOrNothing if !self.fits_one_script(items.iter().copied()) => {
                 let error = BackendError::TooManyAtomicItems {
                     max: self.max_atomic_items,
                     got: units(items),
@@ -685,8 +715,19 @@ impl Backend for RedisBackend {
         }
     }
 
-    fn fits_one_batch<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
-        items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
+    /// A batch too large for one script is refused; on a Cluster, one
+    /// that fits is atomic only when its keys share a slot, which the
+    /// caller learns by sending it (a caller that can do without the
+    /// atomicity, RLS, decides such batches item by item instead, as the
+    /// reference does).
+    fn atomicity<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> Atomicity {
+        if !self.fits_one_script(items) {
+            Atomicity::TooLarge
+        } else if self.connections.is_cluster() {
+            Atomicity::IfColocated
+        } else {
+            Atomicity::Atomic
+        }
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
@@ -745,7 +786,7 @@ impl Backend for RedisBackend {
     fn stats(&self) -> BackendStats {
         // Redis expires state by TTL; quotad keeps no count of keys.
         BackendStats {
-            redis: Some(self.counts()),
+            figures: self.counts().figures(),
             ..BackendStats::default()
         }
     }
