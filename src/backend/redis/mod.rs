@@ -33,6 +33,7 @@ mod deadline;
 mod errors;
 mod keys;
 mod tls;
+mod wire;
 
 pub use self::tls::RedisTls;
 
@@ -42,13 +43,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, Policy};
-use quotad_proto::convert;
-use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
 
 use self::connection::{
     Bound, CORRUPT_STATE, CallError, Connections, Counts, LateReply, Link, local_ms,
 };
+use self::wire::UNREADABLE;
 use super::{Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
@@ -267,10 +267,6 @@ const PER_ITEM: usize = 4;
 /// number costs Redis time).
 const ADMITTED: usize = 2;
 
-/// The reason the script answers for an item whose key holds state it
-/// cannot read (quotad.v1's REASON_UNSPECIFIED, never a decision's).
-const UNREADABLE: i64 = 0;
-
 impl RedisBackend {
     /// Connects to Redis and reads its clock.
     ///
@@ -390,7 +386,7 @@ impl RedisBackend {
             };
             for item in items {
                 let policy = item.policy();
-                cmd.arg(pb::Algorithm::from(policy.algorithm()) as u64)
+                cmd.arg(wire::algorithm(policy.algorithm()))
                     .arg(policy.limit())
                     .arg(policy.window_ms())
                     .arg(policy.capacity())
@@ -831,12 +827,9 @@ fn decisions(
             if d[3] == UNREADABLE {
                 return Ok(None);
             }
-            let reason = i32::try_from(d[3])
-                .ok()
-                .and_then(|code| convert::reason(code).ok())
-                .ok_or_else(|| {
-                    BackendError::Internal(format!("the script answered reason {}", d[3]))
-                })?;
+            let reason = wire::reason(d[3]).ok_or_else(|| {
+                BackendError::Internal(format!("the script answered reason {}", d[3]))
+            })?;
             let n = |i: usize| {
                 u64::try_from(d[i]).map_err(|_| {
                     BackendError::Internal(format!("the script answered {} at {i}", d[i]))
@@ -856,6 +849,7 @@ fn decisions(
 
 #[cfg(test)]
 mod tests {
+    use quotad_proto::{convert, v1 as pb};
 
     #[test]
     fn scripts_hold_at_most_64_units_in_order_and_every_item_once() {
