@@ -1,7 +1,10 @@
 //! Logs that an outage or an attack would repeat on every call: at most one
 //! line per interval, carrying the count of the events kept quiet
-//! ([`quotad_core::Throttle`]).
+//! ([`quotad_core::Throttle`]); and an error written with its causes, each
+//! once ([`Causes`]).
 
+use std::error::Error;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,5 +54,73 @@ impl Throttled {
     /// the number of events kept quiet since the last line.
     pub(crate) fn record(&self) -> Option<u64> {
         self.throttle.record(self.clock.now_ms())
+    }
+}
+
+/// An error and its causes, outermost first, joined by `: `, each said
+/// once: a cause whose text already ends the text of the error it caused
+/// is left out, since an error that prints its source (as some libraries'
+/// do) would otherwise repeat it.
+#[derive(Clone, Copy, Debug)]
+pub struct Causes<'a>(pub &'a (dyn Error + 'static));
+
+impl fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut said = self.0.to_string();
+        f.write_str(&said)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            let text = error.to_string();
+            if !said.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            said = text;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a message and, perhaps, a source.
+    #[derive(Debug)]
+    struct Link(String, Option<Box<Link>>);
+
+    impl fmt::Display for Link {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl Error for Link {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            self.1.as_deref().map(|l| l as &(dyn Error + 'static))
+        }
+    }
+
+    fn link(text: &str, source: Option<Link>) -> Link {
+        Link(text.to_owned(), source.map(Box::new))
+    }
+
+    #[test]
+    fn an_error_is_written_with_each_cause_once() {
+        let refused = || link("Connection refused (os error 111)", None);
+        let chain = link("cannot connect", Some(link("redis", Some(refused()))));
+        assert_eq!(
+            Causes(&chain).to_string(),
+            "cannot connect: redis: Connection refused (os error 111)"
+        );
+        // A wrapper that prints its source too does not repeat it.
+        let repeating = link(
+            "state store: Connection refused (os error 111)",
+            Some(refused()),
+        );
+        assert_eq!(
+            Causes(&repeating).to_string(),
+            "state store: Connection refused (os error 111)"
+        );
     }
 }

@@ -73,7 +73,10 @@ mod tests {
         let script = super::super::SCRIPT;
         for a in Algorithm::ALL {
             let code = algorithm(a);
-            assert!(script.contains(&format!("BUILD[{code}] = function()")), "{a}");
+            assert!(
+                script.contains(&format!("BUILD[{code}] = function()")),
+                "{a}"
+            );
             assert!(script.contains(&format!("alg == '{code}'")), "{a}");
         }
     }
