@@ -16,9 +16,10 @@
 //!   form one all-or-nothing batch; probes (`hits_addend: 0`) are looked at
 //!   first; quota-mode descriptors, which deny only when all of them are
 //!   over, are tried with the batch until one fits; shadow-mode ones are
-//!   counted once the request is known to go through. On a Redis Cluster
-//!   the descriptors are decided on their own (their keys live in
-//!   different slots), as the reference does.
+//!   counted once the request is known to go through. Where the backend
+//!   cannot promise one atomic batch ([`Backend::atomicity`]: a Redis
+//!   Cluster, whose keys live in different slots, or a batch too large)
+//!   the descriptors are decided on their own, as the reference does.
 //! - `reference`: envoyproxy/ratelimit's counting: each descriptor on its
 //!   own, and a denied hit spends what is left of its budget
 //!   ([`Spend::Always`]), which makes a fixed window decide exactly as the

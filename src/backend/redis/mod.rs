@@ -26,7 +26,8 @@
 //! One file of about 720 lines (tests apart): the [`Backend`] over Redis —
 //! checks, batches split into scripts and put back in order, resets,
 //! health — against the script's reply format; connections, deadlines,
-//! errors and keys have files of their own.
+//! errors, keys and the script's codes (`wire.rs`) have files of their
+//! own.
 
 mod connection;
 mod deadline;
