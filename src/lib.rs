@@ -92,7 +92,7 @@ pub use config::{
     Config, ConfigError, FlagValues, ListenAddr, OnError, PolicySettings, TransportSettings,
 };
 pub use listen::GrpcListener;
-pub use log::init_tool_logs;
+pub use log::{Causes, init_tool_logs};
 
 use crate::admin::AdminState;
 use crate::backend::Backend;
@@ -165,33 +165,33 @@ impl Listeners {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The metrics registry could not be built.
-    #[error("metrics: {0}")]
+    #[error("metrics")]
     Metrics(#[from] BuildError),
     /// The reflection service could not be built.
-    #[error("gRPC reflection: {0}")]
+    #[error("gRPC reflection")]
     Reflection(#[from] tonic_reflection::server::Error),
     /// The gRPC server failed (including a TLS configuration it rejected).
-    #[error("gRPC server: {0}")]
+    #[error("gRPC server")]
     Grpc(#[from] tonic::transport::Error),
     /// The TLS files could not be read at start.
     #[error("TLS: {0}")]
     Tls(String),
     /// A server task panicked or was cancelled.
-    #[error("server task: {0}")]
+    #[error("server task")]
     Task(#[from] JoinError),
     /// The state store could not be reached at start (Redis).
-    #[error("{0}")]
-    Store(#[source] backend::BackendError),
+    #[error(transparent)]
+    Store(backend::BackendError),
     /// The memory store's snapshot could not be read, and
     /// `store.snapshot.on_bad_file` says to refuse to start.
-    #[error("{0}")]
+    #[error(transparent)]
     Snapshot(#[from] snapshot::LoadError),
     /// The memory store's snapshot could not be written: at start (quotad
     /// then does not serve), or the last one on shutdown.
-    #[error("{0}")]
+    #[error(transparent)]
     SnapshotWrite(#[from] snapshot::WriteError),
     /// The RLS rules could not be loaded at start.
-    #[error("RLS rules: {0}")]
+    #[error("RLS rules")]
     Rls(#[from] policy::rls::RlsConfigError),
 }
 

@@ -1,13 +1,14 @@
 //! Logs that an outage or an attack would repeat on every call: at most one
 //! line per interval, carrying the count of the events kept quiet
-//! ([`quotad_core::Throttle`]).
+//! ([`quotad_core::Throttle`]); and an error written with its causes, each
+//! once ([`Causes`]).
 
-use std::sync::{Arc, OnceLock};
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use quotad_core::{Clock, MonotonicClock, Throttle};
-
-use crate::backend::BackendError;
 
 /// Logs of a command-line tool (the client commands, the bench binaries)
 /// on stderr: `RUST_LOG` filters, `default` without it (e.g. `warn`);
@@ -56,89 +57,70 @@ impl Throttled {
     }
 }
 
-/// Logs a failed call to the state store: at most one line per
-/// [`LOG_INTERVAL`] for the whole process, carrying how many failures went
-/// unlogged since the last line. Every service calls it where the failure
-/// happens, once per call.
-pub(crate) fn store_failed(error: &BackendError) {
-    static LOG: OnceLock<Throttled> = OnceLock::new();
-    LOG.get_or_init(Throttled::default).store_failed(error);
-}
+/// An error and its causes, outermost first, joined by `: `, each said
+/// once: a cause whose text already ends the text of the error it caused
+/// is left out, since an error that prints its source (as some libraries'
+/// do) would otherwise repeat it.
+#[derive(Clone, Copy, Debug)]
+pub struct Causes<'a>(pub &'a (dyn Error + 'static));
 
-impl Throttled {
-    fn store_failed(&self, error: &BackendError) {
-        // What the request asked for, not a failure of the store: the
-        // caller is told (FAILED_PRECONDITION), and nothing is logged.
-        if matches!(
-            error,
-            BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. }
-        ) {
-            return;
+impl fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut said = self.0.to_string();
+        f.write_str(&said)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            let text = error.to_string();
+            if !said.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            said = text;
+            cause = error.source();
         }
-        if let Some(suppressed) = self.record() {
-            tracing::warn!(
-                %error,
-                suppressed,
-                "state store call failed; on_error applies (one line per interval: suppressed counts the failures since the last line)"
-            );
-        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-    use std::sync::Mutex;
-
-    use quotad_core::FakeClock;
-
     use super::*;
 
-    /// A writer collecting the log output in memory.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
+    /// An error with a message and, perhaps, a source.
+    #[derive(Debug)]
+    struct Link(String, Option<Box<Link>>);
 
-    impl Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("lines").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
+    impl fmt::Display for Link {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.0)
         }
     }
 
-    impl Lines {
-        fn text(&self) -> String {
-            String::from_utf8(self.0.lock().expect("lines").clone()).expect("UTF-8")
+    impl Error for Link {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            self.1.as_deref().map(|l| l as &(dyn Error + 'static))
         }
+    }
+
+    fn link(text: &str, source: Option<Link>) -> Link {
+        Link(text.to_owned(), source.map(Box::new))
     }
 
     #[test]
-    fn an_outage_writes_one_line_per_interval_with_the_count_of_the_others() {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let clock = Arc::new(FakeClock::new(1_700_000_000_000));
-        let log = Throttled::new(LOG_INTERVAL, clock.clone());
-        let down = BackendError::Unavailable("connection refused".to_owned());
-        tracing::subscriber::with_default(subscriber, || {
-            for _ in 0..50 {
-                log.store_failed(&down);
-            }
-            assert_eq!(lines.text().lines().count(), 1, "{}", lines.text());
-            clock.advance(LOG_INTERVAL);
-            log.store_failed(&down);
-        });
-        let text = lines.text();
-        let logged: Vec<&str> = text.lines().collect();
-        assert_eq!(logged.len(), 2, "{text}");
-        assert!(logged[0].contains("suppressed=0"), "{text}");
-        assert!(logged[1].contains("suppressed=49"), "{text}");
-        assert!(logged[1].contains("connection refused"), "{text}");
+    fn an_error_is_written_with_each_cause_once() {
+        let refused = || link("Connection refused (os error 111)", None);
+        let chain = link("cannot connect", Some(link("redis", Some(refused()))));
+        assert_eq!(
+            Causes(&chain).to_string(),
+            "cannot connect: redis: Connection refused (os error 111)"
+        );
+        // A wrapper that prints its source too does not repeat it.
+        let repeating = link(
+            "state store: Connection refused (os error 111)",
+            Some(refused()),
+        );
+        assert_eq!(
+            Causes(&repeating).to_string(),
+            "state store: Connection refused (os error 111)"
+        );
     }
 }

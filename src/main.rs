@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use quotad::config::{LogFormat, LogSettings};
-use quotad::{Config, ConfigError, FlagValues, Listeners};
+use quotad::{Causes, Config, ConfigError, FlagValues, Listeners};
 use tracing_subscriber::EnvFilter;
 
 /// The process's allocator with the `mimalloc` feature; the system's
@@ -142,7 +142,8 @@ fn serve(args: ServeArgs) -> ExitCode {
     match serve_config(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            tracing::error!("{error:#}");
+            // Each cause once, whatever the errors of the chain print.
+            tracing::error!("{}", Causes(error.as_ref()));
             // A snapshot quotad was told not to start without is like an
             // invalid config: nothing was served.
             if let Some(quotad::Error::Snapshot(_)) = error.downcast_ref() {
@@ -156,9 +157,13 @@ fn serve(args: ServeArgs) -> ExitCode {
 fn config_error(file: Option<&Path>, error: &ConfigError) -> ExitCode {
     match file {
         Some(file) if !matches!(error, ConfigError::Read { .. }) => {
-            eprintln!("error: invalid config {}: {error}", file.display());
+            eprintln!(
+                "error: invalid config {}: {}",
+                file.display(),
+                Causes(error)
+            );
         }
-        _ => eprintln!("error: invalid config: {error}"),
+        _ => eprintln!("error: invalid config: {}", Causes(error)),
     }
     ExitCode::from(EXIT_INVALID_CONFIG)
 }

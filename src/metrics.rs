@@ -110,21 +110,10 @@ pub(crate) struct Metrics {
     reloads_ok: Counter,
     reloads_error: Counter,
     inline: [Arc<DecisionCounters>; 5],
-    redis: RedisCounters,
     rls_reloads_ok: Counter,
     rls_reloads_error: Counter,
     rls_rules: Gauge,
     rls_no_limit: [Counter; 4],
-}
-
-/// The Redis backend's counters.
-#[derive(Debug)]
-struct RedisCounters {
-    connects_ok: Counter,
-    connects_error: Counter,
-    late_refused: Counter,
-    late_counted: Counter,
-    corrupt: Counter,
 }
 
 /// Why an RLS descriptor had no limit to check, as a metric label.
@@ -202,6 +191,16 @@ impl Metrics {
             let _ = counter(SNAPSHOT_WRITES, vec![Label::new("outcome", outcome)]);
         }
         let _ = counter(SNAPSHOT_LOAD_FAILURES, vec![]);
+        // The Redis backend's own figures, at 0 whatever the backend.
+        for (name, outcome) in [
+            (REDIS_CONNECTS, "ok"),
+            (REDIS_CONNECTS, "error"),
+            (REDIS_LATE, "refused"),
+            (REDIS_LATE, "counted"),
+        ] {
+            let _ = counter(name, vec![Label::new("outcome", outcome)]);
+        }
+        let _ = counter(REDIS_CORRUPT, vec![]);
         Ok(Metrics {
             durations,
             live_keys: gauge,
@@ -211,13 +210,6 @@ impl Metrics {
             reloads_ok: counter(RELOADS, vec![Label::new("outcome", "ok")]),
             reloads_error: counter(RELOADS, vec![Label::new("outcome", "error")]),
             inline,
-            redis: RedisCounters {
-                connects_ok: counter(REDIS_CONNECTS, vec![Label::new("outcome", "ok")]),
-                connects_error: counter(REDIS_CONNECTS, vec![Label::new("outcome", "error")]),
-                late_refused: counter(REDIS_LATE, vec![Label::new("outcome", "refused")]),
-                late_counted: counter(REDIS_LATE, vec![Label::new("outcome", "counted")]),
-                corrupt: counter(REDIS_CORRUPT, vec![]),
-            },
             rls_reloads_ok: counter(RLS_RELOADS, vec![Label::new("outcome", "ok")]),
             rls_reloads_error: counter(RLS_RELOADS, vec![Label::new("outcome", "error")]),
             rls_rules: recorder.register_gauge(&Key::from_static_name(RLS_RULES), &metadata()),
@@ -376,13 +368,10 @@ impl Metrics {
         }
         self.evictions.absolute(stats.evictions);
         self.reclaimed.absolute(stats.reclaimed);
-        if let Some(redis) = stats.redis {
-            let c = &self.redis;
-            c.connects_ok.absolute(redis.connected);
-            c.connects_error.absolute(redis.connect_failures);
-            c.late_refused.absolute(redis.late_refused);
-            c.late_counted.absolute(redis.late_counted);
-            c.corrupt.absolute(redis.corrupt_state);
+        // Not the hot path: each figure's handle is looked up per scrape.
+        for figure in stats.figures {
+            let labels = figure.labels.iter().map(|&(k, v)| Label::new(k, v));
+            register_counter(&self.recorder, figure.name, labels.collect()).absolute(figure.value);
         }
     }
 }
@@ -696,6 +685,35 @@ mod tests {
         );
         assert!(text.contains("quotad_max_keys 1000"), "{text}");
         assert!(text.contains("quotad_live_keys 3"), "{text}");
+    }
+
+    #[test]
+    fn renders_a_backends_figures_under_the_series_declared_here() {
+        let metrics = Metrics::new().expect("metrics");
+        let quiet = metrics.render();
+        let counts = crate::backend::redis::RedisCounts {
+            late_counted: 2,
+            ..Default::default()
+        };
+        for figure in counts.figures() {
+            assert!(
+                quiet.contains(&format!("# HELP {} ", figure.name)),
+                "{quiet}"
+            );
+        }
+        metrics.store_stats(BackendStats {
+            figures: counts.figures(),
+            ..BackendStats::default()
+        });
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"quotad_redis_late_scripts_total{outcome="counted"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("quotad_redis_corrupt_state_total 0"),
+            "{text}"
+        );
     }
 
     #[test]

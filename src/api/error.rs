@@ -31,7 +31,7 @@ pub(crate) enum ServiceError {
     /// The backend failed: UNAVAILABLE when it is down or slow (and the
     /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
     /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
-    #[error("{0}")]
+    #[error(transparent)]
     Backend(#[from] BackendError),
 }
 

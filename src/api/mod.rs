@@ -5,7 +5,10 @@
 //!
 //! - [`quota`]: `quotad.v1.Quota` (Check, CheckBatch, Peek, Reset).
 //! - [`rls`]: Envoy's `RateLimitService` (ShouldRateLimit).
+//! - `answer`: what both answer when the store failed, and the store
+//!   calls they count.
 
+mod answer;
 pub(crate) mod error;
 pub(crate) mod quota;
 pub(crate) mod request;

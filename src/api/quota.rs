@@ -16,16 +16,16 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::Counter;
 use quotad_core::{BatchMode, CheckItem, Decision, Policy, Reason};
 use quotad_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
+use super::answer::{Answer, StoreOps, on_backend_error, store_failed};
 use super::error::ServiceError;
 use super::request::{
     BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
 };
-use crate::backend::{Backend, BackendError, Deadline, ItemResult};
+use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, DecisionTally, Method, Metrics};
 use crate::policy::{PolicyRegistry, PolicySet};
@@ -49,27 +49,6 @@ pub(crate) struct QuotaService<S> {
     metrics: Arc<Metrics>,
     limits: RequestLimits,
     store_ops: StoreOps,
-}
-
-/// `quotad_store_operations_total`, one handle per operation.
-#[derive(Debug)]
-pub(super) struct StoreOps {
-    pub(super) check: Counter,
-    pub(super) check_batch: Counter,
-    pub(super) peek: Counter,
-    pub(super) reset: Counter,
-}
-
-impl StoreOps {
-    /// The counters of the backend `name`.
-    pub(super) fn new(metrics: &Metrics, name: &'static str) -> Self {
-        StoreOps {
-            check: metrics.store_operation(name, "check"),
-            check_batch: metrics.store_operation(name, "check_batch"),
-            peek: metrics.store_operation(name, "peek"),
-            reset: metrics.store_operation(name, "reset"),
-        }
-    }
 }
 
 /// A request's policy, resolved: the state namespace, the policy and the
@@ -98,60 +77,11 @@ impl<'a> Target<'a> {
     }
 }
 
-/// What a check under `policy` answers when the backend failed: as
-/// `on_error` says, a decision whose reason tells what happened, or the
-/// error itself. Only an unavailable backend is subject to `on_error`;
-/// answered item by item, an error (`on_error = error`, or a fault of the
-/// backend) gives the item [`Reason::Unavailable`], since the call as a
-/// whole cannot fail once other items are consumed.
-pub(super) fn on_backend_error(
-    error: &BackendError,
-    on_error: OnError,
-    policy: &Policy,
-    answer: Answer,
-) -> Result<Decision, ServiceError> {
-    let reason = match (error, on_error, answer) {
-        (BackendError::Unavailable(_), OnError::FailOpen, _) => Reason::FailOpen,
-        (BackendError::Unavailable(_), OnError::FailClosed, _) => Reason::FailClosed,
-        // Never failed open or closed: a fault is not an outage. Alone, it
-        // is the call's error; in an independent batch, whose other items
-        // may be consumed, it is the item's.
-        (_, _, Answer::PerItem) => Reason::Unavailable,
-        (_, _, Answer::Whole) => return Err(error.clone().into()),
-    };
-    Ok(Decision {
-        allowed: reason == Reason::FailOpen,
-        limit: policy.capacity(),
-        remaining: 0,
-        retry_after_ms: 0,
-        reset_after_ms: 0,
-        reason,
-    })
-}
-
-/// How a call answers a failed item: as the whole call's error (a lone
-/// check, or an all-or-nothing batch), or item by item (an independent
-/// batch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Answer {
-    Whole,
-    PerItem,
-}
-
-impl Answer {
-    fn of(mode: BatchMode) -> Self {
-        match mode {
-            BatchMode::Independent => Answer::PerItem,
-            BatchMode::AllOrNothing => Answer::Whole,
-        }
-    }
-}
-
 /// The decision for a lone check's result: decided, or what its target's
 /// `on_error` answers for the whole call.
 fn resolve_one(target: &Target<'_>, result: ItemResult) -> Result<Decision, ServiceError> {
     result.or_else(|error| {
-        crate::log::store_failed(&error);
+        store_failed(&error);
         target.on_backend_error(&error, Answer::Whole)
     })
 }
@@ -172,7 +102,7 @@ fn resolve_results(
         .map(|(i, result)| {
             result.or_else(|error| {
                 if !failed {
-                    crate::log::store_failed(&error);
+                    store_failed(&error);
                 }
                 failed = true;
                 targets.of(i).on_backend_error(&error, answer)
@@ -377,7 +307,7 @@ impl<S: Backend> QuotaService<S> {
             .collect::<Result<Vec<_>, _>>()?;
         // A batch the store refuses by its size is not a call to it.
         if batch.mode == BatchMode::Independent
-            || self.backend.fits_one_batch(items.iter().copied())
+            || self.backend.atomicity(items.iter().copied()) != Atomicity::TooLarge
         {
             self.store_ops.check_batch.increment(1);
         }
@@ -421,7 +351,7 @@ impl<S: Backend> QuotaService<S> {
         self.backend
             .reset(&target.namespace, &target.policy, &spec.key, deadline)
             .await
-            .inspect_err(crate::log::store_failed)?;
+            .inspect_err(store_failed)?;
         Ok(pb::ResetResponse {})
     }
 }

@@ -96,7 +96,7 @@ pub enum BackendError {
 pub type ItemResult = Result<Decision, BackendError>;
 
 /// Counts a backend reports for the metrics; `None` where it cannot know.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BackendStats {
     /// Keys holding state now.
     pub live_keys: Option<u64>,
@@ -104,10 +104,40 @@ pub struct BackendStats {
     pub evictions: u64,
     /// Keys dropped because their state had become fresh, since start.
     pub reclaimed: u64,
-    /// The Redis backend's own counts; `None` for other backends.
-    pub redis: Option<redis::RedisCounts>,
     /// The most keys the store holds (the memory store's `max_keys`).
     pub capacity: Option<u64>,
+    /// What only this backend counts (a Redis backend's connections and
+    /// late scripts), named by the backend itself.
+    pub figures: Vec<Figure>,
+}
+
+/// One count of a backend's own, since start: a counter series named by
+/// the backend, which the metrics exporter renders as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Figure {
+    /// The series' name (e.g. `quotad_redis_late_scripts_total`).
+    pub name: &'static str,
+    /// The series' labels, as `(name, value)` pairs.
+    pub labels: &'static [(&'static str, &'static str)],
+    /// The count.
+    pub value: u64,
+}
+
+/// What a backend can promise, before it is asked, about deciding a batch
+/// all or nothing ([`Backend::atomicity`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Atomicity {
+    /// `check` in all-or-nothing mode decides the batch as one atomic
+    /// transition.
+    Atomic,
+    /// Atomic only when the keys live together (on a Redis Cluster, in one
+    /// slot); otherwise `check` refuses it with [`BackendError::CrossSlot`].
+    /// A caller that can do without atomicity decides the items one by one.
+    IfColocated,
+    /// Larger than one transition holds (on Redis,
+    /// `store.redis.max_atomic_items`): `check` refuses it with
+    /// [`BackendError::TooManyAtomicItems`].
+    TooLarge,
 }
 
 /// An owner of rate-limit state: one atomic transition per call.
@@ -187,7 +217,8 @@ pub trait Backend: Send + Sync + 'static {
         deadline: Deadline,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Counts for the metrics; cheap enough to call on every scrape.
+    /// Counts for the metrics, the backend's own [`Figure`]s included;
+    /// cheap enough to call on every scrape.
     fn stats(&self) -> BackendStats;
 
     /// Whether the store can serve now, by the cheapest call that proves
@@ -213,12 +244,12 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
-    /// Whether `items` can be one all-or-nothing batch here, by their size
-    /// (on Redis, `store.redis.max_atomic_items`); a batch that cannot is
-    /// refused with [`BackendError::TooManyAtomicItems`]. The default has
-    /// no bound.
-    fn fits_one_batch<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
+    /// Whether `items` can be decided here as one all-or-nothing batch,
+    /// by their size and by where their keys live. Asked of no items, it
+    /// says the most the backend ever promises. The default is always
+    /// atomic: one process holds every key.
+    fn atomicity<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> Atomicity {
         let _ = items;
-        true
+        Atomicity::Atomic
     }
 }

@@ -11,7 +11,7 @@ use crate::policy::rls::RlsConfigError;
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{}: cannot read: {source}", path.display())]
+    #[error("{}: cannot read", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -38,7 +38,7 @@ pub enum ConfigError {
     },
     /// A file of `rls.config_dir` breaks the RLS rules format; the message
     /// names the file, the field and the line.
-    #[error("{0}")]
+    #[error(transparent)]
     Rls(#[from] RlsConfigError),
 }
 

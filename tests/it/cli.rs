@@ -73,6 +73,39 @@ fn validate_config_rejects_unknown_fields_and_missing_files() {
 }
 
 #[test]
+fn a_redis_that_refuses_connections_at_start_is_printed_once_and_exits_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = write(
+        dir.path(),
+        "redis.toml",
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://127.0.0.1:1/0\"\ntimeout = \"2s\"\n",
+    );
+    let output = run(&[
+        "serve",
+        "--config",
+        &path,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_exit(&output, 1, "state store unavailable");
+    let stderr = stderr(&output);
+    let fatal: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(fatal.len(), 1, "{stderr}");
+    assert_eq!(
+        fatal[0].matches("state store unavailable").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        fatal[0].to_lowercase().matches("refused").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
 fn serve_refuses_an_invalid_config_before_binding_any_port() {
     // Both ports are taken: had quotad tried to bind first, it would fail
     // with "cannot bind" (exit 1) instead of naming the field (exit 2).

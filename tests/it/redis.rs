@@ -513,6 +513,26 @@ async fn a_redis_that_cannot_be_reached_at_start_stops_the_server_with_a_clear_e
     assert!(error.to_string().contains("redis"), "{error}");
 }
 
+#[tokio::test]
+async fn a_redis_that_refuses_connections_at_start_is_an_error_that_says_its_cause_once() {
+    let config = Config::from_toml(&FAULT_CONFIG.replace("REDIS_URL", "redis://127.0.0.1:1/0"))
+        .expect("valid");
+    let mut server = TestServer::start(config).await;
+    let error = server.join().await.expect_err("no Redis, no server");
+    // As an error chain printer writes it: every cause, each once.
+    let printed = format!("{:#}", anyhow::Error::from(error));
+    assert_eq!(
+        printed.matches("state store unavailable").count(),
+        1,
+        "{printed}"
+    );
+    assert_eq!(
+        printed.to_lowercase().matches("refused").count(),
+        1,
+        "{printed}"
+    );
+}
+
 #[test]
 fn a_redis_backend_needs_a_target_and_says_so() {
     let error = Config::from_toml("[store]\nbackend = \"redis\"\n")

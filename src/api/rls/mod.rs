@@ -16,9 +16,10 @@
 //!   form one all-or-nothing batch; probes (`hits_addend: 0`) are looked at
 //!   first; quota-mode descriptors, which deny only when all of them are
 //!   over, are tried with the batch until one fits; shadow-mode ones are
-//!   counted once the request is known to go through. On a Redis Cluster
-//!   the descriptors are decided on their own (their keys live in
-//!   different slots), as the reference does.
+//!   counted once the request is known to go through. Where the backend
+//!   cannot promise one atomic batch ([`Backend::atomicity`]: a Redis
+//!   Cluster, whose keys live in different slots, or a batch too large)
+//!   the descriptors are decided on their own, as the reference does.
 //! - `reference`: envoyproxy/ratelimit's counting: each descriptor on its
 //!   own, and a denied hit spends what is left of its budget
 //!   ([`Spend::Always`]), which makes a fixed window decide exactly as the
@@ -44,11 +45,10 @@ use quotad_proto::envoy::service::ratelimit::v3 as pb;
 use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
 
+use super::answer::{Answer, StoreOps, on_backend_error, store_failed};
 use super::error::ServiceError;
-use super::quota::{Answer, StoreOps, on_backend_error};
-use crate::backend::redis::{RedisSettings, RedisTarget};
-use crate::backend::{Backend, BackendError, Deadline, ItemResult};
-use crate::config::{BackendSettings, Config, CountMode, LimitSettings, OnError, ResponseHeaders};
+use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
+use crate::config::{Config, CountMode, LimitSettings, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
 use crate::policy::PolicyRegistry;
 use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
@@ -57,9 +57,6 @@ use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry
 #[derive(Clone, Debug)]
 pub(crate) struct RlsOptions {
     pub(crate) count_mode: CountMode,
-    /// Whether enforced descriptors may share one all-or-nothing batch
-    /// (not on a Redis Cluster, where their keys live in different slots).
-    pub(crate) one_batch: bool,
     pub(crate) headers: ResponseHeaders,
     pub(crate) shadow_mode: bool,
     pub(crate) quota_mode: bool,
@@ -237,21 +234,8 @@ impl RlsOptions {
     /// The options `config` sets.
     pub(crate) fn new(config: &Config) -> Self {
         let rls = config.rls();
-        let cluster = matches!(
-            &config.store().backend,
-            BackendSettings::Redis(RedisSettings {
-                target: RedisTarget::Cluster(_),
-                ..
-            })
-        );
-        if cluster && rls.count_mode == CountMode::AllOrNothing {
-            tracing::info!(
-                "Redis Cluster: the descriptors of an RLS request are decided one by one (each key lives in its own slot)"
-            );
-        }
         RlsOptions {
             count_mode: rls.count_mode,
-            one_batch: !cluster,
             headers: rls.headers.clone(),
             shadow_mode: rls.shadow_mode,
             quota_mode: rls.quota_mode,
@@ -273,6 +257,14 @@ impl<S: Backend> RlsService<S> {
     ) -> Self {
         let name = backend.name();
         let store_ops = StoreOps::new(&metrics, name);
+        if options.count_mode == CountMode::AllOrNothing
+            && backend.atomicity(std::iter::empty()) == Atomicity::IfColocated
+        {
+            tracing::info!(
+                backend = name,
+                "the descriptors of an RLS request are decided one by one (this backend decides a batch atomically only when its keys live together, as on a Redis Cluster)"
+            );
+        }
         if options.count_mode == CountMode::Reference && !backend.spends_when_denied() {
             tracing::info!(
                 backend = name,
@@ -409,28 +401,25 @@ impl<S: Backend> RlsService<S> {
         answers: &mut Answers,
     ) {
         let o = &self.options;
-        if o.count_mode == CountMode::Reference
-            || !o.one_batch
-            || o.shadow_mode
-            || !self.fits_one_batch(resolved)
-        {
+        if o.count_mode == CountMode::Reference || o.shadow_mode || !self.one_batch(resolved) {
             self.check_each(resolved, spend, deadline, answers).await;
         } else {
             self.check_together(resolved, deadline, answers).await;
         }
     }
 
-    /// Whether every limited descriptor of a request could be one
-    /// all-or-nothing batch in the store (on Redis, within
-    /// `store.redis.max_atomic_items`). A request that could not is
-    /// counted descriptor by descriptor, as on a Cluster, rather than
-    /// failed: Envoy would let a failed call through.
-    fn fits_one_batch(&self, resolved: &[Resolution<'_>]) -> bool {
-        self.backend
-            .fits_one_batch(resolved.iter().filter_map(|r| match r {
-                Resolution::Limited(applied) => applied.check_item(),
-                _ => None,
-            }))
+    /// Whether every limited descriptor of a request is sure to be one
+    /// atomic all-or-nothing batch in the store (on Redis, within
+    /// `store.redis.max_atomic_items`, and not on a Cluster, where keys
+    /// live in different slots). A request that could not is counted
+    /// descriptor by descriptor rather than failed: Envoy would let a
+    /// failed call through.
+    fn one_batch(&self, resolved: &[Resolution<'_>]) -> bool {
+        let items = resolved.iter().filter_map(|r| match r {
+            Resolution::Limited(applied) => applied.check_item(),
+            _ => None,
+        });
+        self.backend.atomicity(items) == Atomicity::Atomic
     }
 
     /// Each descriptor on its own (the reference's counting, a Cluster, the
@@ -658,7 +647,7 @@ impl<S: Backend> RlsService<S> {
         result: ItemResult,
     ) {
         let decision = result.unwrap_or_else(|error| {
-            crate::log::store_failed(&error);
+            store_failed(&error);
             let decision = on_backend_error(
                 &error,
                 self.options.on_error,
@@ -743,7 +732,7 @@ impl<S: Backend> RlsService<S> {
             match (result, &mut results[i]) {
                 (Ok(_), Ok(decision)) => decision.remaining = 0,
                 // A failure is logged (throttled); the hit stays uncounted.
-                (Err(error), _) => crate::log::store_failed(&error),
+                (Err(error), _) => store_failed(&error),
                 // Only decided items have second checks.
                 (Ok(_), Err(_)) => {}
             }

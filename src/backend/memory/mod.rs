@@ -66,8 +66,8 @@ impl Backend for MemoryStore {
             live_keys: Some(self.live_keys() as u64),
             evictions: self.evictions(),
             reclaimed: self.reclaimed(),
-            redis: None,
             capacity: Some(self.config().max_keys() as u64),
+            figures: Vec::new(),
         }
     }
 }

@@ -25,12 +25,13 @@ use quotad_core::{
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{OnBadSnapshot, PolicySettings, SnapshotSettings};
+use crate::log::Causes;
 use crate::metrics::Metrics;
 use crate::policy::PolicyRegistry;
 
 /// A snapshot that could not be loaded, naming the file.
 #[derive(Debug, thiserror::Error)]
-#[error("snapshot {}: {source}", path.display())]
+#[error("snapshot {}", path.display())]
 pub struct LoadError {
     /// The file.
     pub path: PathBuf,
@@ -41,7 +42,7 @@ pub struct LoadError {
 
 /// A snapshot that could not be written, naming the file.
 #[derive(Debug, thiserror::Error)]
-#[error("snapshot {} not written: {source}", path.display())]
+#[error("snapshot {} not written", path.display())]
 pub struct WriteError {
     /// The file.
     pub path: PathBuf,
@@ -241,7 +242,7 @@ fn bad_file(
             // version that a downgrade cannot read.
             let kept = keep_aside(&settings.path);
             tracing::error!(
-                %error,
+                error = %Causes(&error),
                 kept_as = %kept.as_ref().map_or_else(|e| format!("(not kept: {e})"), |p| p.display().to_string()),
                 "SNAPSHOT NOT LOADED: starting with an empty store, every key starts fresh \
                  (store.snapshot.on_bad_file = \"start_empty\")"
@@ -343,7 +344,7 @@ pub(crate) async fn write_now(
         }
         Ok(Err(source)) => {
             metrics.snapshot_failed();
-            tracing::error!(path = %path.display(), error = %source, "snapshot not written; the previous one stays");
+            tracing::error!(path = %path.display(), error = %Causes(&source), "snapshot not written; the previous one stays");
             Err(WriteError {
                 path: path.to_owned(),
                 source,

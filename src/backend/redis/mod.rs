@@ -26,13 +26,15 @@
 //! This file is the [`Backend`] over Redis —
 //! checks, batches split into scripts and put back in order, resets,
 //! health — against the script's reply format; connections, deadlines,
-//! errors and keys have files of their own.
+//! errors, keys and the script's codes (`wire.rs`) have files of their
+//! own.
 
 mod connection;
 mod deadline;
 mod errors;
 mod keys;
 mod tls;
+mod wire;
 
 pub use self::tls::RedisTls;
 
@@ -42,14 +44,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, Policy};
-use quotad_proto::convert;
-use quotad_proto::v1 as pb;
 use redis::{Cmd, RedisResult, Script, Value};
 
 use self::connection::{
     Bound, CORRUPT_STATE, CallError, Connections, Counts, LateReply, Link, local_ms,
 };
-use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
+use self::wire::UNREADABLE;
+use super::{Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
@@ -188,6 +189,30 @@ pub struct RedisCounts {
     pub corrupt_state: u64,
 }
 
+impl RedisCounts {
+    /// The counts as the series the metrics export. (`metrics.rs` declares
+    /// them too, so that they are there at 0 with any backend.)
+    pub fn figures(&self) -> Vec<Figure> {
+        let figure = |name, labels, value| Figure {
+            name,
+            labels,
+            value,
+        };
+        vec![
+            figure(CONNECTS, &[("outcome", "ok")], self.connected),
+            figure(CONNECTS, &[("outcome", "error")], self.connect_failures),
+            figure(LATE, &[("outcome", "refused")], self.late_refused),
+            figure(LATE, &[("outcome", "counted")], self.late_counted),
+            figure(CORRUPT, &[], self.corrupt_state),
+        ]
+    }
+}
+
+/// The series of [`RedisCounts::figures`].
+const CONNECTS: &str = "quotad_redis_connection_attempts_total";
+const LATE: &str = "quotad_redis_late_scripts_total";
+const CORRUPT: &str = "quotad_redis_corrupt_state_total";
+
 /// The Redis state store.
 #[derive(Clone)]
 pub struct RedisBackend {
@@ -243,10 +268,6 @@ const PER_ITEM: usize = 4;
 /// number costs Redis time).
 const ADMITTED: usize = 2;
 
-/// The reason the script answers for an item whose key holds state it
-/// cannot read (quotad.v1's REASON_UNSPECIFIED, never a decision's).
-const UNREADABLE: i64 = 0;
-
 impl RedisBackend {
     /// Connects to Redis and reads its clock.
     ///
@@ -283,6 +304,12 @@ impl RedisBackend {
             late_counted: c.late_counted.load(Ordering::Relaxed),
             corrupt_state: c.corrupt.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether `items` fit in one all-or-nothing script
+    /// (`store.redis.max_atomic_items`, a sliding log counting as 4).
+    fn fits_one_script<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
+        items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
     }
 
     /// Runs the script over `items` in one call, with a deadline in Redis's
@@ -360,7 +387,7 @@ impl RedisBackend {
             };
             for item in items {
                 let policy = item.policy();
-                cmd.arg(pb::Algorithm::from(policy.algorithm()) as u64)
+                cmd.arg(wire::algorithm(policy.algorithm()))
                     .arg(policy.limit())
                     .arg(policy.window_ms())
                     .arg(policy.capacity())
@@ -674,7 +701,7 @@ impl Backend for RedisBackend {
     ) -> Vec<ItemResult> {
         match mode {
             BatchMode::Independent => self.each(Mode::Check, items, deadline).await,
-            BatchMode::AllOrNothing if !self.fits_one_batch(items.iter().copied()) => {
+            BatchMode::AllOrNothing if !self.fits_one_script(items.iter().copied()) => {
                 let error = BackendError::TooManyAtomicItems {
                     max: self.max_atomic_items,
                     got: units(items),
@@ -685,8 +712,19 @@ impl Backend for RedisBackend {
         }
     }
 
-    fn fits_one_batch<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
-        items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
+    /// A batch too large for one script is refused; on a Cluster, one
+    /// that fits is atomic only when its keys share a slot, which the
+    /// caller learns by sending it (a caller that can do without the
+    /// atomicity, RLS, decides such batches item by item instead, as the
+    /// reference does).
+    fn atomicity<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> Atomicity {
+        if !self.fits_one_script(items) {
+            Atomicity::TooLarge
+        } else if self.connections.is_cluster() {
+            Atomicity::IfColocated
+        } else {
+            Atomicity::Atomic
+        }
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
@@ -745,7 +783,7 @@ impl Backend for RedisBackend {
     fn stats(&self) -> BackendStats {
         // Redis expires state by TTL; quotad keeps no count of keys.
         BackendStats {
-            redis: Some(self.counts()),
+            figures: self.counts().figures(),
             ..BackendStats::default()
         }
     }
@@ -790,12 +828,9 @@ fn decisions(
             if d[3] == UNREADABLE {
                 return Ok(None);
             }
-            let reason = i32::try_from(d[3])
-                .ok()
-                .and_then(|code| convert::reason(code).ok())
-                .ok_or_else(|| {
-                    BackendError::Internal(format!("the script answered reason {}", d[3]))
-                })?;
+            let reason = wire::reason(d[3]).ok_or_else(|| {
+                BackendError::Internal(format!("the script answered reason {}", d[3]))
+            })?;
             let n = |i: usize| {
                 u64::try_from(d[i]).map_err(|_| {
                     BackendError::Internal(format!("the script answered {} at {i}", d[i]))
@@ -815,6 +850,7 @@ fn decisions(
 
 #[cfg(test)]
 mod tests {
+    use quotad_proto::{convert, v1 as pb};
 
     #[test]
     fn scripts_hold_at_most_64_units_in_order_and_every_item_once() {

@@ -22,18 +22,26 @@
 --           caller has given up, and the script refuses to run
 -- ARGV[3]   "" to decide by the Redis server's clock (TIME), or milliseconds
 --           since the epoch (tests only)
--- ARGV[4..] per item: algorithm (1-5), limit, window_ms, capacity (burst for
---           the buckets, limit otherwise), cost
+-- ARGV[4..] per item: algorithm (a code below), limit, window_ms, capacity
+--           (burst for the buckets, limit otherwise), cost
 --
 -- Returns the TIME read (ms), then four integers per item: remaining,
--- retry_after_ms, reset_after_ms, reason (the quotad.v1.Reason number; the
--- item is allowed exactly when it is WITHIN, and its limit is the
--- capacity quotad sent). The TIME alone means refused: past the deadline,
+-- retry_after_ms, reset_after_ms, reason (a code below; the item is
+-- allowed exactly when it is WITHIN, and its limit is the capacity quotad
+-- sent). The TIME alone means refused: past the deadline,
 -- nothing read or written. A key holding state that cannot be read is an
 -- error reply QUOTAD_CORRUPT naming the key in an all-or-nothing batch (or
 -- an error raised on a lone check's short path); in "check" and "peek" it
 -- fails only its own items, answered with reason 0 (UNREADABLE), and is
 -- neither read further nor written.
+--
+-- The script's own codes, matched by the table in wire.rs (a test holds
+-- them together; they are not quotad.v1's enum numbers, whatever those
+-- become):
+--   algorithms  1 fixed window, 2 sliding window, 3 token bucket,
+--               4 leaky bucket, 5 sliding log
+--   reasons     0 UNREADABLE (no decision), 1 WITHIN, 2 EXCEEDED,
+--               3 TOO_BIG (cost exceeds capacity), 5 BATCH_REJECTED
 --
 -- State, with a TTL equal to the time until it is fresh again:
 --   fixed window    hash: one field, the window's start (ms), whose value

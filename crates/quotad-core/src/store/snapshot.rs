@@ -70,7 +70,7 @@ const FRAME_BYTES: usize = 64 * 1024;
 #[derive(Debug, Error)]
 pub enum SnapshotError {
     /// Reading or writing failed.
-    #[error("snapshot i/o failed: {0}")]
+    #[error("snapshot i/o failed")]
     Io(#[from] io::Error),
     /// The input does not start with the snapshot magic bytes.
     #[error("not a quotad snapshot (wrong magic bytes)")]

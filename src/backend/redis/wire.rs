@@ -1,0 +1,96 @@
+//! The numbers `quota.lua` and quotad exchange: the script's own code
+//! table, mapped explicitly to and from quotad-core's types. The script
+//! declares the same numbers (`local WITHIN, ...`, `FIXED_ID`, `alg ==
+//! '1'`, `BUILD[1]`); a test reads them from its text. They are the
+//! script's protocol, not the API's: a change to quotad.v1's enums leaves
+//! them as they are.
+
+use quotad_core::{Algorithm, Reason};
+
+/// The code of each algorithm the script is sent (`ARGV[4]`, then every
+/// fifth argument).
+pub(super) fn algorithm(algorithm: Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::LeakyBucket => 4,
+        Algorithm::SlidingLog => 5,
+    }
+}
+
+/// The code the script answers for an item whose key holds state it
+/// cannot read: no decision.
+pub(super) const UNREADABLE: i64 = 0;
+
+/// The reason codes the script answers, and the reasons they stand for:
+/// `WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED` in the script.
+pub(super) const REASONS: [(i64, Reason); 4] = [
+    (1, Reason::WithinLimit),
+    (2, Reason::LimitExceeded),
+    (3, Reason::CostExceedsCapacity),
+    (5, Reason::BatchRejected),
+];
+
+/// The reason of the script's code `code`; `None` for a code the script
+/// never answers for a decision (including [`UNREADABLE`]).
+pub(super) fn reason(code: i64) -> Option<Reason> {
+    REASONS
+        .iter()
+        .find_map(|&(c, reason)| (c == code).then_some(reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers a `local A, B = 1, 2` line of the script declares.
+    fn declared(names: &str) -> Vec<i64> {
+        let script = super::super::SCRIPT;
+        let line = script
+            .lines()
+            .find(|l| l.starts_with(&format!("local {names} = ")))
+            .unwrap_or_else(|| panic!("the script declares {names}"));
+        line.split(" = ")
+            .nth(1)
+            .expect("values")
+            .split(", ")
+            .map(|v| v.trim().parse().expect("a number"))
+            .collect()
+    }
+
+    #[test]
+    fn the_script_declares_the_same_codes_as_the_table() {
+        assert_eq!(
+            declared("WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED"),
+            REASONS.map(|(code, _)| code)
+        );
+        assert_eq!(declared("UNREADABLE"), [UNREADABLE]);
+        assert_eq!(
+            declared("FIXED_ID, LOG_ID"),
+            [Algorithm::FixedWindow, Algorithm::SlidingLog].map(|a| algorithm(a) as i64)
+        );
+        let script = super::super::SCRIPT;
+        for a in Algorithm::ALL {
+            let code = algorithm(a);
+            assert!(
+                script.contains(&format!("BUILD[{code}] = function()")),
+                "{a}"
+            );
+            assert!(script.contains(&format!("alg == '{code}'")), "{a}");
+        }
+    }
+
+    #[test]
+    fn codes_map_both_ways_and_no_other_code_is_a_reason() {
+        for (code, r) in REASONS {
+            assert_eq!(reason(code), Some(r));
+        }
+        for code in [UNREADABLE, 4, 6, 7, 8, 99, -1] {
+            assert_eq!(reason(code), None, "{code}");
+        }
+        let mut codes: Vec<u64> = Algorithm::ALL.into_iter().map(algorithm).collect();
+        codes.dedup();
+        assert_eq!(codes, [1, 2, 3, 4, 5]);
+    }
+}
