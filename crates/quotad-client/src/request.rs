@@ -44,14 +44,9 @@ pub enum Error {
     BadResponse(&'static str),
 }
 
-/// Which policy a check counts under.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum PolicyRef {
-    /// A named policy from the server's configuration.
-    Named(String),
-    /// A policy given in the request (when the server allows it).
-    Inline(Policy),
-}
+/// Which policy a check counts under: quotad-core's, the one the server
+/// uses too.
+pub use quotad_core::PolicyRef;
 
 /// One request: `cost` units of `key` under a policy.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -43,6 +43,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod decision;
 pub mod policy;
+pub mod policy_ref;
 pub mod store;
 pub mod throttle;
 
@@ -52,6 +53,7 @@ pub use decision::{Decision, Reason};
 pub use policy::{
     Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
 };
+pub use policy_ref::PolicyRef;
 pub use store::{
     BatchMode, CheckItem, ENTRY_BYTES, InvalidItem, MemoryStore, OnFull, StoreConfig,
     StoreConfigError,
