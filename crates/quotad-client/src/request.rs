@@ -1,5 +1,6 @@
 //! What a caller asks and what can go wrong: a [`Check`], the policy it
-//! names, the failure policy, and the client's errors.
+//! names, the failure policy, the client's errors, and how a failed call's
+//! status is worded.
 
 use std::time::Duration;
 
@@ -116,4 +117,25 @@ impl Check {
             }),
         }
     }
+}
+
+/// An error with its causes, which tonic keeps out of `Display`; a cause
+/// an outer error already quotes is not repeated.
+pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The status of a call that quotad did not answer within its deadline.
+pub(crate) fn deadline_exceeded() -> Status {
+    Status::deadline_exceeded("no answer from quotad within the deadline")
 }
