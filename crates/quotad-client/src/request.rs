@@ -15,9 +15,11 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
 /// What a check answers when quotad cannot be reached within the deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
-    /// Admit the request; the decision's reason is [`Reason::FailOpen`].
+    /// Admit the request; the decision's reason is
+    /// [`Reason::FailOpen`](crate::Reason::FailOpen).
     FailOpen,
-    /// Deny the request; the decision's reason is [`Reason::FailClosed`].
+    /// Deny the request; the decision's reason is
+    /// [`Reason::FailClosed`](crate::Reason::FailClosed).
     FailClosed,
     /// Return [`Error::Unavailable`] and let the caller decide.
     #[default]
