@@ -15,8 +15,8 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 
 # --- Python: tests/it/python_client.rs runs examples/python/quotad_check.py,
-# which generates its stubs from proto/ with grpcio-tools. Install the
-# example's requirements when they are missing.
+# which generates its stubs from crates/quotad-proto/proto/ with grpcio-tools.
+# Install the example's requirements when they are missing.
 if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
   echo "python grpcio/grpcio-tools not found: installing examples/python/requirements.txt" >&2
   python3 -m pip install -q -r examples/python/requirements.txt

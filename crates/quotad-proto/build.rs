@@ -15,12 +15,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         std::env::var_os("CARGO_MANIFEST_DIR").ok_or("CARGO_MANIFEST_DIR is not set")?,
     );
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR is not set")?);
-    let proto_root = manifest_dir.join("../../proto");
+    // Inside the package, so the published crate builds from its own files.
+    let proto_root = manifest_dir.join("proto");
     let quota_proto = proto_root.join("quotad/v1/quota.proto");
     let rls_proto = proto_root.join("envoy/service/ratelimit/v3/rls.proto");
 
-    // The protos live outside this package, so cargo would not notice them
-    // changing; neither prost-build nor tonic-prost-build emits these lines.
+    // Naming build.rs below turns off cargo's default of rerunning on any
+    // change in the package, so the protos must be named too; neither
+    // prost-build nor tonic-prost-build emits these lines.
     println!("cargo:rerun-if-changed={}", proto_root.display());
     println!("cargo:rerun-if-changed=build.rs");
 

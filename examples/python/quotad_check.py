@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Ask quotad for a decision from Python, with stubs generated from proto/.
+"""Ask quotad for a decision from Python, with stubs generated from the protos.
 
 Any language with gRPC support talks to quotad the same way: generate stubs
-from proto/quotad/v1/quota.proto and call Check.
+from crates/quotad-proto/proto/quotad/v1/quota.proto and call Check.
 
     pip install -r examples/python/requirements.txt
     python3 examples/python/quotad_check.py --addr 127.0.0.1:50051 \
@@ -20,7 +20,8 @@ import sys
 import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
-PROTO_ROOT = HERE.parent.parent / "proto"
+# The protos live in the crate that builds them, so the published crate has them.
+PROTO_ROOT = HERE.parent.parent / "crates" / "quotad-proto" / "proto"
 
 
 def load_stubs():

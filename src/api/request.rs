@@ -12,14 +12,9 @@ use quotad_proto::v1 as pb;
 use super::error::ServiceError;
 use crate::policy::{policy_error_field, validate_policy_name};
 
-/// The policy a request is decided under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum PolicyRef {
-    /// A configured policy, by name.
-    Named(String),
-    /// A policy carried by the request.
-    Inline(Policy),
-}
+/// The policy a request is decided under (quotad-core's, shared with the
+/// client).
+pub(crate) use quotad_core::PolicyRef;
 
 /// A `Check` or `Peek` request, or one item of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]

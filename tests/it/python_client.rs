@@ -1,6 +1,7 @@
 //! Any language can use quotad through the proto: the Python example
-//! (`examples/python/quotad_check.py`, stubs generated from `proto/` at run
-//! time by grpcio-tools) against a real quotad.
+//! (`examples/python/quotad_check.py`, stubs generated from
+//! `crates/quotad-proto/proto/` at run time by grpcio-tools) against a real
+//! quotad.
 //!
 //! Needs python3 with grpcio and grpcio-tools. Without them the test fails
 //! with the command that installs them; it never skips.

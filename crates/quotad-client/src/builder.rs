@@ -8,11 +8,35 @@ use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::Status;
 use tonic::transport::Channel;
 
-use crate::client::{Client, OUTAGE_LOG_INTERVAL, Shared, source_chain};
-use crate::coalesce::{Coalescer, Coalescing, deadline_exceeded};
+use crate::client::{Client, OUTAGE_LOG_INTERVAL};
 use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
-use crate::request::{DEFAULT_DEADLINE, Error, FailurePolicy};
+use crate::queue::{Coalescer, Coalescing};
+use crate::request::{DEFAULT_DEADLINE, Error, FailurePolicy, deadline_exceeded, source_chain};
+use crate::shared::Shared;
 use crate::transport::{self, Keepalive, TlsConfig};
+
+// The ways to make a client live here, beside the settings they take, so
+// that the client's own module does not depend on its builder.
+impl Client {
+    /// Settings for a client of quotad at `address`: `http://host:port`,
+    /// `https://host:port` (with [`ClientBuilder::tls`]) or
+    /// `unix:///path/to.sock`.
+    pub fn builder(address: impl Into<String>) -> ClientBuilder {
+        ClientBuilder::new(address.into())
+    }
+
+    /// Connects with default settings and fails if quotad cannot be reached
+    /// within the deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidAddress`] (an `https://` address needs
+    /// [`ClientBuilder::tls`]), or [`Error::Unavailable`] when no connection
+    /// could be made.
+    pub async fn connect(address: impl Into<String>) -> Result<Self, Error> {
+        Self::builder(address).connect().await
+    }
+}
 
 /// Settings for a [`Client`].
 #[derive(Clone, Debug)]

@@ -1,106 +1,22 @@
 //! The gRPC client: checks with a deadline and a failure policy, coalesced
 //! into batches and answered from the deny cache where exactness allows.
 
-use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::{BatchMode, Clock, Decision, Reason, Throttle};
+use quotad_core::{BatchMode, Decision, Reason};
 use quotad_proto::v1 as pb;
-use quotad_proto::v1::quota_client::QuotaClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::builder::ClientBuilder;
-use crate::coalesce::{self, Answer, Coalescer, deadline_exceeded};
-use crate::deny_cache::DenyCache;
-use crate::request::{Check, Error, FailurePolicy, PolicyRef};
+use crate::coalesce;
+use crate::queue::{Answer, Coalescer};
+use crate::request::{Check, Error, FailurePolicy, PolicyRef, source_chain};
+use crate::shared::{Shared, call};
 
 /// How often a client (or an HTTP layer) logs that quotad is unavailable:
 /// one line per interval, carrying the number of failures kept quiet.
 pub const OUTAGE_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// What every clone of a client shares: the connection, the coalescing
-/// queue, the deny cache.
-pub(crate) struct Shared {
-    pub(crate) rpc: QuotaClient<Channel>,
-    pub(crate) coalescer: Option<Coalescer>,
-    pub(crate) cache: Option<DenyCache>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) outage_log: Throttle,
-    pub(crate) runtime: Option<tokio::runtime::Handle>,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("coalescer", &self.coalescer)
-            .field("cache", &self.cache.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
-    }
-
-    pub(crate) fn coalescer(&self) -> Option<&Coalescer> {
-        self.coalescer.as_ref()
-    }
-
-    /// The runtime batches are sent on: the one the client was built in,
-    /// else the caller's.
-    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
-        self.runtime
-            .clone()
-            .or_else(|| tokio::runtime::Handle::try_current().ok())
-    }
-
-    /// One `Check` call, answered by `deadline`.
-    pub(crate) async fn unary(&self, request: pb::CheckRequest, deadline: Instant) -> Answer {
-        metrics::counter!("quotad_client_calls_total", "method" => "check").increment(1);
-        let mut rpc = self.rpc.clone();
-        Answer::of_check(call(|r| async move { rpc.check(r).await }, request, deadline).await)
-    }
-
-    /// One `CheckBatch` call, answered by `deadline`.
-    pub(crate) async fn batch(
-        &self,
-        request: pb::CheckBatchRequest,
-        deadline: Instant,
-    ) -> Result<pb::CheckBatchResponse, Status> {
-        metrics::counter!("quotad_client_calls_total", "method" => "check_batch").increment(1);
-        let mut rpc = self.rpc.clone();
-        call(
-            |r| async move { rpc.check_batch(r).await },
-            request,
-            deadline,
-        )
-        .await
-    }
-}
-
-/// Runs one call under `deadline` (sent to the server as `grpc-timeout`
-/// too, so it stops working on an abandoned call).
-async fn call<Req, Res, F, Fut>(f: F, request: Req, deadline: Instant) -> Result<Res, Status>
-where
-    F: FnOnce(tonic::Request<Req>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<Res>, Status>>,
-{
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(deadline_exceeded());
-    }
-    let mut request = tonic::Request::new(request);
-    request.set_timeout(left);
-    match tokio::time::timeout_at(deadline, f(request)).await {
-        Ok(answer) => answer.map(tonic::Response::into_inner),
-        Err(_) => Err(deadline_exceeded()),
-    }
-}
 
 /// A cheap-to-clone handle to one quotad (or a load-balanced address of
 /// many). Every clone shares one HTTP/2 connection, one coalescing queue
@@ -131,25 +47,6 @@ pub struct Client {
 }
 
 impl Client {
-    /// Settings for a client of quotad at `address`: `http://host:port`,
-    /// `https://host:port` (with [`ClientBuilder::tls`]) or
-    /// `unix:///path/to.sock`.
-    pub fn builder(address: impl Into<String>) -> ClientBuilder {
-        ClientBuilder::new(address.into())
-    }
-
-    /// Connects with default settings and fails if quotad cannot be reached
-    /// within the deadline.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidAddress`] (an `https://` address needs
-    /// [`ClientBuilder::tls`]), or [`Error::Unavailable`] when no connection
-    /// could be made.
-    pub async fn connect(address: impl Into<String>) -> Result<Self, Error> {
-        Self::builder(address).connect().await
-    }
-
     /// A handle sharing this one's connection, queue and cache, whose calls
     /// take at most `deadline`.
     #[must_use]
@@ -345,22 +242,6 @@ impl Client {
     }
 }
 
-/// An error with its causes, which tonic keeps out of `Display`; a cause
-/// an outer error already quotes is not repeated.
-pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let line = cause.to_string();
-        if !text.contains(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 /// What lies under a failed call's status: the errors tonic keeps as its
 /// source (a refused connection; a TLS handshake failing on an unknown CA,
 /// another name or an expired certificate), or `none` when the status came
@@ -409,6 +290,8 @@ fn failure_decision(reason: Reason) -> Decision {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt;
+
     use super::*;
 
     #[derive(Debug)]

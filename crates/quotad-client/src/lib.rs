@@ -18,9 +18,13 @@
 //!   request; answers `429` with `Retry-After` and `RateLimit` headers on
 //!   denial.
 //!
-//! Layout: `client` (the handle, its settings and errors), `transport`
-//! (addresses, TLS and keepalive), `coalesce` (the queue and batches), `deny_cache`,
-//! and `layer` (the HTTP layer).
+//! Layout, each module importing only those listed before it: `request`
+//! (checks, failure policies, errors), `transport` (addresses, TLS and
+//! keepalive), `deny_cache`, `queue` (the coalescing settings and state),
+//! `shared` (what clones share, and how a call goes out), `coalesce`
+//! (batches: what leaves when, what an answer means), `client` (the
+//! handle), `builder` (its settings, and how it connects) and `layer` (the
+//! HTTP layer).
 //!
 //! Features: `tls` (default) brings rustls with the ring provider for
 //! `https://` addresses; `http` brings the tower layer and its axum, `http`
@@ -53,20 +57,20 @@ mod coalesce;
 mod deny_cache;
 #[cfg(feature = "http")]
 mod layer;
+mod queue;
 mod request;
+mod shared;
 mod transport;
 
 pub use builder::ClientBuilder;
 pub use client::{Client, OUTAGE_LOG_INTERVAL};
-pub use coalesce::{
-    BATCH_REFUSAL_BACKOFF, Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_IN_FLIGHT, MAX_RESENT_ALONE,
-};
+pub use coalesce::{BATCH_REFUSAL_BACKOFF, MAX_RESENT_ALONE};
 pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 #[cfg(feature = "http")]
 pub use layer::{
     IpPrefixes, KeyExtractor, PrefixError, RateLimit, RateLimitLayer, retry_after_secs,
 };
+pub use queue::{Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT};
 pub use quotad_core::{BatchMode, Clock, Decision, Reason};
 pub use request::{Check, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};
 pub use transport::{

@@ -1,5 +1,6 @@
 //! What a caller asks and what can go wrong: a [`Check`], the policy it
-//! names, the failure policy, and the client's errors.
+//! names, the failure policy, the client's errors, and how a failed call's
+//! status is worded.
 
 use std::time::Duration;
 
@@ -14,9 +15,11 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(250);
 /// What a check answers when quotad cannot be reached within the deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
-    /// Admit the request; the decision's reason is [`Reason::FailOpen`].
+    /// Admit the request; the decision's reason is
+    /// [`Reason::FailOpen`](crate::Reason::FailOpen).
     FailOpen,
-    /// Deny the request; the decision's reason is [`Reason::FailClosed`].
+    /// Deny the request; the decision's reason is
+    /// [`Reason::FailClosed`](crate::Reason::FailClosed).
     FailClosed,
     /// Return [`Error::Unavailable`] and let the caller decide.
     #[default]
@@ -44,14 +47,9 @@ pub enum Error {
     BadResponse(&'static str),
 }
 
-/// Which policy a check counts under.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum PolicyRef {
-    /// A named policy from the server's configuration.
-    Named(String),
-    /// A policy given in the request (when the server allows it).
-    Inline(Policy),
-}
+/// Which policy a check counts under: quotad-core's, the one the server
+/// uses too.
+pub use quotad_core::PolicyRef;
 
 /// One request: `cost` units of `key` under a policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,4 +119,25 @@ impl Check {
             }),
         }
     }
+}
+
+/// An error with its causes, which tonic keeps out of `Display`; a cause
+/// an outer error already quotes is not repeated.
+pub(crate) fn source_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The status of a call that quotad did not answer within its deadline.
+pub(crate) fn deadline_exceeded() -> Status {
+    Status::deadline_exceeded("no answer from quotad within the deadline")
 }

@@ -248,7 +248,7 @@ pub(crate) fn endpoint(
 
 #[cfg(feature = "tls")]
 fn with_tls(endpoint: Endpoint, tls: &TlsConfig) -> Result<Endpoint, String> {
-    use crate::client::source_chain;
+    use crate::request::source_chain;
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};

@@ -44,6 +44,7 @@ pub mod clock;
 pub mod decision;
 pub mod grant;
 pub mod policy;
+pub mod policy_ref;
 pub mod store;
 pub mod throttle;
 
@@ -57,6 +58,7 @@ pub use grant::{
 pub use policy::{
     Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
 };
+pub use policy_ref::PolicyRef;
 pub use store::{
     BatchMode, CheckItem, ENTRY_BYTES, InvalidItem, MemoryStore, OnFull, StoreConfig,
     StoreConfigError,
