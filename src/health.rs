@@ -143,6 +143,13 @@ mod tests {
         async fn peek(&self, _item: &CheckItem<'_>, _: Deadline) -> ItemResult {
             Err(BackendError::Internal("not used".to_owned()))
         }
+        async fn lease(
+            &self,
+            _item: &crate::backend::LeaseItem<'_>,
+            _: Deadline,
+        ) -> crate::backend::LeaseResult {
+            Err(BackendError::Internal("not used".to_owned()))
+        }
         async fn reset(
             &self,
             _name: &str,

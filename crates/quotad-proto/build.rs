@@ -1,5 +1,5 @@
-//! Generates the tonic clients and servers for `proto/quotad/v1/quota.proto`
-//! and Envoy's rate limit service (`proto/envoy/service/ratelimit/v3/rls.proto`,
+//! Generates the tonic clients and servers for `proto/quotad/v1/quota.proto`,
+//! `proto/quotad/v1/lease.proto` and Envoy's rate limit service (`proto/envoy/service/ratelimit/v3/rls.proto`,
 //! vendored with the files it imports), with one descriptor set for both.
 //!
 //! `protoc` comes from `protoc-bin-vendored`, so building needs no system
@@ -18,6 +18,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     // Inside the package, so the published crate builds from its own files.
     let proto_root = manifest_dir.join("proto");
     let quota_proto = proto_root.join("quotad/v1/quota.proto");
+    let lease_proto = proto_root.join("quotad/v1/lease.proto");
     let rls_proto = proto_root.join("envoy/service/ratelimit/v3/rls.proto");
 
     // Naming build.rs below turns off cargo's default of rerunning on any
@@ -37,7 +38,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .file_descriptor_set_path(out_dir.join("quotad_descriptor.bin"))
         .compile_with_config(
             config,
-            &[quota_proto, rls_proto],
+            &[quota_proto, lease_proto, rls_proto],
             // The vendored well-known types (google/protobuf/*.proto), so
             // protos that import them build without a system install.
             &[proto_root, protoc_bin_vendored::include_path()?],

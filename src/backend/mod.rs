@@ -18,7 +18,9 @@ pub mod redis;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use quotad_core::{BatchMode, CheckItem, Decision, Policy};
+use quotad_core::{
+    BatchMode, CheckItem, Decision, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Policy,
+};
 use thiserror::Error;
 
 /// When the caller of a store call stops waiting for its answer.
@@ -94,6 +96,25 @@ pub enum BackendError {
 
 /// One item's answer: its decision, or why the backend could not make it.
 pub type ItemResult = Result<Decision, BackendError>;
+
+/// One lease request: settle a lease of `(name, key)` and grant another.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseItem<'a> {
+    /// The policy namespace (a named policy's name, or the inline one's).
+    pub name: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The policy counting the key.
+    pub policy: Policy,
+    /// How the policy hands out leases.
+    pub terms: LeaseTerms,
+    /// What is settled and asked for.
+    pub ask: LeaseAsk,
+}
+
+/// A lease request's answer: the outcome, or the caller's error
+/// ([`LeaseError`]: nothing changed); a backend failure is the outer error.
+pub type LeaseResult = Result<Result<LeaseOutcome, LeaseError>, BackendError>;
 
 /// Counts a backend reports for the metrics; `None` where it cannot know.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -216,6 +237,22 @@ pub trait Backend: Send + Sync + 'static {
         key: &str,
         deadline: Deadline,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Settles the lease `item.ask` names and grants a new one, in one
+    /// atomic transition with the key's state (quotad-core's grant
+    /// ledger: [`quotad_core::MemoryStore::lease`] is the reference).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`: nothing is granted or returned then, nor later. The
+    /// inner [`LeaseError`] is the caller's (an unknown or overspent
+    /// lease), and changes nothing either.
+    fn lease(
+        &self,
+        item: &LeaseItem<'_>,
+        deadline: Deadline,
+    ) -> impl Future<Output = LeaseResult> + Send;
 
     /// Counts for the metrics, the backend's own [`Figure`]s included;
     /// cheap enough to call on every scrape.

@@ -36,12 +36,14 @@ decoded!(InvalidArgument:
     crate::v1::CheckRequest,
     crate::v1::CheckBatchRequest,
     crate::v1::ResetRequest,
+    crate::v1::LeaseRequest,
     crate::envoy::service::ratelimit::v3::RateLimitRequest,
 );
 decoded!(Internal:
     crate::v1::CheckResponse,
     crate::v1::CheckBatchResponse,
     crate::v1::ResetResponse,
+    crate::v1::LeaseResponse,
     crate::envoy::service::ratelimit::v3::RateLimitResponse,
 );
 

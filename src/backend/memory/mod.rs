@@ -12,7 +12,7 @@ use std::time::Duration;
 use quotad_core::{BatchMode, CheckItem, MemoryStore, Policy};
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, BackendError, BackendStats, Deadline, ItemResult};
+use super::{Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem, LeaseResult};
 use crate::config::{Config, MemorySettings};
 use crate::metrics::Metrics;
 use crate::policy::PolicyRegistry;
@@ -44,6 +44,17 @@ impl Backend for MemoryStore {
 
     async fn peek(&self, item: &CheckItem<'_>, _: Deadline) -> ItemResult {
         Ok(MemoryStore::peek(self, item))
+    }
+
+    async fn lease(&self, item: &LeaseItem<'_>, _: Deadline) -> LeaseResult {
+        Ok(MemoryStore::lease(
+            self,
+            item.name,
+            item.key,
+            &item.policy,
+            &item.terms,
+            &item.ask,
+        ))
     }
 
     async fn reset(

@@ -50,7 +50,10 @@ use self::connection::{
     Bound, CORRUPT_STATE, CallError, Connections, Counts, LateReply, Link, local_ms,
 };
 use self::wire::UNREADABLE;
-use super::{Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult};
+use super::{
+    Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult, LeaseItem,
+    LeaseResult,
+};
 
 const SCRIPT: &str = include_str!("quota.lua");
 
@@ -735,6 +738,23 @@ impl Backend for RedisBackend {
 
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
         self.each(Mode::Peek, items, deadline).await
+    }
+
+    /// Not yet on Redis: every lease request is answered direct (no lease
+    /// granted, nothing settled, nothing counted), so clients decide each
+    /// request with a check, exactly. A lease to settle cannot have come
+    /// from this backend, so naming one is an unknown lease.
+    async fn lease(&self, item: &LeaseItem<'_>, _: Deadline) -> LeaseResult {
+        if item.ask.settle.is_some() {
+            return Ok(Err(quotad_core::LeaseError::UnknownLease));
+        }
+        Ok(Ok(quotad_core::LeaseOutcome {
+            settled: None,
+            answer: quotad_core::LeaseAnswer::Direct,
+            remaining: 0,
+            limit: item.policy.capacity(),
+            reset_after_ms: 0,
+        }))
     }
 
     /// Forgets the key by a script with the same deadline as a check's (the
