@@ -469,6 +469,17 @@ const MARGIN_MS: u64 = 5;
 fn run(policy: Policy, terms: LeaseTerms, ops: &[Op]) -> Vec<(u64, u64)> {
     let clock = Arc::new(FakeClock::new(1_000_000));
     let store = store(&clock);
+    run_on(&store, &clock, policy, terms, ops)
+}
+
+/// [`run`] on a given store and clock.
+fn run_on(
+    store: &MemoryStore,
+    clock: &FakeClock,
+    policy: Policy,
+    terms: LeaseTerms,
+    ops: &[Op],
+) -> Vec<(u64, u64)> {
     let mut clients: Vec<Option<Held>> = vec![None; 4];
     let mut admitted = Vec::new();
     let mut next_id = 1;
@@ -592,5 +603,35 @@ proptest! {
         let t = terms(max_units.max(min_units), min_units, Duration::from_millis(ttl_ms));
         let admitted = run(p, t, &ops);
         prop_assert!(replay_admits_all(p, &admitted).is_ok(), "{:?}", replay_admits_all(p, &admitted));
+    }
+
+    #[test]
+    fn with_leases_held_a_denial_still_says_the_exact_wait(
+        algorithm in proptest::sample::select(Algorithm::ALL.to_vec()),
+        limit in 1u64..100,
+        window_s in 1u64..20,
+        max_units in 1u64..60,
+        ttl_ms in 10u64..30_000,
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let p = policy(algorithm, limit, Duration::from_secs(window_s));
+        let t = terms(max_units, 1, Duration::from_millis(ttl_ms));
+        let clock = Arc::new(FakeClock::new(1_000_000));
+        let store = store(&clock);
+        run_on(&store, &clock, p, t, &ops);
+        let now = quotad_core::Clock::now_ms(&*clock);
+        for cost in 1..=p.capacity() {
+            let item = CheckItem::new("api", p, "k", cost).expect("item");
+            let denied = store.peek(&item);
+            if denied.allowed || denied.retry_after_ms == 0 {
+                continue;
+            }
+            let wait = denied.retry_after_ms;
+            clock.set(now + wait - 1);
+            prop_assert!(!store.peek(&item).allowed, "cost {cost}: allowed before its wait of {wait}");
+            clock.set(now + wait);
+            prop_assert!(store.peek(&item).allowed, "cost {cost}: still denied after its wait of {wait}");
+            clock.set(now);
+        }
     }
 }
