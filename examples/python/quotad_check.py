@@ -25,27 +25,31 @@ PROTO_ROOT = HERE.parent.parent / "crates" / "quotad-proto" / "proto"
 
 
 def load_stubs():
-    """Generates the Python stubs into a temporary folder and imports them."""
+    """Generates the Python stubs into a temporary folder, imports them, and
+    removes the folder (the imported modules stay loaded)."""
     from grpc_tools import protoc
 
-    out = pathlib.Path(tempfile.mkdtemp(prefix="quotad-stubs-"))
     proto = PROTO_ROOT / "quotad" / "v1" / "quota.proto"
-    code = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            str(proto),
-        ]
-    )
-    if code != 0:
-        sys.exit(f"protoc failed on {proto} (exit {code})")
-    sys.path.insert(0, str(out))
-    return (
-        importlib.import_module("quotad.v1.quota_pb2"),
-        importlib.import_module("quotad.v1.quota_pb2_grpc"),
-    )
+    with tempfile.TemporaryDirectory(prefix="quotad-stubs-") as out:
+        code = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{PROTO_ROOT}",
+                f"--python_out={out}",
+                f"--grpc_python_out={out}",
+                str(proto),
+            ]
+        )
+        if code != 0:
+            sys.exit(f"protoc failed on {proto} (exit {code})")
+        sys.path.insert(0, out)
+        try:
+            return (
+                importlib.import_module("quotad.v1.quota_pb2"),
+                importlib.import_module("quotad.v1.quota_pb2_grpc"),
+            )
+        finally:
+            sys.path.remove(out)
 
 
 def main():

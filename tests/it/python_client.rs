@@ -56,10 +56,13 @@ async fn the_python_example_gets_the_same_decisions_as_any_client() {
     require_python_grpc();
     let server = TestServer::start_toml(CONFIG, Arc::new(FakeClock::new(NOON_30))).await;
     let addr = server.grpc_addr.to_string();
+    // Its own temporary folder, to see that the script leaves nothing there.
+    let tmp = tempfile::tempdir().expect("a temporary folder");
     let mut command = Command::new("python3");
     command.args([
         SCRIPT, "--addr", &addr, "--policy", "checkout", "--key", "cart-7", "--count", "5",
     ]);
+    command.env("TMPDIR", tmp.path());
     // Blocking, so the test server keeps serving on the runtime meanwhile;
     // generating the stubs takes a second or two.
     let out = tokio::task::spawn_blocking(move || run_within(command, Duration::from_secs(120)))
@@ -73,6 +76,10 @@ async fn the_python_example_gets_the_same_decisions_as_any_client() {
         .map(|line| serde_json::from_str(line).expect("one JSON object a line"))
         .collect();
     assert_eq!(decisions.len(), 5, "{}", out.transcript());
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("the temporary folder is readable")
+        .collect();
+    assert!(left.is_empty(), "the script left {left:?} behind");
     for (i, decision) in decisions.iter().enumerate() {
         let admitted = i < 3;
         let expected = serde_json::json!({
