@@ -8,7 +8,8 @@
 //! - `/policies`: the named policies in force, as JSON:
 //!   `{"policies": {"login": {"algorithm": "fixed_window", "limit": 5,
 //!   "window_ms": 60000, "burst": null, "on_error": "error"}}}` (`burst` is
-//!   set for the bucket algorithms only).
+//!   set for the bucket algorithms only); a policy with lease settings also
+//!   has `"lease": {"max_units": 100, "min_units": 10, "max_ttl_ms": 10000}`.
 //!
 //! HTTP/1.1 only (Prometheus and the kubelet speak it). A client has
 //! `transport.admin_header_timeout` to send a request's headers, and the
@@ -155,6 +156,17 @@ struct PolicyBody {
     window_ms: u64,
     burst: Option<u64>,
     on_error: &'static str,
+    // Left out, not null, for a policy without leases: most policies have
+    // none, and their bodies stay as short as they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<LeaseBody>,
+}
+
+#[derive(Serialize)]
+struct LeaseBody {
+    max_units: u64,
+    min_units: u64,
+    max_ttl_ms: u64,
 }
 
 async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
@@ -170,6 +182,11 @@ async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
                 window_ms: p.window_ms(),
                 burst: p.algorithm().is_bucket().then_some(p.burst()),
                 on_error: settings.on_error.as_str(),
+                lease: settings.lease.map(|terms| LeaseBody {
+                    max_units: terms.max_units(),
+                    min_units: terms.min_units(),
+                    max_ttl_ms: terms.max_ttl_ms(),
+                }),
             };
             (name, body)
         })

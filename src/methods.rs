@@ -14,6 +14,7 @@
 //! and it imports none of them.
 
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME as RLS_SERVICE;
+use quotad_proto::v1::leases_server::SERVICE_NAME as LEASES_SERVICE;
 use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
 
 /// A gRPC service quotad serves on its gRPC port, and reports by name in
@@ -22,13 +23,15 @@ use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
 pub(crate) enum Service {
     /// `quotad.v1.Quota`: quotad's own API.
     Quota,
+    /// `quotad.v1.Leases`: shares of a key's budget spent by the client.
+    Leases,
     /// `envoy.service.ratelimit.v3.RateLimitService`: Envoy's RLS.
     Rls,
 }
 
 impl Service {
     /// Every service, in the order health reports them.
-    pub(crate) const ALL: [Service; 2] = [Service::Quota, Service::Rls];
+    pub(crate) const ALL: [Service; 3] = [Service::Quota, Service::Leases, Service::Rls];
 
     /// Every service's [name](Service::name), in [`Service::ALL`]'s order:
     /// the services gRPC health reports.
@@ -47,6 +50,7 @@ impl Service {
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Service::Quota => QUOTA_SERVICE,
+            Service::Leases => LEASES_SERVICE,
             Service::Rls => RLS_SERVICE,
         }
     }
@@ -57,7 +61,7 @@ impl Service {
     /// proto (Envoy's) is fixed.
     pub(crate) const fn grows_with_quotad(self) -> bool {
         match self {
-            Service::Quota => true,
+            Service::Quota | Service::Leases => true,
             Service::Rls => false,
         }
     }
@@ -71,7 +75,8 @@ impl Service {
 /// An `[auth]` group: the methods one allowlist covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AuthGroup {
-    /// `auth.check`: `Check` and `CheckBatch`.
+    /// `auth.check`: `Check`, `CheckBatch` and `Lease` (a lease consumes
+    /// budget as a check does).
     Check,
     /// `auth.peek`: `Peek`.
     Peek,
@@ -162,6 +167,8 @@ methods! {
     Peek: Quota "Peek", auth Peek, label "peek";
     /// `quotad.v1.Quota/Reset`.
     Reset: Quota "Reset", auth Reset, label "reset";
+    /// `quotad.v1.Leases/Lease`.
+    Lease: Leases "Lease", auth Check, label "lease";
     /// Envoy's `RateLimitService/ShouldRateLimit`.
     ShouldRateLimit: Rls "ShouldRateLimit", auth ShouldRateLimit, label "should_rate_limit";
 }
@@ -240,6 +247,11 @@ mod tests {
             Method::find("/quotad.v1.Quota/SomeLaterMethod"),
             Path::Unlisted(Service::Quota)
         );
+        assert_eq!(
+            Method::find("/quotad.v1.Leases/Lease"),
+            Path::Method(Method::Lease)
+        );
+        assert_eq!(Method::Lease.group(), AuthGroup::Check);
         assert_eq!(
             Method::find("/quotad.v1.Quota/Check/more"),
             Path::Unlisted(Service::Quota)

@@ -34,6 +34,8 @@
 //! | `quotad_rls_rules` | gauge | |
 //! | `quotad_rls_shadow_denials_total` | counter | `policy` (the rule's namespace) |
 //! | `quotad_rls_no_limit_total` | counter | `reason` |
+//! | `quotad_leases_total` | counter | `policy`, `outcome` (`granted`, `direct`, `returned`, `ended`, `refused`) |
+//! | `quotad_lease_units_granted_total`, `quotad_lease_units_returned_total` | counter | `policy` |
 //!
 //! The `quotad_redis_*` series stay at 0 with the memory backend.
 //!
@@ -87,6 +89,9 @@ const RLS_RELOADS: &str = "quotad_rls_reloads_total";
 const RLS_RULES: &str = "quotad_rls_rules";
 const RLS_SHADOW: &str = "quotad_rls_shadow_denials_total";
 const RLS_NO_LIMIT: &str = "quotad_rls_no_limit_total";
+const LEASES: &str = "quotad_leases_total";
+const LEASE_UNITS_GRANTED: &str = "quotad_lease_units_granted_total";
+const LEASE_UNITS_RETURNED: &str = "quotad_lease_units_returned_total";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -110,6 +115,7 @@ pub(crate) struct Metrics {
     reloads_ok: Counter,
     reloads_error: Counter,
     inline: [Arc<DecisionCounters>; 5],
+    inline_leases: Arc<LeaseCounters>,
     rls_reloads_ok: Counter,
     rls_reloads_error: Counter,
     rls_rules: Gauge,
@@ -210,6 +216,7 @@ impl Metrics {
             reloads_ok: counter(RELOADS, vec![Label::new("outcome", "ok")]),
             reloads_error: counter(RELOADS, vec![Label::new("outcome", "error")]),
             inline,
+            inline_leases: Arc::new(LeaseCounters::new(&recorder, INLINE_POLICY_LABEL)),
             rls_reloads_ok: counter(RLS_RELOADS, vec![Label::new("outcome", "ok")]),
             rls_reloads_error: counter(RLS_RELOADS, vec![Label::new("outcome", "error")]),
             rls_rules: recorder.register_gauge(&Key::from_static_name(RLS_RULES), &metadata()),
@@ -240,6 +247,16 @@ impl Metrics {
     /// The decision counters shared by every inline policy of `algorithm`.
     pub(crate) fn inline_policy(&self, algorithm: Algorithm) -> &Arc<DecisionCounters> {
         &self.inline[algorithm as usize]
+    }
+
+    /// The lease counters of a named policy.
+    pub(crate) fn named_leases(&self, name: &str) -> Arc<LeaseCounters> {
+        Arc::new(LeaseCounters::new(&self.recorder, name))
+    }
+
+    /// The lease counters shared by every inline policy.
+    pub(crate) fn inline_leases(&self) -> &Arc<LeaseCounters> {
+        &self.inline_leases
     }
 
     /// Records how long a request took.
@@ -445,6 +462,99 @@ impl DecisionTally {
     }
 }
 
+/// What became of a lease request, as the `outcome` label of
+/// `quotad_leases_total`. A request that settles a lease and asks for a
+/// new one counts twice: what became of the old one, then of the new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseEvent {
+    /// A lease was granted.
+    Granted,
+    /// A lease was asked for and the answer was direct.
+    Direct,
+    /// A live lease was settled; its unspent units went back.
+    Returned,
+    /// The lease settled had ended: nothing went back.
+    Ended,
+    /// The store refused the request (an unknown or overspent lease) or
+    /// failed: nothing was granted or settled.
+    Refused,
+}
+
+impl LeaseEvent {
+    const ALL: [LeaseEvent; 5] = [
+        LeaseEvent::Granted,
+        LeaseEvent::Direct,
+        LeaseEvent::Returned,
+        LeaseEvent::Ended,
+        LeaseEvent::Refused,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseEvent::Granted => "granted",
+            LeaseEvent::Direct => "direct",
+            LeaseEvent::Returned => "returned",
+            LeaseEvent::Ended => "ended",
+            LeaseEvent::Refused => "refused",
+        }
+    }
+}
+
+/// `quotad_leases_total` and the lease units counters of one policy label,
+/// registered lazily so that only what happens is exported.
+#[derive(Debug)]
+pub(crate) struct LeaseCounters {
+    recorder: Arc<PrometheusRecorder>,
+    policy: String,
+    events: [OnceLock<Counter>; LeaseEvent::ALL.len()],
+    units_granted: OnceLock<Counter>,
+    units_returned: OnceLock<Counter>,
+}
+
+impl LeaseCounters {
+    fn new(recorder: &Arc<PrometheusRecorder>, policy: &str) -> Self {
+        LeaseCounters {
+            recorder: Arc::clone(recorder),
+            policy: policy.to_owned(),
+            events: Default::default(),
+            units_granted: OnceLock::new(),
+            units_returned: OnceLock::new(),
+        }
+    }
+
+    /// Counts one `event`.
+    pub(crate) fn record(&self, event: LeaseEvent) {
+        self.events[event as usize]
+            .get_or_init(|| {
+                let labels = vec![
+                    Label::new("policy", self.policy.clone()),
+                    Label::new("outcome", event.as_str()),
+                ];
+                register_counter(&self.recorder, LEASES, labels)
+            })
+            .increment(1);
+    }
+
+    /// Counts `units` granted in a lease.
+    pub(crate) fn granted_units(&self, units: u64) {
+        self.units(&self.units_granted, LEASE_UNITS_GRANTED)
+            .increment(units);
+    }
+
+    /// Counts `units` given back by a settled lease.
+    pub(crate) fn returned_units(&self, units: u64) {
+        self.units(&self.units_returned, LEASE_UNITS_RETURNED)
+            .increment(units);
+    }
+
+    fn units<'a>(&'a self, slot: &'a OnceLock<Counter>, name: &'static str) -> &'a Counter {
+        slot.get_or_init(|| {
+            let labels = vec![Label::new("policy", self.policy.clone())];
+            register_counter(&self.recorder, name, labels)
+        })
+    }
+}
+
 /// One RLS rule's counters: its decisions, and the denials its shadow mode
 /// (or the server's) let through.
 #[derive(Debug)]
@@ -546,6 +656,18 @@ fn describe(recorder: &PrometheusRecorder) {
         (
             RLS_NO_LIMIT,
             "RLS descriptors with no limit to check, by reason (unknown_domain, no_match, replaced, unlimited).",
+        ),
+        (
+            LEASES,
+            "Lease requests, by policy name (or \"inline\") and outcome: granted or direct for a lease asked for, returned or ended for one settled, refused when nothing happened (an unknown or overspent lease, a store failure).",
+        ),
+        (
+            LEASE_UNITS_GRANTED,
+            "Units granted in leases (charged to their key's budget when granted), by policy name (or \"inline\").",
+        ),
+        (
+            LEASE_UNITS_RETURNED,
+            "Unspent lease units given back to their key's budget when settled, by policy name (or \"inline\").",
         ),
     ];
     for (name, help) in counters {
@@ -713,6 +835,32 @@ mod tests {
         assert!(
             text.contains("quotad_redis_corrupt_state_total 0"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn counts_lease_outcomes_and_units_by_policy() {
+        let metrics = Metrics::new().expect("metrics");
+        let api = metrics.named_leases("api");
+        api.record(LeaseEvent::Granted);
+        api.record(LeaseEvent::Granted);
+        api.granted_units(40);
+        api.record(LeaseEvent::Returned);
+        api.returned_units(7);
+        metrics.inline_leases().record(LeaseEvent::Direct);
+        let text = metrics.render();
+        for line in [
+            r#"quotad_leases_total{policy="api",outcome="granted"} 2"#,
+            r#"quotad_leases_total{policy="api",outcome="returned"} 1"#,
+            r#"quotad_leases_total{policy="inline",outcome="direct"} 1"#,
+            r#"quotad_lease_units_granted_total{policy="api"} 40"#,
+            r#"quotad_lease_units_returned_total{policy="api"} 7"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        assert!(
+            !text.contains(r#"quotad_leases_total{policy="api",outcome="refused"}"#),
+            "only what happened is exported: {text}"
         );
     }
 

@@ -10,10 +10,11 @@
 use std::sync::Arc;
 
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use quotad_proto::v1::leases_server::LeasesServer;
 use quotad_proto::v1::quota_server::QuotaServer;
 use tonic::service::RoutesBuilder;
 
-use crate::api::{QuotaService, RequestLimits, RlsOptions, RlsService};
+use crate::api::{LeaseService, QuotaService, RequestLimits, RlsOptions, RlsService};
 use crate::backend::Backend;
 use crate::methods::Service;
 use crate::metrics::Metrics;
@@ -58,20 +59,32 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
     /// gRPC health) is always served.
     pub(crate) fn register(&mut self, service: Service) -> Result<(), Error> {
         let max_message_bytes = self.config.transport().max_message_bytes;
+        let limits = RequestLimits {
+            max_key_bytes: self.config.store().max_key_bytes,
+            on_error: self.config.store().on_error,
+            request_timeout: self.config.transport().request_timeout,
+        };
         match service {
             Service::Quota => {
                 let quota = QuotaService::new(
                     Arc::clone(&self.backend),
                     Arc::clone(&self.registry),
                     Arc::clone(&self.metrics),
-                    RequestLimits {
-                        max_key_bytes: self.config.store().max_key_bytes,
-                        on_error: self.config.store().on_error,
-                        request_timeout: self.config.transport().request_timeout,
-                    },
+                    limits,
                 );
                 self.routes.add_service(
                     QuotaServer::new(quota).max_decoding_message_size(max_message_bytes),
+                );
+            }
+            Service::Leases => {
+                let leases = LeaseService::new(
+                    Arc::clone(&self.backend),
+                    Arc::clone(&self.registry),
+                    Arc::clone(&self.metrics),
+                    limits,
+                );
+                self.routes.add_service(
+                    LeasesServer::new(leases).max_decoding_message_size(max_message_bytes),
                 );
             }
             Service::Rls => {

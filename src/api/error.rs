@@ -1,7 +1,7 @@
 //! Why a request failed, and the one place that turns it into a gRPC
 //! status.
 
-use quotad_core::InvalidItem;
+use quotad_core::{InvalidItem, LeaseError};
 use thiserror::Error;
 use tonic::Status;
 
@@ -18,6 +18,11 @@ pub(crate) enum ServiceError {
     /// A policy name that is not configured: NOT_FOUND.
     #[error("{field}: no policy named {name:?}")]
     UnknownPolicy { field: String, name: String },
+    /// A lease id the key does not hold and that has not ended: NOT_FOUND.
+    #[error(
+        "{field}: names no live lease of this key (it was never granted here, or the key was reset)"
+    )]
+    UnknownLease { field: String },
     /// An inline policy on a server that does not accept them:
     /// FAILED_PRECONDITION (the server's configuration, not the caller's
     /// identity, forbids it; retrying will not help until it changes).
@@ -59,6 +64,9 @@ impl ServiceError {
             ServiceError::InlineDisabled { field } => ServiceError::InlineDisabled {
                 field: prefix(field),
             },
+            ServiceError::UnknownLease { field } => ServiceError::UnknownLease {
+                field: prefix(field),
+            },
             other @ (ServiceError::Backend(_) | ServiceError::ResetDisabled) => other,
         }
     }
@@ -77,12 +85,30 @@ impl From<InvalidItem> for ServiceError {
     }
 }
 
+impl From<LeaseError> for ServiceError {
+    // The store's refusal of the lease a request settles: both are about
+    // its `settle` message.
+    fn from(error: LeaseError) -> Self {
+        match error {
+            LeaseError::UnknownLease => ServiceError::UnknownLease {
+                field: "settle.lease_id".to_owned(),
+            },
+            LeaseError::Overspent { spent, units } => ServiceError::invalid(
+                "settle.spent",
+                format!("must be at most the lease's {units} units (got {spent})"),
+            ),
+        }
+    }
+}
+
 /// The gRPC status for an error: the only mapping from errors to codes.
 pub(crate) fn to_status(error: &ServiceError) -> Status {
     let message = error.to_string();
     match error {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
-        ServiceError::UnknownPolicy { .. } => Status::not_found(message),
+        ServiceError::UnknownPolicy { .. } | ServiceError::UnknownLease { .. } => {
+            Status::not_found(message)
+        }
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
         ServiceError::ResetDisabled => Status::permission_denied(message),
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
@@ -120,6 +146,19 @@ mod tests {
                 },
                 Code::FailedPrecondition,
                 "inline_policy: inline policies are disabled",
+            ),
+            (
+                ServiceError::from(LeaseError::UnknownLease),
+                Code::NotFound,
+                "settle.lease_id: names no live lease of this key",
+            ),
+            (
+                ServiceError::from(LeaseError::Overspent {
+                    spent: 11,
+                    units: 10,
+                }),
+                Code::InvalidArgument,
+                "settle.spent: must be at most the lease's 10 units (got 11)",
             ),
             (
                 ServiceError::Backend(BackendError::Unavailable("redis down".into())),

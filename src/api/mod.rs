@@ -4,16 +4,19 @@
 //! to a gRPC status in one place ([`error::to_status`]).
 //!
 //! - [`quota`]: `quotad.v1.Quota` (Check, CheckBatch, Peek, Reset).
+//! - [`lease`]: `quotad.v1.Leases` (Lease): shares of a key's budget.
 //! - [`rls`]: Envoy's `RateLimitService` (ShouldRateLimit).
 //! - `answer`: what both answer when the store failed, and the store
 //!   calls they count.
 
 mod answer;
 pub(crate) mod error;
+pub(crate) mod lease;
 pub(crate) mod quota;
 pub(crate) mod request;
 pub(crate) mod rls;
 
+pub(crate) use lease::LeaseService;
 pub(crate) use quota::{QuotaService, RequestLimits};
 pub(crate) use rls::{RlsOptions, RlsService};
 

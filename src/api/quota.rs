@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 use super::answer::{Answer, StoreOps, on_backend_error, store_failed};
 use super::error::ServiceError;
 use super::request::{
-    BatchSpec, CheckSpec, PolicyRef, ResetSpec, decision_to_pb, inline_namespace,
+    BatchSpec, CheckSpec, PolicyRef, ResetSpec, check_key_bytes, decision_to_pb, inline_namespace,
 };
 use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
@@ -214,17 +214,7 @@ impl<S: Backend> QuotaService<S> {
     }
 
     fn check_key(&self, key: &str) -> Result<(), ServiceError> {
-        if key.len() > self.limits.max_key_bytes {
-            return Err(ServiceError::invalid(
-                "key",
-                format!(
-                    "must be at most {} bytes (got {})",
-                    self.limits.max_key_bytes,
-                    key.len()
-                ),
-            ));
-        }
-        Ok(())
+        check_key_bytes(key, self.limits.max_key_bytes)
     }
 
     /// The target of `policy`: a named policy of `set`, or an inline

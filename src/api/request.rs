@@ -128,11 +128,24 @@ impl TryFrom<pb::CheckBatchRequest> for BatchSpec {
     }
 }
 
-fn key(key: String) -> Result<String, ServiceError> {
+/// A request's key, checked for the rules that need no configuration.
+pub(super) fn key(key: String) -> Result<String, ServiceError> {
     if key.is_empty() {
         return Err(ServiceError::invalid("key", "must not be empty"));
     }
     Ok(key)
+}
+
+/// Checks a key against `store.max_key_bytes`: every service that takes
+/// a key refuses the same ones.
+pub(super) fn check_key_bytes(key: &str, max_key_bytes: usize) -> Result<(), ServiceError> {
+    if key.len() > max_key_bytes {
+        return Err(ServiceError::invalid(
+            "key",
+            format!("must be at most {max_key_bytes} bytes (got {})", key.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// The cost asked for, checked here with the rest of the request (before
@@ -156,16 +169,16 @@ fn cost(cost: Option<u64>) -> Result<u64, ServiceError> {
     }
 }
 
-fn missing_policy() -> ServiceError {
+pub(super) fn missing_policy() -> ServiceError {
     ServiceError::invalid("policy", "set policy_name or inline_policy")
 }
 
-fn named(name: String) -> Result<PolicyRef, ServiceError> {
+pub(super) fn named(name: String) -> Result<PolicyRef, ServiceError> {
     validate_policy_name(&name).map_err(|message| ServiceError::invalid("policy_name", message))?;
     Ok(PolicyRef::Named(name))
 }
 
-fn inline(policy: &pb::Policy) -> Result<PolicyRef, ServiceError> {
+pub(super) fn inline(policy: &pb::Policy) -> Result<PolicyRef, ServiceError> {
     let algorithm = algorithm(policy.algorithm)?;
     let window = Duration::from_millis(policy.window_ms);
     Policy::try_new(algorithm, policy.limit, window, policy.burst)

@@ -1,6 +1,6 @@
-//! `[limits]`: what an inline policy may ask for.
+//! `[limits]`: what an inline policy, and its lease terms, may ask for.
 
-use quotad_core::{Algorithm, Policy};
+use quotad_core::{Algorithm, LeaseTerms, Policy};
 
 use super::settings::LimitSettings;
 
@@ -46,6 +46,37 @@ impl LimitSettings {
                     "must be at most {} for an inline policy (limits.max_inline_limit); got {}",
                     self.max_inline_limit,
                     policy.burst()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the lease terms of an inline policy against
+    /// `limits.lease_max_*`.
+    ///
+    /// # Errors
+    ///
+    /// The offending field of the terms (`max_units`, `max_ttl_ms`) and a
+    /// message naming the setting that bounds it.
+    pub fn check_lease(&self, terms: &LeaseTerms) -> Result<(), (&'static str, String)> {
+        if terms.max_units() > self.lease_max_units {
+            return Err((
+                "max_units",
+                format!(
+                    "must be at most {} for an inline policy (limits.lease_max_units); got {}",
+                    self.lease_max_units,
+                    terms.max_units()
+                ),
+            ));
+        }
+        let max_ttl_ms = u64::try_from(self.lease_max_ttl.as_millis()).unwrap_or(u64::MAX);
+        if terms.max_ttl_ms() > max_ttl_ms {
+            return Err((
+                "max_ttl_ms",
+                format!(
+                    "must be at most {max_ttl_ms} for an inline policy (limits.lease_max_ttl); got {}",
+                    terms.max_ttl_ms()
                 ),
             ));
         }
@@ -104,6 +135,32 @@ mod tests {
         assert_eq!(
             field(policy(Algorithm::TokenBucket, 10, day, Some(1_000_001))),
             "burst"
+        );
+    }
+
+    #[test]
+    fn inline_lease_terms_stay_within_the_configured_bounds() {
+        let limits = Config::default().limits().clone();
+        let terms = |max_units, ttl_ms| {
+            LeaseTerms::try_new(max_units, 1, Duration::from_millis(ttl_ms)).expect("valid terms")
+        };
+        assert!(limits.check_lease(&terms(1_000, 10_000)).is_ok());
+        let (field, message) = limits
+            .check_lease(&terms(1_001, 10_000))
+            .expect_err("too many units");
+        assert_eq!(field, "max_units");
+        assert!(message.contains("limits.lease_max_units"), "{message}");
+        let (field, message) = limits
+            .check_lease(&terms(10, 10_001))
+            .expect_err("too long");
+        assert_eq!(field, "max_ttl_ms");
+        assert!(message.contains("limits.lease_max_ttl"), "{message}");
+        // 0 refuses every inline lease.
+        let mut none = limits.clone();
+        none.lease_max_units = 0;
+        assert_eq!(
+            none.check_lease(&terms(1, 1)).map_err(|e| e.0),
+            Err("max_units")
         );
     }
 }

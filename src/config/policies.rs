@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use quotad_core::Policy;
+use quotad_core::{LeaseTerms, LeaseTermsError, Policy};
 use serde::Deserialize;
 
 use super::human_duration;
@@ -36,7 +36,8 @@ impl OnError {
     }
 }
 
-/// A named policy, and what its checks answer when the store fails.
+/// A named policy, what its checks answer when the store fails, and how
+/// it hands out leases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PolicySettings {
@@ -44,6 +45,10 @@ pub struct PolicySettings {
     pub policy: Policy,
     /// `policies.NAME.on_error`, or `store.on_error` when not set.
     pub on_error: OnError,
+    /// `policies.NAME.lease`: how `Leases.Lease` hands out shares of a
+    /// key's budget; `None` (no `lease` table) when the policy has no
+    /// leases.
+    pub lease: Option<LeaseTerms>,
 }
 
 /// `[policies.NAME]` as written.
@@ -56,6 +61,39 @@ pub(super) struct RawPolicy {
     window: Duration,
     burst: Option<u64>,
     on_error: Option<OnError>,
+    lease: Option<RawLease>,
+}
+
+/// `policies.NAME.lease` as written:
+/// `lease = { max_units = 100, min_units = 10, max_ttl = "10s" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    max_units: u64,
+    /// Below it a lease is not worth its call: 1 when left out, so that
+    /// only exhaustion itself answers direct.
+    #[serde(default = "one")]
+    min_units: u64,
+    #[serde(deserialize_with = "human_duration")]
+    max_ttl: Duration,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl RawLease {
+    /// The validated terms, or the `lease` field that breaks a rule.
+    fn validate(self) -> Result<LeaseTerms, (&'static str, String)> {
+        LeaseTerms::try_new(self.max_units, self.min_units, self.max_ttl).map_err(|e| {
+            let field = match e {
+                LeaseTermsError::ZeroMaxUnits | LeaseTermsError::MaxUnitsTooLarge => "max_units",
+                LeaseTermsError::MinUnits { .. } => "min_units",
+                LeaseTermsError::MaxTtl => "max_ttl",
+            };
+            (field, e.to_string())
+        })
+    }
 }
 
 /// A validation error: the field's path, and what is wrong.
@@ -95,7 +133,23 @@ pub(super) fn validate(
         let policy = Policy::try_new(algorithm, raw.limit, raw.window, raw.burst)
             .map_err(|e| (field(policy_error_field(&e).config_name()), e.to_string()))?;
         let on_error = raw.on_error.unwrap_or(default_on_error);
-        policies.insert(name, PolicySettings { policy, on_error });
+        let lease = raw
+            .lease
+            .map(RawLease::validate)
+            .transpose()
+            .map_err(|(f, message)| {
+                let mut path = field("lease");
+                path.push(f.to_owned());
+                (path, message)
+            })?;
+        policies.insert(
+            name,
+            PolicySettings {
+                policy,
+                on_error,
+                lease,
+            },
+        );
     }
     Ok(policies)
 }

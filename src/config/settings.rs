@@ -252,7 +252,7 @@ section! {
     /// in the client's certificate (mTLS). A method left out is open to
     /// every client that passed mTLS.
     pub(crate) struct AuthSection at "auth", flags "auth_" {
-        /// Client identities that may call Check and CheckBatch
+        /// Client identities that may call Check, CheckBatch and Lease
         /// [default: every client that passed mTLS]
         ///
         /// An identity is a URI or DNS name in the certificate's subject
@@ -423,6 +423,17 @@ section! {
         /// A sliding log keeps up to `limit` entries of 16 bytes per key, so
         /// this bounds the memory one key of a caller's choosing can take.
         max_inline_log_limit: u64 = Int("100"), Live;
+        /// Most units one lease of an inline policy may get (its
+        /// inline_terms.max_units); 0 refuses every inline lease
+        ///
+        /// A holder that crashes strands its lease's units until the lease
+        /// ends: with `lease_max_ttl`, this bounds what one caller of its own
+        /// choosing can hold back from a key.
+        lease_max_units: u64 = Int("1000"), Live;
+        /// Longest lease an inline policy may ask for (its
+        /// inline_terms.max_ttl_ms)
+        #[serde(deserialize_with = "human_duration")]
+        lease_max_ttl: Duration = Str("10s"), Live;
     }
 }
 

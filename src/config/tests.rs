@@ -103,6 +103,91 @@ fn names_the_policy_field_and_line_of_a_broken_rule() {
 }
 
 #[test]
+fn lease_settings_are_off_by_default_and_validated_when_given() {
+    let config = Config::from_toml(
+        r#"
+        [policies.plain]
+        algorithm = "fixed_window"
+        limit = 5
+        window = "1m"
+
+        [policies.leased]
+        algorithm = "fixed_window"
+        limit = 100
+        window = "1m"
+        lease = { max_units = 20, min_units = 5, max_ttl = "10s" }
+
+        [policies.table]
+        algorithm = "sliding_window"
+        limit = 100
+        window = "1m"
+
+        [policies.table.lease]
+        max_units = 30
+        max_ttl = "1s"
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(config.policies()["plain"].lease, None);
+    let terms = |name: &str| {
+        let t = config.policies()[name].lease.expect("lease settings");
+        (t.max_units(), t.min_units(), t.max_ttl_ms())
+    };
+    assert_eq!(terms("leased"), (20, 5, 10_000));
+    assert_eq!(terms("table"), (30, 1, 1_000), "min_units defaults to 1");
+    let limits = Config::default().limits().clone();
+    assert_eq!(limits.lease_max_units, 1_000);
+    assert_eq!(limits.lease_max_ttl, Duration::from_secs(10));
+}
+
+#[test]
+fn names_the_lease_field_and_line_of_a_broken_rule() {
+    let policy = |lease: &str| {
+        format!(
+            "[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n{lease}\n"
+        )
+    };
+    for (lease, expected) in [
+        (
+            "lease = { max_units = 0, max_ttl = \"1s\" }",
+            "policies.api.lease.max_units: lease.max_units must be at least 1 (line 5)",
+        ),
+        (
+            "lease = { max_units = 10, min_units = 11, max_ttl = \"1s\" }",
+            "policies.api.lease.min_units: lease.min_units must be from 1 to lease.max_units (10), got 11 (line 5)",
+        ),
+        (
+            "lease = { max_units = 10, max_ttl = \"2d\" }",
+            "policies.api.lease.max_ttl: lease.max_ttl must be from 1ms to 1d (line 5)",
+        ),
+        (
+            "\n[policies.api.lease]\nmax_units = 9007199254740993\nmax_ttl = \"1s\"",
+            "policies.api.lease.max_units: lease.max_units must be at most 2^53 (line 7)",
+        ),
+    ] {
+        assert_eq!(error(&policy(lease)), expected, "{lease}");
+    }
+    let message = error(&policy("lease = { max_units = 10 }"));
+    assert!(
+        message.starts_with("policies.api.lease: missing field `max_ttl`"),
+        "{message}"
+    );
+    let message = error(&policy(
+        "lease = { max_units = 10, max_ttl = \"1s\", ttl = 3 }",
+    ));
+    assert!(
+        message.starts_with("policies.api.lease.ttl: unknown field `ttl`"),
+        "{message}"
+    );
+    let message = error(&policy("lease = { max_units = 10, max_ttl = \"soon\" }"));
+    assert!(
+        message.starts_with("policies.api.lease.max_ttl: invalid duration"),
+        "{message}"
+    );
+    assert!(message.ends_with("(line 5)"), "{message}");
+}
+
+#[test]
 fn names_the_field_of_a_type_or_parse_error() {
     let text = "[policies.login]\nalgorithm = \"fixed_window\"\nlimit = -1\nwindow = \"1m\"\n";
     let message = error(text);

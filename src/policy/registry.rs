@@ -10,13 +10,15 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::{LimitSettings, PolicySettings};
-use crate::metrics::{DecisionCounters, Metrics};
+use crate::metrics::{DecisionCounters, LeaseCounters, Metrics};
 
-/// A configured policy with its decision counters.
+/// A configured policy with its decision counters, and its lease counters
+/// when it has lease settings.
 #[derive(Debug)]
 pub(crate) struct NamedPolicy {
     pub(crate) settings: PolicySettings,
     pub(crate) decisions: Arc<DecisionCounters>,
+    pub(crate) leases: Option<Arc<LeaseCounters>>,
 }
 
 /// One immutable set of named policies, with the `[limits]` that reload
@@ -37,11 +39,13 @@ impl PolicySet {
             .iter()
             .map(|(name, settings)| {
                 let decisions = metrics.named_policy(name, settings.policy.algorithm());
+                let leases = settings.lease.map(|_| metrics.named_leases(name));
                 (
                     Arc::from(name.as_str()),
                     NamedPolicy {
                         settings: *settings,
                         decisions,
+                        leases,
                     },
                 )
             })

@@ -19,6 +19,7 @@ mod demo;
 mod global_budget;
 mod http_layer;
 mod inline_limits;
+mod leases;
 mod lifecycle;
 mod pki;
 mod python_client;
