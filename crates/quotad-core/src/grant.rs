@@ -11,10 +11,11 @@
 //! live grants can still spend form a history the policy's algorithm would
 //! have accepted (`docs/leases.md` has the model and the proof sketch).
 //!
-//! Leases are offered for the window algorithms (fixed and sliding window),
-//! whose leases end with the window they were charged to; for the others
-//! every lease request is answered [`LeaseAnswer::Direct`], so decisions
-//! stay exact by being made one by one.
+//! Every algorithm offers leases, each with its rule: the window algorithms'
+//! leases end with the window they were charged to; a bucket refills only up
+//! to its capacity less its live leases (a leaky bucket drains only down to
+//! them); a sliding log counts a lease as one entry until a window after it
+//! ends.
 
 use std::time::Duration;
 
