@@ -6,6 +6,7 @@
 mod credentials;
 mod differential;
 mod faults;
+mod leases;
 mod readiness;
 mod rollouts;
 mod tls;

@@ -635,3 +635,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_lease_reports_the_reset_from_the_clock_as_a_check_does_after_a_step_back() {
+    let clock = Arc::new(FakeClock::new(10_000));
+    let store = store(&clock);
+    let p = policy(Algorithm::SlidingLog, 10, Duration::from_millis(1_000));
+    let item = CheckItem::new("api", p, "k", 1).expect("valid item");
+    assert!(store.check_one(&item).allowed);
+    // The clock steps back 10 ms: the key's instant stays 10_000.
+    clock.set(9_990);
+    let t = terms(5, 1, Duration::from_millis(100));
+    let outcome = store
+        .lease("api", "k", &p, &t, &ask(0, 1))
+        .expect("no lease named");
+    assert_eq!(outcome.reset_after_ms, 1_010);
+    assert_eq!(outcome.reset_after_ms, store.peek(&item).reset_after_ms);
+    // So the key is not taken as fresh before its admission has left.
+    clock.set(10_995);
+    assert_eq!(remaining(&store, p), 9);
+    clock.set(11_000);
+    assert_eq!(remaining(&store, p), 10);
+}

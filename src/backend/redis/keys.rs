@@ -15,6 +15,14 @@
 //!   limit; a changed limit or burst keeps the key, and its counts. A quotad
 //!   of another format version reads and writes its own keys only: a
 //!   mixed-version rollout never reads state it cannot decode.
+//!
+//! A key's leases live next to its state, in the ledger key: the state
+//! key's name followed by [`LEDGER_SUFFIX`] (`...|2F86400000|g`). It has the
+//! state key's hash tag, so Cluster keeps both in one slot and one script
+//! reads and writes them together; and it is bound to the same parameters,
+//! so a policy's leases count only under the algorithm and window that
+//! granted them, as its counts do. (No state key ends in `|g`: they end in
+//! the window's digits.)
 
 use std::fmt::Write as _;
 
@@ -57,6 +65,18 @@ pub(super) fn state_key(prefix: &str, name: &str, policy: &Policy, key: &str) ->
         letter(policy.algorithm()),
         policy.window_ms()
     );
+    k
+}
+
+/// What follows a state key's name in its ledger key's. The script
+/// appends the same (`LEDGER`), to read a key's leases on a check.
+pub(super) const LEDGER_SUFFIX: &str = "|g";
+
+/// The Redis key of the lease ledger that goes with `state_key`.
+pub(super) fn ledger_key(state_key: &str) -> String {
+    let mut k = String::with_capacity(state_key.len() + LEDGER_SUFFIX.len());
+    k.push_str(state_key);
+    k.push_str(LEDGER_SUFFIX);
     k
 }
 
@@ -113,5 +133,21 @@ mod tests {
         assert_eq!(key(&bucket(5)), key(&bucket(50)));
         let letters: std::collections::BTreeSet<_> = Algorithm::ALL.map(letter).into();
         assert_eq!(letters.len(), Algorithm::ALL.len());
+    }
+
+    #[test]
+    fn a_ledger_shares_its_state_keys_slot_and_the_scripts_suffix() {
+        let day = policy(Algorithm::TokenBucket, 10, 86_400_000);
+        let state = state_key("quotad", "per_day", &day, "alice");
+        let ledger = ledger_key(&state);
+        assert_eq!(ledger, "quotad:per_day|{alice}|2T86400000|g");
+        assert_eq!(
+            super::super::deadline::slot(ledger.as_bytes()),
+            super::super::deadline::slot(state.as_bytes())
+        );
+        assert!(
+            super::super::SCRIPT.contains(&format!("local LEDGER = '{LEDGER_SUFFIX}'")),
+            "the script appends the same suffix"
+        );
     }
 }

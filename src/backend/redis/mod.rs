@@ -14,7 +14,9 @@
 //! over them is one atomic script; a batch spanning slots is refused with
 //! [`BackendError::CrossSlot`]. The suffix binds the state to the algorithm,
 //! the window and the state format, so replicas that disagree during a
-//! rollout count apart instead of overwriting each other.
+//! rollout count apart instead of overwriting each other. A key's leases
+//! are a second key of the same name and hash tag (its ledger), read and
+//! written by the same script.
 //!
 //! Faults (see `connection.rs`, `deadline.rs`, `errors.rs`): every script
 //! carries a deadline in Redis's clock and refuses to run past it; a
@@ -43,7 +45,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use quotad_core::{Algorithm, BatchMode, CheckItem, Clock, Decision, Policy};
+use quotad_core::{
+    Algorithm, BatchMode, CheckItem, Clock, Decision, Grant, LeaseAnswer, LeaseError, LeaseOutcome,
+    Policy,
+};
 use redis::{Cmd, RedisResult, Script, Value};
 
 use self::connection::{
@@ -58,10 +63,11 @@ use super::{
 const SCRIPT: &str = include_str!("quota.lua");
 
 /// `Reset`: refuses past its deadline (`ARGV[1]`, ms in Redis's clock) as
-/// the checks' script does; 1 done, 0 refused.
+/// the checks' script does; 1 done, 0 refused. It forgets the key's state
+/// (`KEYS[1]`) and its leases (`KEYS[2]`), as the memory store does.
 const RESET_SCRIPT: &str = "local t = redis.call('TIME') \
 if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then return 0 end \
-redis.call('UNLINK', KEYS[1]) return 1";
+redis.call('UNLINK', KEYS[1], KEYS[2]) return 1";
 
 /// Timeouts of silence (requests waiting, no reply) after which a
 /// connection is replaced, unless `store.redis.reconnect_after_timeouts`
@@ -374,20 +380,7 @@ impl RedisBackend {
             CallError::Corrupt(detail) => unreadable(items, keys, &detail),
             other => other.into_backend(call.bound),
         };
-        // The test clock, read once: the NOSCRIPT retry sends the same.
-        let now = self.clock.as_ref().map(|clock| clock.now_ms());
-        let command = |name: &str, script: &str| {
-            let mut cmd = Cmd::new();
-            cmd.arg(name)
-                .arg(script)
-                .arg(keys.len())
-                .arg(keys)
-                .arg(mode.as_arg())
-                .arg(call.deadline);
-            match now {
-                Some(ms) => cmd.arg(ms),
-                None => cmd.arg(""),
-            };
+        let args = |cmd: &mut Cmd| {
             for item in items {
                 let policy = item.policy();
                 cmd.arg(wire::algorithm(policy.algorithm()))
@@ -396,40 +389,18 @@ impl RedisBackend {
                     .arg(policy.capacity())
                     .arg(item.cost().get());
             }
-            cmd
         };
-        let counts = Arc::clone(&self.connections.counts);
-        let late = || -> LateReply {
-            let counts = Arc::clone(&counts);
-            Box::new(move |reply| late_reply(&counts, reply))
-        };
-        let connections = &self.connections;
-        let (link, bound, slot) = (&call.link, call.bound, call.slot);
-        let reply = match connections
-            .call(
-                link,
-                slot,
-                command("EVALSHA", self.script.get_hash()),
-                bound,
-                Some(late()),
-            )
+        let reply = self
+            .send(call, mode.as_arg(), keys, &args)
             .await
-        {
-            // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
-            Err(CallError::NoScript(_)) => {
-                connections
-                    .call(link, slot, command("EVAL", SCRIPT), bound, Some(late()))
-                    .await
-            }
-            other => other,
-        }
-        .map_err(failed)?;
+            .map_err(failed)?;
         let received = local_ms();
         let numbers = integers(&reply)?;
         match numbers.as_slice() {
             [time] => {
-                link.offsets
-                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                call.link
+                    .offsets
+                    .record(call.slot, u64::try_from(*time).unwrap_or(0), received);
                 self.connections
                     .counts
                     .late_refused
@@ -439,8 +410,9 @@ impl RedisBackend {
                 ))
             }
             [time, rest @ ..] => {
-                link.offsets
-                    .record(slot, u64::try_from(*time).unwrap_or(0), received);
+                call.link
+                    .offsets
+                    .record(call.slot, u64::try_from(*time).unwrap_or(0), received);
                 let decided = decisions(rest, items)?;
                 Ok(decided
                     .into_iter()
@@ -459,6 +431,61 @@ impl RedisBackend {
             [] => Err(BackendError::Internal(format!(
                 "the script answered {reply:?}"
             ))),
+        }
+    }
+
+    /// Sends the script over `call`'s link with `keys`, the mode, the
+    /// deadline and the test clock, then what `args` adds: by SHA, and
+    /// whole when Redis has not loaded it. The request goes out at the
+    /// first poll, before anything is awaited.
+    async fn send(
+        &self,
+        call: &Call<'_>,
+        mode: &str,
+        keys: &[String],
+        args: &(dyn Fn(&mut Cmd) + Sync),
+    ) -> Result<Value, CallError> {
+        // The test clock, read once: the NOSCRIPT retry sends the same.
+        let now = self.clock.as_ref().map(|clock| clock.now_ms());
+        let command = |name: &str, script: &str| {
+            let mut cmd = Cmd::new();
+            cmd.arg(name)
+                .arg(script)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(mode)
+                .arg(call.deadline);
+            match now {
+                Some(ms) => cmd.arg(ms),
+                None => cmd.arg(""),
+            };
+            args(&mut cmd);
+            cmd
+        };
+        let counts = Arc::clone(&self.connections.counts);
+        let late = || -> LateReply {
+            let counts = Arc::clone(&counts);
+            Box::new(move |reply| late_reply(&counts, reply))
+        };
+        let connections = &self.connections;
+        let (link, bound, slot) = (&call.link, call.bound, call.slot);
+        match connections
+            .call(
+                link,
+                slot,
+                command("EVALSHA", self.script.get_hash()),
+                bound,
+                Some(late()),
+            )
+            .await
+        {
+            // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
+            Err(CallError::NoScript(_)) => {
+                connections
+                    .call(link, slot, command("EVAL", SCRIPT), bound, Some(late()))
+                    .await
+            }
+            other => other,
         }
     }
 
@@ -740,21 +767,68 @@ impl Backend for RedisBackend {
         self.each(Mode::Peek, items, deadline).await
     }
 
-    /// Not yet on Redis: every lease request is answered direct (no lease
-    /// granted, nothing settled, nothing counted), so clients decide each
-    /// request with a check, exactly. A lease to settle cannot have come
-    /// from this backend, so naming one is an unknown lease.
-    async fn lease(&self, item: &LeaseItem<'_>, _: Deadline) -> LeaseResult {
-        if item.ask.settle.is_some() {
-            return Ok(Err(quotad_core::LeaseError::UnknownLease));
+    /// Settles and grants in the key's own script (`quota.lua`, mode
+    /// `lease`), in its slot, with its state and its ledger (`keys.rs`), by
+    /// Redis `TIME` and under the same deadline as a check: a call quotad
+    /// answered as failed grants and returns nothing later.
+    async fn lease(&self, item: &LeaseItem<'_>, deadline: Deadline) -> LeaseResult {
+        let key = keys::state_key(&self.prefix, item.name, &item.policy, item.key);
+        let ledger = keys::ledger_key(&key);
+        // One slot for both: the ledger's name has the state key's tag.
+        let keys = [key, ledger];
+        let slot = if self.connections.is_cluster() {
+            deadline::slot(keys[0].as_bytes())
+        } else {
+            0
+        };
+        let bound = self.connections.bound(deadline);
+        let call = self.start(slot, &bound).await?;
+        let (policy, terms, ask) = (item.policy, item.terms, item.ask);
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(wire::algorithm(policy.algorithm()))
+                .arg(policy.limit())
+                .arg(policy.window_ms())
+                .arg(policy.capacity())
+                .arg(1)
+                .arg(terms.max_units())
+                .arg(terms.min_units())
+                .arg(terms.max_ttl_ms())
+                .arg(quotad_core::MAX_GRANTS_PER_KEY);
+            // Ids as decimal strings: the script compares them as strings,
+            // since a double cannot hold every u64.
+            match ask.settle {
+                Some(settle) => cmd
+                    .arg(settle.id.to_string())
+                    .arg(settle.ends_at)
+                    .arg(settle.spent),
+                None => cmd.arg("").arg(0).arg(0),
+            };
+            cmd.arg(ask.want).arg(ask.new_id.to_string());
+        };
+        let reply = self
+            .send(&call, "lease", &keys, &args)
+            .await
+            .map_err(|e| match e {
+                CallError::Corrupt(_) => unreadable_item(item.name, &keys[0]),
+                other => other.into_backend(&bound),
+            })?;
+        let received = local_ms();
+        let numbers = integers(&reply)?;
+        if let Some(&time) = numbers.first() {
+            call.link
+                .offsets
+                .record(slot, u64::try_from(time).unwrap_or(0), received);
         }
-        Ok(Ok(quotad_core::LeaseOutcome {
-            settled: None,
-            answer: quotad_core::LeaseAnswer::Direct,
-            remaining: 0,
-            limit: item.policy.capacity(),
-            reset_after_ms: 0,
-        }))
+        if numbers.len() == 1 {
+            self.connections
+                .counts
+                .late_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Unavailable(
+                "redis ran the script past its deadline and refused it".to_owned(),
+            ));
+        }
+        lease_outcome(&numbers, item)
     }
 
     /// Forgets the key by a script with the same deadline as a check's (the
@@ -777,7 +851,11 @@ impl Backend for RedisBackend {
         let bound = self.connections.bound(deadline);
         let call = self.start(slot, &bound).await?;
         let mut eval = redis::cmd("EVAL");
-        eval.arg(RESET_SCRIPT).arg(1).arg(&key).arg(call.deadline);
+        eval.arg(RESET_SCRIPT)
+            .arg(2)
+            .arg(&key)
+            .arg(keys::ledger_key(&key))
+            .arg(call.deadline);
         let reply = self
             .connections
             .call(&call.link, slot, eval, &bound, None)
@@ -806,6 +884,53 @@ impl Backend for RedisBackend {
             figures: self.counts().figures(),
             ..BackendStats::default()
         }
+    }
+}
+
+/// The outcome in a lease reply (after `TIME`): an unknown or overspent
+/// lease, or what was settled and granted.
+fn lease_outcome(reply: &[i64], item: &LeaseItem<'_>) -> LeaseResult {
+    let bad = || BackendError::Internal(format!("the lease script answered {reply:?}"));
+    let n = |v: i64| u64::try_from(v).map_err(|_| bad());
+    match reply {
+        [_, wire::UNKNOWN_LEASE] => Ok(Err(LeaseError::UnknownLease)),
+        [_, wire::OVERSPENT, units] => Ok(Err(LeaseError::Overspent {
+            spent: item.ask.settle.map_or(0, |s| s.spent),
+            units: n(*units)?,
+        })),
+        [
+            _,
+            wire::LEASED,
+            settled,
+            returned,
+            answer,
+            units,
+            granted_at,
+            ends_at,
+            remaining,
+            reset,
+        ] => {
+            let settled = wire::settled(*settled, n(*returned)?).ok_or_else(bad)?;
+            let answer = match *answer {
+                wire::NOT_ASKED => LeaseAnswer::None,
+                wire::DIRECT => LeaseAnswer::Direct,
+                wire::GRANTED => LeaseAnswer::Granted(Grant {
+                    id: item.ask.new_id,
+                    units: n(*units)?,
+                    granted_at: n(*granted_at)?,
+                    ends_at: n(*ends_at)?,
+                }),
+                _ => return Err(bad()),
+            };
+            Ok(Ok(LeaseOutcome {
+                settled,
+                answer,
+                remaining: n(*remaining)?,
+                limit: item.policy.capacity(),
+                reset_after_ms: n(*reset)?,
+            }))
+        }
+        _ => Err(bad()),
     }
 }
 

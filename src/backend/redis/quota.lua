@@ -17,7 +17,8 @@
 --           (<prefix>:<policy>|{<key>}|<format><algorithm><window_ms>), so
 --           state is only ever read under the parameters that wrote it.
 -- ARGV[1]   "check" (decide each item), "all" (commit only if every item is
---           admitted) or "peek" (decide, write nothing)
+--           admitted), "peek" (decide, write nothing) or "lease" (settle and
+--           grant a lease on one key: see *Leases* below for its arguments)
 -- ARGV[2]   the deadline, in Redis's clock (ms since the epoch): past it the
 --           caller has given up, and the script refuses to run
 -- ARGV[3]   "" to decide by the Redis server's clock (TIME), or milliseconds
@@ -51,6 +52,11 @@
 --   leaky bucket    string "level:at" (level x window_ms)
 --   sliding log     sorted set: member "ms:cost" per admission millisecond,
 --                   score = the units admitted before it (a running total)
+-- and, for a key holding leases, its ledger under the state key's name
+-- followed by LEDGER (same hash tag, same slot): a string of grants
+-- "id:units:granted_at:ends_at", with a TTL to when its last grant stops
+-- counting. Checks of buckets and logs read it (their short paths step
+-- aside when it exists); the windows charged their leases to the count.
 
 local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
 local UNREADABLE = 0
@@ -58,6 +64,11 @@ local FIXED_ID, LOG_ID = 1, 5
 local MAX_EXACT = 9007199254740992
 -- Entries of a sliding log that have left, removed per write at most.
 local MAX_GONE = 32
+-- The suffix of a key's lease ledger (keys.rs, LEDGER_SUFFIX): the state
+-- key's name and so its hash tag, its Cluster slot.
+local LEDGER = '|g'
+-- Lease replies: LEASED (then the outcome), UNKNOWN_LEASE, OVERSPENT.
+local LEASED, UNKNOWN_LEASE, OVERSPENT = 1, 2, 3
 
 local fmod = math.fmod
 local tonumber = tonumber
@@ -173,7 +184,9 @@ if #KEYS == 1 and mode == 'check' then
     local cap = tonumber(ARGV[7]) * w
     local tokens = alg == '3'
     local raw = redis.pcall('GET', key)
-    local level, here = 0, type(raw) ~= 'table'
+    -- A bucket whose key holds leases refills under their cap: the
+    -- general path reads them.
+    local level, here = 0, type(raw) ~= 'table' and redis.call('EXISTS', key .. LEDGER) == 0
     if here and raw then
       local saved, at = string.match(raw, '^(%d+):(%d+)$')
       saved, at = tonumber(saved), tonumber(at)
@@ -198,7 +211,8 @@ if #KEYS == 1 and mode == 'check' then
     -- with nothing written. Entries that have left, a later entry or
     -- anything unexpected take the general path.
     local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if not last.err and cost <= limit then
+    -- A log whose key holds leases counts them: the general path reads them.
+    if not last.err and cost <= limit and redis.call('EXISTS', key .. LEDGER) == 0 then
       if #last == 0 then
         redis.call('ZADD', key, 0, string.format('%d:%d', now, cost))
         redis.call('PEXPIRE', key, w + ttl_slack)
@@ -306,6 +320,23 @@ local function load_string(key, alg)
   return { tonumber(a), tonumber(b), tonumber(c) }
 end
 
+-- The lease ledger under `key` (the state key's name with LEDGER after
+-- it): a string of grants "id:units:granted_at:ends_at", oldest first,
+-- separated by commas; {} when there is none, or an error reply. Ids stay
+-- strings: they are full 64-bit values, which a double cannot hold.
+local function load_ledger(key)
+  local raw = redis.pcall('GET', key)
+  if not raw then return {} end
+  if type(raw) == 'table' then return nil, corrupt(key, tostring(raw.err)) end
+  local grants = {}
+  for entry in string.gmatch(raw, '[^,]+') do
+    local id, u, g, e = string.match(entry, '^(%d+):(%d+):(%d+):(%d+)$')
+    if not id then return nil, corrupt(key, 'not a lease ledger') end
+    grants[#grants + 1] = { id = id, units = tonumber(u), granted = tonumber(g), ends = tonumber(e) }
+  end
+  return grants
+end
+
 -- Each algorithm's code is built when a call first needs it: a script's
 -- body runs on every call, and making closures it does not use would cost
 -- more than the decision itself.
@@ -337,6 +368,17 @@ end
 
 function FIXED.into(m)
   if m.count > 0 then return { m.start, m.count } end
+  return nil
+end
+
+-- Every leased unit must land in the window it was charged to.
+function FIXED.lease_end(m) return m.stop end
+FIXED.grant = FIXED.consume
+function FIXED.linger(m) return 0 end
+
+-- A live lease ends with its window: that window is this one.
+function FIXED.refund(m, g, unused)
+  m.count = max(m.count - unused, 0)
   return nil
 end
 
@@ -416,38 +458,236 @@ function SLIDING.into(m)
   return nil
 end
 
+-- A leased unit counts in the current window: it must be spent before
+-- this window becomes the previous one.
+function SLIDING.lease_end(m) return m.start + m.p.window end
+SLIDING.grant = SLIDING.consume
+function SLIDING.linger(m) return 0 end
+
+function SLIDING.refund(m, g, unused)
+  m.curr = max(m.curr - unused, 0)
+  return nil
+end
+
 return SLIDING
+end
+
+-- Leases a bucket holds back --------------------------------------------
+--
+-- A lease takes its units out of the bucket when granted, and while it is
+-- live the bucket refills only up to capacity - outstanding (a leaky bucket
+-- drains only down to outstanding), the cap rising at each lease's end: the
+-- same segments as quotad-core's bucket.rs. `held` is a list of
+-- { ends_at, units }, soonest end first. Every sum stays below 2^53: the
+-- units a ledger holds were live together once, charged to one bucket, so
+-- they never exceed its capacity; each flow is compared (by a ceiling
+-- division) before it is multiplied out, so no product passes a cap.
+
+local HELD
+local function held_lib()
+  if HELD then return HELD end
+  local H = {}
+
+  local function before(a, b)
+    if a[1] ~= b[1] then return a[1] < b[1] end
+    return a[2] < b[2]
+  end
+
+  -- The grants live after `from`.
+  function H.after(grants, from)
+    local held = {}
+    for _, g in ipairs(grants) do
+      if g.ends > from then held[#held + 1] = { g.ends, g.units } end
+    end
+    table.sort(held, before)
+    return held
+  end
+
+  -- Units outstanding, scaled by `unit`.
+  function H.scaled(held, unit)
+    local sum = 0
+    for _, h in ipairs(held) do sum = sum + h[2] * unit end
+    return sum
+  end
+
+  -- Drops the leases that have ended by `at`.
+  function H.pass(held, at)
+    local kept = {}
+    for _, h in ipairs(held) do
+      if h[1] > at then kept[#kept + 1] = h end
+    end
+    return kept
+  end
+
+  function H.add(held, ends, units)
+    held[#held + 1] = { ends, units }
+    table.sort(held, before)
+  end
+
+  function H.remove(held, ends, units)
+    for i, h in ipairs(held) do
+      if h[1] == ends and h[2] == units then
+        table.remove(held, i)
+        return
+      end
+    end
+  end
+
+  -- The segment i of `held` (1 .. #held + 1): its end and the units held
+  -- during it are walked by the callers; the last is open-ended.
+  local function seg_end(held, i)
+    if i <= #held then return held[i][1], held[i][2] end
+    return math.huge, 0
+  end
+
+  -- min(v + rate * dt, cap), without forming a product past cap.
+  local function add_capped(v, rate, dt, cap)
+    if v >= cap or dt >= cdiv(cap - v, rate) then return cap end
+    return v + rate * dt
+  end
+
+  -- max(v - rate * dt, 0) raised to min(floor, v), likewise.
+  local function sub_floored(v, rate, dt, floor)
+    local f = min(floor, v)
+    if v <= f then return v end
+    if dt >= cdiv(v - f, rate) then return f end
+    return v - rate * dt
+  end
+
+  -- Tokens at `to`, refilled from `tokens` at `from` under each segment's
+  -- cap capacity - held.
+  function H.refill(tokens, from, to, rate, cap, unit, held)
+    local during, t = H.scaled(held, unit), from
+    for i = 1, #held + 1 do
+      local e, u = seg_end(held, i)
+      local untl = min(e, to)
+      tokens = add_capped(tokens, rate, untl - t, max(cap - during, 0))
+      t = untl
+      if e >= to then break end
+      during = during - u * unit
+    end
+    return tokens
+  end
+
+  -- The wait from `at` until tokens refilled under the caps reach `need`.
+  function H.wait_tokens(need, tokens, at, rate, cap, unit, held)
+    local during, t = H.scaled(held, unit), at
+    for i = 1, #held + 1 do
+      local e, u = seg_end(held, i)
+      local c = max(cap - during, 0)
+      if c >= need then
+        local reached = t + cdiv(max(need - tokens, 0), rate)
+        if reached <= e then return reached - at end
+      end
+      tokens = add_capped(tokens, rate, e - t, c)
+      t = e
+      during = during - u * unit
+    end
+    return MAX_EXACT
+  end
+
+  -- Level at `to`, drained from `level` at `from` down to each segment's
+  -- floor: the dual of refill.
+  function H.drain(level, from, to, rate, unit, held)
+    local during, t = H.scaled(held, unit), from
+    for i = 1, #held + 1 do
+      local e, u = seg_end(held, i)
+      local untl = min(e, to)
+      level = sub_floored(level, rate, untl - t, during)
+      t = untl
+      if e >= to then break end
+      during = during - u * unit
+    end
+    return level
+  end
+
+  -- The wait from `at` until the level, drained to the floors, is at most
+  -- `target`.
+  function H.wait_level(target, level, at, rate, unit, held)
+    local during, t = H.scaled(held, unit), at
+    for i = 1, #held + 1 do
+      local e, u = seg_end(held, i)
+      if during <= target then
+        local reached = t + cdiv(max(level - target, 0), rate)
+        if reached <= e then return reached - at end
+      end
+      level = sub_floored(level, rate, e - t, during)
+      t = e
+      during = during - u * unit
+    end
+    return MAX_EXACT
+  end
+
+  HELD = H
+  return H
 end
 
 BUILD[3] = function()
 -- Token bucket (units of 1/window of a token) ---------------------------
 
 local TOKEN = {}
+local H = held_lib()
 
 function TOKEN.floor(st) return st[2] end
 
-function TOKEN.advance(p, st, at)
+function TOKEN.advance(p, st, at, grants)
   local unit = p.window
   local cap = p.cap * unit
-  local tokens = cap
-  if st then
+  local tokens, held = cap, {}
+  if st and not (grants and #grants > 0) then
     local saved = st[1]
     local dt = max(at - st[2], 0)
     if saved < cap and dt < cdiv(cap - saved, p.limit) then
       tokens = saved + p.limit * dt
     end
+  elseif st then
+    held = H.after(grants, st[2])
+    tokens = H.refill(st[1], st[2], at, p.limit, cap, unit, held)
+    held = H.pass(held, at)
   end
-  return { p = p, at = at, unit = unit, cap = cap, tokens = tokens }
+  return { p = p, at = at, unit = unit, cap = cap, tokens = tokens, held = held }
 end
 
 function TOKEN.fits(m, c) return m.tokens >= c * m.unit end
 function TOKEN.consume(m, c) m.tokens = m.tokens - c * m.unit end
 function TOKEN.remaining(m) return fdiv(m.tokens, m.unit) end
-function TOKEN.retry(m, c) return cdiv(c * m.unit - m.tokens, m.p.limit) end
-function TOKEN.reset(m) return cdiv(m.cap - m.tokens, m.p.limit) end
+
+function TOKEN.retry(m, c)
+  if #m.held > 0 then
+    return H.wait_tokens(c * m.unit, m.tokens, m.at, m.p.limit, m.cap, m.unit, m.held)
+  end
+  return cdiv(c * m.unit - m.tokens, m.p.limit)
+end
+
+function TOKEN.reset(m)
+  if #m.held > 0 then
+    return H.wait_tokens(m.cap, m.tokens, m.at, m.p.limit, m.cap, m.unit, m.held)
+  end
+  return cdiv(m.cap - m.tokens, m.p.limit)
+end
 
 function TOKEN.into(m)
   if m.tokens < m.cap then return { m.tokens, m.at } end
+  return nil
+end
+
+function TOKEN.lease_end(m) return math.huge end
+function TOKEN.linger(m) return 0 end
+
+function TOKEN.grant(m, units, ends)
+  TOKEN.consume(m, units)
+  H.add(m.held, ends, units)
+end
+
+function TOKEN.refund(m, g, unused)
+  H.remove(m.held, g.ends, g.units)
+  local c = max(m.cap - H.scaled(m.held, m.unit), 0)
+  local back = unused * m.unit
+  if m.tokens >= c or back >= c - m.tokens then
+    m.tokens = c
+  else
+    m.tokens = m.tokens + back
+  end
   return nil
 end
 
@@ -458,30 +698,63 @@ BUILD[4] = function()
 -- Leaky bucket (units of 1/window of a token) ---------------------------
 
 local LEAKY = {}
+local H = held_lib()
 
 function LEAKY.floor(st) return st[2] end
 
-function LEAKY.advance(p, st, at)
+function LEAKY.advance(p, st, at, grants)
   local unit = p.window
-  local level = 0
-  if st then
+  local level, held = 0, {}
+  if st and not (grants and #grants > 0) then
     local saved = st[1]
     local dt = max(at - st[2], 0)
     if dt < cdiv(saved, p.limit) then
       level = saved - p.limit * dt
     end
+  elseif st then
+    held = H.after(grants, st[2])
+    level = H.drain(st[1], st[2], at, p.limit, unit, held)
+    held = H.pass(held, at)
   end
-  return { p = p, at = at, unit = unit, cap = p.cap * unit, level = level }
+  return { p = p, at = at, unit = unit, cap = p.cap * unit, level = level, held = held }
 end
 
 function LEAKY.fits(m, c) return m.level <= m.cap - c * m.unit end
 function LEAKY.consume(m, c) m.level = m.level + c * m.unit end
 function LEAKY.remaining(m) return fdiv(max(m.cap - m.level, 0), m.unit) end
-function LEAKY.retry(m, c) return cdiv(m.level - (m.cap - c * m.unit), m.p.limit) end
-function LEAKY.reset(m) return cdiv(m.level, m.p.limit) end
+
+function LEAKY.retry(m, c)
+  local target = m.cap - c * m.unit
+  if #m.held > 0 then
+    return H.wait_level(target, m.level, m.at, m.p.limit, m.unit, m.held)
+  end
+  return cdiv(m.level - target, m.p.limit)
+end
+
+function LEAKY.reset(m)
+  if #m.held > 0 then
+    return H.wait_level(0, m.level, m.at, m.p.limit, m.unit, m.held)
+  end
+  return cdiv(m.level, m.p.limit)
+end
 
 function LEAKY.into(m)
   if m.level > 0 then return { m.level, m.at } end
+  return nil
+end
+
+function LEAKY.lease_end(m) return math.huge end
+function LEAKY.linger(m) return 0 end
+
+function LEAKY.grant(m, units, ends)
+  LEAKY.consume(m, units)
+  H.add(m.held, ends, units)
+end
+
+function LEAKY.refund(m, g, unused)
+  H.remove(m.held, g.ends, g.units)
+  local floor = H.scaled(m.held, m.unit)
+  m.level = max(max(m.level - unused * m.unit, 0), min(floor, m.level))
   return nil
 end
 
@@ -570,17 +843,29 @@ function LOG.floor(st)
   return st.at
 end
 
-function LOG.advance(p, st, at)
-  local m = { p = p, at = at, st = st, total = 0, merged = 0, pending = 0 }
+-- A key's leases count too (`leased`, { counted until, units }): a lease
+-- is one entry, from its grant until a window after its end, as its holder
+-- may admit with it until then.
+function LOG.advance(p, st, at, grants)
+  local m = { p = p, at = at, st = st, total = 0, merged = 0, pending = 0, leased = {}, lent = 0 }
   if st then
     m.merged, m.pending = st.merged or 0, st.pending or 0
     if st.last then m.total = st.last.score + st.last.cost - st.first.score end
     m.total = m.total + m.merged + m.pending
   end
+  if grants then
+    for _, g in ipairs(grants) do
+      local untl = g.ends + p.window
+      if untl > at then
+        m.leased[#m.leased + 1] = { untl, g.units }
+        m.lent = m.lent + g.units
+      end
+    end
+  end
   return m
 end
 
-function LOG.fits(m, c) return m.total <= m.p.limit - c end
+function LOG.fits(m, c) return m.total + m.lent <= m.p.limit - c end
 
 function LOG.consume(m, c)
   local st = m.st
@@ -592,9 +877,38 @@ function LOG.consume(m, c)
   m.total = m.total + c
 end
 
-function LOG.remaining(m) return max(m.p.limit - m.total, 0) end
+function LOG.remaining(m) return max(m.p.limit - m.total - m.lent, 0) end
+
+-- The wait until `excess` units have left, the log's entries and the
+-- leases' together, soonest first. Reads the whole log: only a denial on
+-- a key that holds leases comes here (the memory store walks its log
+-- then too).
+local function wait_with_leases(m, excess)
+  local w, st = m.p.window, m.st
+  local leaving = {}
+  for _, l in ipairs(m.leased) do leaving[#leaving + 1] = { l[1], l[2] } end
+  if st and st.last then
+    local raw = redis.call('ZRANGE', st.key, st.gone or 0, -1)
+    for i, member in ipairs(raw) do
+      local e = log_entry(member, 0)
+      if not e then error(NOT_QUOTADS) end
+      local units = e.cost
+      if i == #raw then units = units + m.merged end
+      leaving[#leaving + 1] = { e.ms + w, units }
+    end
+  end
+  if m.pending > 0 then leaving[#leaving + 1] = { m.at + w, m.pending } end
+  table.sort(leaving, function(a, b) return a[1] < b[1] end)
+  local freed = 0
+  for _, l in ipairs(leaving) do
+    freed = freed + l[2]
+    if freed >= excess then return max(l[1] - m.at, 0) end
+  end
+  return w
+end
 
 function LOG.retry(m, c)
+  if #m.leased > 0 then return wait_with_leases(m, m.total + m.lent - (m.p.limit - c)) end
   local excess = m.total - (m.p.limit - c)
   local st = m.st
   if not (st and st.last) then return m.p.window end
@@ -608,10 +922,43 @@ function LOG.retry(m, c)
   return entry.ms + m.p.window - m.at
 end
 
-function LOG.reset(m)
+local function log_reset(m)
   if m.total == 0 then return 0 end
   if m.pending > 0 then return m.p.window end
   return m.st.last.ms + m.p.window - m.at
+end
+
+function LOG.reset(m)
+  local reset = log_reset(m)
+  for _, l in ipairs(m.leased) do reset = max(reset, l[1] - m.at) end
+  return reset
+end
+
+function LOG.lease_end(m) return math.huge end
+function LOG.linger(m) return m.p.window end
+
+-- A lease takes no entry of the log: it is counted as one of `leased`.
+function LOG.grant(m, units, ends)
+  m.leased[#m.leased + 1] = { ends + m.p.window, units }
+  m.lent = m.lent + units
+end
+
+-- What was spent stays counted, as admitted at the return, for a window:
+-- the ledger keeps it as a lease that ended then.
+function LOG.refund(m, g, unused)
+  local untl = g.ends + m.p.window
+  for i, l in ipairs(m.leased) do
+    if l[1] == untl and l[2] == g.units then
+      table.remove(m.leased, i)
+      m.lent = m.lent - g.units
+      break
+    end
+  end
+  local spent = g.units - unused
+  if spent == 0 then return nil end
+  m.leased[#m.leased + 1] = { m.at + m.p.window, spent }
+  m.lent = m.lent + spent
+  return { id = g.id, units = spent, granted = g.granted, ends = m.at }
 end
 
 -- What this call consumed, kept for the next item on the same key and for
@@ -660,12 +1007,14 @@ local METERS = setmetatable({}, {
   end,
 })
 
-local function evaluate(p, st, now, cost, consume)
+-- `grants`: the key's leases, for the algorithms whose checks count them
+-- (buckets and the log); nil for a key without any.
+local function evaluate(p, st, now, cost, consume, grants)
   local M = METERS[p.alg]
   local at = now
   if st then at = max(now, M.floor(st)) end
   local skew = at - now
-  local m = M.advance(p, st, at)
+  local m = M.advance(p, st, at, grants)
   local allowed, reason, retry = 0, TOO_BIG, 0
   if cost <= p.cap then
     if M.fits(m, cost) then
@@ -681,9 +1030,147 @@ local function evaluate(p, st, now, cost, consume)
 end
 
 
+-- Leases ------------------------------------------------------------------
+--
+-- mode "lease": KEYS[1] the state key, KEYS[2] its ledger; ARGV[4..8] as
+-- one item (its cost unused), then the lease terms and the request:
+-- ARGV[9] max_units, ARGV[10] min_units, ARGV[11] max_ttl_ms, ARGV[12] the
+-- most live grants a key holds, ARGV[13] the id of the lease to settle
+-- ("" for none), ARGV[14] its ends_at, ARGV[15] what its holder spent,
+-- ARGV[16] units wanted (0: none), ARGV[17] the new lease's id. Ids are
+-- decimal strings, compared as strings, never numbers.
+--
+-- The settle is validated first, at the clock, and an unknown or
+-- overspent lease changes nothing. Then, at the key's instant, ended
+-- grants are purged, the lease settled (its unspent units go back, as the
+-- algorithm's refund says) and a new one granted: at most the units
+-- wanted, max_units and a fair share of what is free, none below
+-- min_units or past the key's bound on live grants (direct). State and
+-- ledger are written together; the ledger's TTL runs to the last instant
+-- any of its grants counts.
+--
+-- Returns TIME, then OVERSPENT and the lease's units, or UNKNOWN_LEASE,
+-- or LEASED and: settled (0 none named, 1 returned, 2 ended), units
+-- returned, answer (0 none asked, 1 granted, 2 direct), units granted,
+-- granted_at, ends_at, remaining, reset_after_ms.
+
+if mode == 'lease' then
+  local key, lkey = KEYS[1], KEYS[2]
+  local p = {
+    alg = tonumber(ARGV[4]),
+    limit = tonumber(ARGV[5]),
+    window = tonumber(ARGV[6]),
+    cap = tonumber(ARGV[7]),
+  }
+  local max_units, min_units = tonumber(ARGV[9]), tonumber(ARGV[10])
+  local max_ttl, max_grants = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local settle_id, settle_ends, spent = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
+  local want, new_id = tonumber(ARGV[16]), ARGV[17]
+  local grants, err = load_ledger(lkey)
+  if err then return err end
+  if settle_id ~= '' then
+    local held
+    for _, g in ipairs(grants) do
+      if g.id == settle_id then held = g break end
+    end
+    -- Held, live or ended (a log counts an ended one a while longer), or
+    -- not held and ended by its own account: settled. Otherwise unknown.
+    if held and held.ends > now and spent > held.units then
+      local r = { time, OVERSPENT, held.units }
+      return r
+    end
+    if not held and settle_ends > now then
+      local r = { time, UNKNOWN_LEASE }
+      return r
+    end
+  end
+  local st
+  if p.alg == LOG_ID then
+    st, err = METERS[LOG_ID].load(key, p.window, now)
+  elseif p.alg == FIXED_ID then
+    st, err = load_fixed(key)
+  else
+    st, err = load_string(key, p.alg)
+  end
+  if err then return err end
+  local was_stale = false
+  if st and st.stale then st, was_stale = nil, true end
+  local loaded_st = st
+  local M = METERS[p.alg]
+  local at = now
+  if st then at = max(now, M.floor(st)) end
+  local m = M.advance(p, st, at, grants)
+  local linger = M.linger(m)
+  local kept = {}
+  for _, g in ipairs(grants) do
+    if g.ends + linger > at then kept[#kept + 1] = g end
+  end
+  grants = kept
+  local settled, returned = 0, 0
+  if settle_id ~= '' then
+    settled = 2
+    for i, g in ipairs(grants) do
+      if g.id == settle_id and g.ends > at then
+        table.remove(grants, i)
+        returned = g.units - min(spent, g.units)
+        local still = M.refund(m, g, returned)
+        if still then grants[#grants + 1] = still end
+        settled = 1
+        break
+      end
+    end
+  end
+  local answer, units, ends = 0, 0, 0
+  if want > 0 then
+    answer = 2
+    local live = 0
+    for _, g in ipairs(grants) do
+      if g.ends > at then live = live + 1 end
+    end
+    local stop = M.lease_end(m)
+    if live < max_grants then
+      local u = min(min(want, max_units), fdiv(M.remaining(m), live + 1))
+      if u >= min_units and M.fits(m, u) and stop > at then
+        ends = min(stop, at + max_ttl)
+        M.grant(m, u, ends)
+        grants[#grants + 1] = { id = new_id, units = u, granted = at, ends = ends }
+        answer, units = 1, u
+      end
+    end
+  end
+  local remaining, reset = M.remaining(m), M.reset(m)
+  -- From the clock, as a check reports it (`at` is ahead of it when the
+  -- clock stepped back), and the state's TTL with it.
+  if reset > 0 then reset = reset + (at - now) end
+  local ttl = max(reset, 1) + ttl_slack
+  local into = M.into(m)
+  if p.alg == LOG_ID then
+    if was_stale then redis.call('UNLINK', key) end
+    if into then M.store(key, into, ttl) end
+  elseif p.alg == FIXED_ID then
+    store_fixed(key, into, loaded_st, ttl)
+  elseif into then
+    redis.call('SET', key, string.format(FORMATS[p.alg], unpack(into)), 'PX', ttl)
+  elseif loaded_st then
+    redis.call('DEL', key)
+  end
+  if #grants == 0 then
+    redis.call('DEL', lkey)
+  else
+    local parts, last = {}, 0
+    for i, g in ipairs(grants) do
+      parts[i] = string.format('%s:%d:%d:%d', g.id, g.units, g.granted, g.ends)
+      last = max(last, g.ends + linger)
+    end
+    redis.call('SET', lkey, table.concat(parts, ','), 'PX', max(last - now, 1) + ttl_slack)
+  end
+  local r = { time, LEASED, settled, returned, answer, units, at, ends, remaining, reset }
+  return r
+end
+
 -- Each key's state as loaded (for an all-or-nothing batch that is
 -- refused), as it stands after the items so far, and its new TTL.
-local loaded, states, resets, order, algs, stale = {}, {}, {}, {}, {}, {}
+local loaded, states, resets, order, algs, stale, ledgers = {}, {}, {}, {}, {}, {}, {}
 local unreadable = {}
 local items, decisions = {}, {}
 local all_allowed = true
@@ -714,6 +1201,18 @@ for i = 1, #KEYS do
     -- A log whose every entry has left reads as fresh; its key goes when
     -- the state is written.
     if st and st.stale then st, stale[key] = nil, true end
+    -- Buckets and the log count a key's leases; the windows charged them
+    -- to their counts when they were granted.
+    if not err and p.alg >= 3 then
+      local grants
+      grants, err = load_ledger(key .. LEDGER)
+      if err then
+        if mode == 'all' then return err end
+        unreadable[key] = true
+      elseif #grants > 0 then
+        ledgers[key] = grants
+      end
+    end
     loaded[key] = st or false
     states[key] = st
     -- An unreadable key is not written.
@@ -727,13 +1226,13 @@ for i = 1, #KEYS do
       -- A denial's wait reads a member the load did not: one that is not
       -- quotad's fails this item only (the key's state stays as the items
       -- before it left it), or the whole of an all-or-nothing batch.
-      ok, m, decided = pcall(evaluate, p, states[key], now, cost, mode ~= 'peek')
+      ok, m, decided = pcall(evaluate, p, states[key], now, cost, mode ~= 'peek', ledgers[key])
       -- On failure `m` is the error: only a member that is not quotad's is
       -- this item's; anything else is a bug, raised as before.
       if not ok and m ~= NOT_QUOTADS then error(m, 0) end
       if not ok and mode == 'all' then return corrupt(key, 'not a sliding log') end
     else
-      m, decided = evaluate(p, states[key], now, cost, mode ~= 'peek')
+      m, decided = evaluate(p, states[key], now, cost, mode ~= 'peek', ledgers[key])
     end
     if ok then
       d = decided
@@ -756,7 +1255,7 @@ if mode == 'all' and not all_allowed then
     if decisions[i][1] == 1 then
       local st = loaded[KEYS[i]] or nil
       if st and items[i].p.alg == LOG_ID then st.merged, st.pending, st.at = 0, 0, nil end
-      local _, d = evaluate(items[i].p, st, now, items[i].cost, false)
+      local _, d = evaluate(items[i].p, st, now, items[i].cost, false, ledgers[KEYS[i]])
       decisions[i] = { 0, d[2], d[3], 0, d[5], BATCH_REJECTED }
     end
   end

@@ -5,7 +5,7 @@
 //! script's protocol, not the API's: a change to quotad.v1's enums leaves
 //! them as they are.
 
-use quotad_core::{Algorithm, Reason};
+use quotad_core::{Algorithm, Reason, Settled};
 
 /// The code of each algorithm the script is sent (`ARGV[4]`, then every
 /// fifth argument).
@@ -39,6 +39,32 @@ pub(super) fn reason(code: i64) -> Option<Reason> {
         .iter()
         .find_map(|&(c, reason)| (c == code).then_some(reason))
 }
+
+/// The first number after `TIME` in a lease reply: `LEASED, UNKNOWN_LEASE,
+/// OVERSPENT` in the script.
+pub(super) const LEASED: i64 = 1;
+/// The lease to settle is neither held nor ended.
+pub(super) const UNKNOWN_LEASE: i64 = 2;
+/// The holder reports spending more than its lease granted.
+pub(super) const OVERSPENT: i64 = 3;
+
+/// What became of the lease a request named, as the script answers it:
+/// 0 none was named, 1 returned, 2 ended.
+pub(super) fn settled(code: i64, returned: u64) -> Option<Option<Settled>> {
+    match code {
+        0 => Some(None),
+        1 => Some(Some(Settled::Returned { returned })),
+        2 => Some(Some(Settled::Ended)),
+        _ => None,
+    }
+}
+
+/// The script's answer codes: 0 no lease asked for, 1 granted, 2 direct.
+pub(super) const NOT_ASKED: i64 = 0;
+/// A lease was granted.
+pub(super) const GRANTED: i64 = 1;
+/// No lease: check directly.
+pub(super) const DIRECT: i64 = 2;
 
 #[cfg(test)]
 mod tests {
@@ -79,6 +105,18 @@ mod tests {
             );
             assert!(script.contains(&format!("alg == '{code}'")), "{a}");
         }
+    }
+
+    #[test]
+    fn the_script_declares_the_same_lease_codes() {
+        assert_eq!(
+            declared("LEASED, UNKNOWN_LEASE, OVERSPENT"),
+            [LEASED, UNKNOWN_LEASE, OVERSPENT]
+        );
+        assert_eq!([NOT_ASKED, GRANTED, DIRECT], [0, 1, 2]);
+        assert_eq!(settled(0, 0), Some(None));
+        assert_eq!(settled(2, 0), Some(Some(Settled::Ended)));
+        assert_eq!(settled(3, 0), None);
     }
 
     #[test]

@@ -445,7 +445,7 @@ pub(crate) fn lease(
     let at = state
         .as_ref()
         .map_or(now_ms, |s| s.time_floor().max(now_ms));
-    match policy.algorithm() {
+    let (state, mut outcome) = match policy.algorithm() {
         Algorithm::FixedWindow => {
             lease_on::<fixed_window::FixedWindow>(policy, terms, state, ledger, at, ask)
         }
@@ -461,7 +461,14 @@ pub(crate) fn lease(
         Algorithm::SlidingLog => {
             lease_on::<sliding_log::SlidingLog>(policy, terms, state, ledger, at, ask)
         }
+    };
+    // From the clock, as a check reports it: the meter's wait runs from
+    // `at`, which a clock that stepped back leaves ahead of `now_ms`, and
+    // the store takes the key as fresh at `now_ms` + this.
+    if outcome.reset_after_ms > 0 {
+        outcome.reset_after_ms = outcome.reset_after_ms.saturating_add(at - now_ms);
     }
+    (state, outcome)
 }
 
 fn lease_on<M: Meter>(
