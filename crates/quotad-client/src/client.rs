@@ -140,6 +140,16 @@ impl Client {
                 .increment(1);
             return Ok(decision);
         }
+        // Boxed so that this future stays small: a local answer then costs
+        // no copy of the call's whole state, which is far larger than the
+        // local path and would dominate it; the box is nothing beside the
+        // round trip it holds.
+        Box::pin(self.ask(check)).await
+    }
+
+    /// [`Client::check`] when no local answer holds: asks quotad.
+    async fn ask(&self, check: &Check) -> Result<Decision, Error> {
+        let shared = &self.shared;
         let deadline = Instant::now() + self.deadline;
         let sent = shared.cache.as_ref().map(|c| c.sent(shared.now_ms()));
         let request = check.to_proto();
