@@ -4,12 +4,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quotad_core::{Clock, MonotonicClock, Throttle};
+use quotad_proto::v1::leases_client::LeasesClient;
 use quotad_proto::v1::quota_client::QuotaClient;
 use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::client::{Client, OUTAGE_LOG_INTERVAL};
 use crate::deny_cache::{DEFAULT_DENY_CACHE_CAPACITY, DenyCache};
+use crate::lease::{LeaseOptions, LeaseTable};
+use crate::lessee::Lessee;
 use crate::queue::{Coalescer, Coalescing};
 use crate::request::{DEFAULT_DEADLINE, Error, FailurePolicy, deadline_exceeded, source_chain};
 use crate::shared::Shared;
@@ -48,6 +51,7 @@ pub struct ClientBuilder {
     keepalive: Keepalive,
     coalescing: Coalescing,
     deny_cache_capacity: usize,
+    leases: Option<LeaseOptions>,
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -62,6 +66,7 @@ impl ClientBuilder {
             keepalive: Keepalive::default(),
             coalescing: Coalescing::default(),
             deny_cache_capacity: DEFAULT_DENY_CACHE_CAPACITY,
+            leases: None,
             clock: None,
         }
     }
@@ -126,7 +131,30 @@ impl ClientBuilder {
         self
     }
 
-    /// The clock the deny cache and the outage log read. Default: a
+    /// Turns leases on: the client holds shares of a key's budget that
+    /// quotad charged when it granted them, and admits with them locally,
+    /// without a call. Off by default. Named policies need `lease` settings
+    /// on the server; inline ones need [`Check::lease_terms`](crate::Check::lease_terms).
+    ///
+    /// A check that finds no lease is sent to quotad as usual (never
+    /// delayed) while a lease is acquired in the background; a lease is
+    /// renewed at half spent or half its TTL, reporting what was spent. It
+    /// is spent until its send time + `ttl_ms` x (1 - 1/1000) less
+    /// [`LeaseOptions::margin`] on the client's monotonic clock, never
+    /// later, whatever the network's delay; while quotad is unreachable the
+    /// client spends what it holds until then, and the failure policy
+    /// applies after. When quotad answers `direct` (near the end of the
+    /// budget), the key is checked call by call for
+    /// [`LeaseOptions::direct_backoff`]; a policy quotad will not lease is
+    /// not asked again for [`NOT_LEASABLE_RECHECK`](crate::NOT_LEASABLE_RECHECK).
+    /// [`Client::shutdown`] returns what is unspent.
+    #[must_use]
+    pub fn leases(mut self, options: LeaseOptions) -> Self {
+        self.leases = Some(options);
+        self
+    }
+
+    /// The clock the deny cache, the leases and the outage log read. Default: a
     /// monotonic clock, so a wall-clock step never stretches a cached
     /// denial. For tests and simulations.
     #[must_use]
@@ -145,17 +173,27 @@ impl ClientBuilder {
         let clock = self
             .clock
             .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
+        let shared = Arc::new(Shared {
+            rpc: QuotaClient::new(channel.clone()),
+            coalescer,
+            cache,
+            clock,
+            outage_log: Throttle::new(OUTAGE_LOG_INTERVAL),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        });
+        let leases = self.leases.map(|options| {
+            Arc::new(Lessee::new(
+                LeaseTable::new(options),
+                LeasesClient::new(channel),
+                Arc::clone(&shared),
+                self.deadline,
+            ))
+        });
         Client {
-            shared: Arc::new(Shared {
-                rpc: QuotaClient::new(channel),
-                coalescer,
-                cache,
-                clock,
-                outage_log: Throttle::new(OUTAGE_LOG_INTERVAL),
-                runtime: tokio::runtime::Handle::try_current().ok(),
-            }),
+            shared,
             deadline: self.deadline,
             on_unavailable: self.on_unavailable,
+            leases,
         }
     }
 

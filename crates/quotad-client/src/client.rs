@@ -10,6 +10,8 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use crate::coalesce;
+use crate::lease::{LeaseStats, Spent};
+use crate::lessee::Lessee;
 use crate::queue::{Answer, Coalescer};
 use crate::request::{Check, Error, FailurePolicy, PolicyRef, source_chain};
 use crate::shared::{Shared, call};
@@ -44,6 +46,8 @@ pub struct Client {
     pub(crate) shared: Arc<Shared>,
     pub(crate) deadline: Duration,
     pub(crate) on_unavailable: FailurePolicy,
+    /// With leases on ([`ClientBuilder::leases`](crate::ClientBuilder::leases)).
+    pub(crate) leases: Option<Arc<Lessee>>,
 }
 
 impl Client {
@@ -67,6 +71,26 @@ impl Client {
         }
     }
 
+    /// What this client's leases have done (all zero with leases off).
+    pub fn lease_stats(&self) -> LeaseStats {
+        self.leases
+            .as_ref()
+            .map_or_else(LeaseStats::default, |l| l.stats())
+    }
+
+    /// Stops leasing and returns every lease held, with what was spent of
+    /// it, so its unspent units go back to the budget at once; waits for
+    /// lease calls in flight first, each within the client's deadline.
+    /// Checks after it go to quotad one by one. Without it, the last
+    /// handle dropped returns them on a task, if a runtime is still
+    /// running; a lease never returned strands its units until it ends.
+    /// Nothing to do with leases off.
+    pub async fn shutdown(&self) {
+        if let Some(lessee) = &self.leases {
+            lessee.shutdown().await;
+        }
+    }
+
     /// Checks waiting for an in-flight slot, to leave as the next batch.
     pub fn queued_checks(&self) -> usize {
         self.shared.coalescer().map_or(0, Coalescer::queued)
@@ -85,6 +109,11 @@ impl Client {
     /// check that a cached `LIMIT_EXCEEDED` denial covers is answered
     /// without a call (counted in `quotad_client_local_denials_total`).
     ///
+    /// With leases on, a check that a lease held for its policy and key
+    /// covers is admitted locally, without a call, until the lease's units
+    /// or time run out; a check that finds none is sent as above while a
+    /// lease is acquired in the background.
+    ///
     /// # Errors
     ///
     /// [`Error::Rejected`] for bad input or an unknown policy;
@@ -92,6 +121,18 @@ impl Client {
     /// policy is [`FailurePolicy::Error`].
     pub async fn check(&self, check: &Check) -> Result<Decision, Error> {
         let shared = &self.shared;
+        if let Some(lessee) = &self.leases {
+            match lessee.table.spend(check, shared.now_ms()) {
+                Spent::Local(decision, renew) => {
+                    if let Some(slot) = renew {
+                        lessee.start(slot);
+                    }
+                    return Ok(decision);
+                }
+                Spent::Miss(Some(slot)) => lessee.start(slot),
+                Spent::Miss(None) => {}
+            }
+        }
         if let Some(cache) = &shared.cache
             && let Some(decision) = cache.lookup(check, shared.now_ms())
         {
@@ -99,6 +140,16 @@ impl Client {
                 .increment(1);
             return Ok(decision);
         }
+        // Boxed so that this future stays small: a local answer then costs
+        // no copy of the call's whole state, which is far larger than the
+        // local path and would dominate it; the box is nothing beside the
+        // round trip it holds.
+        Box::pin(self.ask(check)).await
+    }
+
+    /// [`Client::check`] when no local answer holds: asks quotad.
+    async fn ask(&self, check: &Check) -> Result<Decision, Error> {
+        let shared = &self.shared;
         let deadline = Instant::now() + self.deadline;
         let sent = shared.cache.as_ref().map(|c| c.sent(shared.now_ms()));
         let request = check.to_proto();

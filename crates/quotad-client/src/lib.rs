@@ -14,17 +14,22 @@
 //!   slots are busy ([`Coalescing`]; a lone check is sent at once), and a
 //!   `LIMIT_EXCEEDED` denial is answered locally until its retry time
 //!   ([`ClientBuilder::deny_cache`]).
+//! - Leases ([`ClientBuilder::leases`], off by default): the client holds
+//!   shares of a key's budget that quotad charged when it granted them,
+//!   and admits with them locally, without a call, until their units or
+//!   time run out ([`Client::lease_stats`], [`Client::shutdown`]).
 //! - `RateLimitLayer` (feature `http`): keys, prices and checks each HTTP
 //!   request; answers `429` with `Retry-After` and `RateLimit` headers on
 //!   denial.
 //!
 //! Layout, each module importing only those listed before it: `request`
 //! (checks, failure policies, errors), `transport` (addresses, TLS and
-//! keepalive), `deny_cache`, `queue` (the coalescing settings and state),
+//! keepalive), `deny_cache`, `lease` (lease settings, the table of leases
+//! held and the local spend), `queue` (the coalescing settings and state),
 //! `shared` (what clones share, and how a call goes out), `coalesce`
-//! (batches: what leaves when, what an answer means), `client` (the
-//! handle), `builder` (its settings, and how it connects) and `layer` (the
-//! HTTP layer).
+//! (batches: what leaves when, what an answer means), `lessee` (acquiring,
+//! renewing and returning leases), `client` (the handle), `builder` (its
+//! settings, and how it connects) and `layer` (the HTTP layer).
 //!
 //! Features: `tls` (default) brings rustls with the ring provider for
 //! `https://` addresses; `http` brings the tower layer and its axum, `http`
@@ -57,6 +62,8 @@ mod coalesce;
 mod deny_cache;
 #[cfg(feature = "http")]
 mod layer;
+mod lease;
+mod lessee;
 mod queue;
 mod request;
 mod shared;
@@ -70,8 +77,12 @@ pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 pub use layer::{
     IpPrefixes, KeyExtractor, PrefixError, RateLimit, RateLimitLayer, retry_after_secs,
 };
+pub use lease::{
+    DEFAULT_DIRECT_BACKOFF, DEFAULT_LEASE_MARGIN, DEFAULT_MAX_LEASED_KEYS, LeaseOptions,
+    LeaseOptionsError, LeaseStats, MAX_LEASE_WANT, NOT_LEASABLE_RECHECK,
+};
 pub use queue::{Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT};
-pub use quotad_core::{BatchMode, Clock, Decision, Reason};
+pub use quotad_core::{BatchMode, Clock, Decision, LeaseTerms, Reason};
 pub use request::{Check, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};
 pub use transport::{
     DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, Keepalive, KeepaliveError, TlsConfig,

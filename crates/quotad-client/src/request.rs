@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use quotad_core::Policy;
+use quotad_core::{LeaseTerms, Policy};
 use quotad_proto::v1 as pb;
 use thiserror::Error;
 use tonic::Status;
@@ -57,6 +57,7 @@ pub struct Check {
     key: String,
     cost: u64,
     policy: PolicyRef,
+    terms: Option<LeaseTerms>,
 }
 
 impl Check {
@@ -66,6 +67,7 @@ impl Check {
             key: key.into(),
             cost: 1,
             policy: PolicyRef::Named(policy.into()),
+            terms: None,
         }
     }
 
@@ -75,6 +77,7 @@ impl Check {
             key: key.into(),
             cost: 1,
             policy: PolicyRef::Inline(policy),
+            terms: None,
         }
     }
 
@@ -83,6 +86,24 @@ impl Check {
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
         self
+    }
+
+    /// How quotad may lease budget of an inline policy to a client with
+    /// leases on ([`ClientBuilder::leases`](crate::ClientBuilder::leases));
+    /// ignored for a named policy, whose lease settings are quotad's. An
+    /// inline check without terms is never leased.
+    #[must_use]
+    pub fn lease_terms(mut self, terms: LeaseTerms) -> Self {
+        self.terms = Some(terms);
+        self
+    }
+
+    /// The lease terms of an inline policy, if given.
+    pub fn inline_terms(&self) -> Option<LeaseTerms> {
+        match self.policy {
+            PolicyRef::Inline(_) => self.terms,
+            PolicyRef::Named(_) => None,
+        }
     }
 
     /// The units asked for.

@@ -1,21 +1,25 @@
 //! A small quotad for the client's own tests: real decisions from
 //! quotad-core's memory store on a clock the test drives, a record of every
 //! call it receives, a gate that holds calls in flight, and switches for
-//! batch failures and transit time.
+//! batch failures and transit time. It serves `quotad.v1.Leases` too, from
+//! the same store, for the policy `api` when it is made with lease terms.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use quotad_core::{
-    Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, MemoryStore, OnFull, Policy,
-    Reason, StoreConfig,
+    Algorithm, BatchMode, CheckItem, Clock, Decision, FakeClock, LeaseAnswer, LeaseAsk, LeaseError,
+    LeaseTerms, MemoryStore, OnFull, Policy, Reason, Settle, Settled, StoreConfig,
 };
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::check_request::Policy as PolicyField;
+use quotad_proto::v1::lease_request::Policy as LeasePolicyField;
+use quotad_proto::v1::leases_server::{Leases, LeasesServer};
 use quotad_proto::v1::quota_server::{Quota, QuotaServer};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
@@ -46,6 +50,28 @@ pub(crate) struct Decided {
     pub(crate) decision: Decision,
 }
 
+/// A `Lease` call as the server received and answered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseCall {
+    pub(crate) key: String,
+    pub(crate) want: u64,
+    /// The lease settled: its id and the units reported spent.
+    pub(crate) settle: Option<(String, u64)>,
+    /// The server's clock when it decided.
+    pub(crate) at_ms: u64,
+    /// What it answered.
+    pub(crate) answer: Result<pb::LeaseResponse, tonic::Code>,
+    /// The server-side end of the lease granted, if any.
+    pub(crate) ends_at: Option<u64>,
+}
+
+impl LeaseCall {
+    /// The lease granted, if any.
+    pub(crate) fn granted(&self) -> Option<&pb::Lease> {
+        self.answer.as_ref().ok().and_then(|a| a.lease.as_ref())
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Fake {
     pub(crate) clock: Arc<FakeClock>,
@@ -59,6 +85,16 @@ pub(crate) struct Fake {
     transit: Mutex<Duration>,
     /// Keys the backend fails for, with what a lone check of one answers.
     down: Mutex<HashMap<String, Status>>,
+    /// The lease terms of `api`; `None`: it has no lease settings.
+    terms: Option<LeaseTerms>,
+    leases: Mutex<Vec<LeaseCall>>,
+    /// Lease ids handed out, with the store's id and end of each.
+    granted: Mutex<HashMap<String, (u64, u64)>>,
+    next_id: AtomicU64,
+    /// Every `Lease` call fails with this from now on.
+    lease_failure: Mutex<Option<Status>>,
+    /// Time a `Lease` answer spends on its way back.
+    lease_reply_delay: Mutex<Duration>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -69,6 +105,15 @@ impl Fake {
     /// A server with the policy `api`: `limit` units per `window` (fixed
     /// window), on a clock at [`NOON`].
     pub(crate) fn new(limit: u64, window: Duration) -> Arc<Self> {
+        Self::with_terms(limit, window, None)
+    }
+
+    /// As [`Fake::new`], with `api` leased on `terms`.
+    pub(crate) fn leasing(limit: u64, window: Duration, terms: LeaseTerms) -> Arc<Self> {
+        Self::with_terms(limit, window, Some(terms))
+    }
+
+    fn with_terms(limit: u64, window: Duration, terms: Option<LeaseTerms>) -> Arc<Self> {
         let clock = Arc::new(FakeClock::new(NOON));
         let policy =
             Policy::try_new(Algorithm::FixedWindow, limit, window, None).expect("valid policy");
@@ -89,7 +134,123 @@ impl Fake {
             batch_failure: Mutex::new(None),
             transit: Mutex::new(Duration::ZERO),
             down: Mutex::new(HashMap::new()),
+            terms,
+            leases: Mutex::new(Vec::new()),
+            granted: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            lease_failure: Mutex::new(None),
+            lease_reply_delay: Mutex::new(Duration::ZERO),
         })
+    }
+
+    /// Every `Lease` call received so far, with its answer.
+    pub(crate) fn leases(&self) -> Vec<LeaseCall> {
+        lock(&self.leases).clone()
+    }
+
+    /// Every `Lease` call fails with `status` from now on (`None`: they are
+    /// answered again).
+    pub(crate) fn fail_leases(&self, status: Option<Status>) {
+        *lock(&self.lease_failure) = status;
+    }
+
+    /// Each `Lease` answer advances the clock by `delay` after it is
+    /// decided, as if it spent that long on the way back.
+    pub(crate) fn set_lease_reply_delay(&self, delay: Duration) {
+        *lock(&self.lease_reply_delay) = delay;
+    }
+
+    /// `Check` calls received so far (each a server decision: leases are
+    /// recorded apart, in [`Fake::leases`]).
+    pub(crate) fn checks(&self) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Check(_)))
+            .count()
+    }
+
+    /// Settles and grants as quotad does, from the same store as `Check`.
+    fn lease(
+        &self,
+        request: &pb::LeaseRequest,
+    ) -> Result<(pb::LeaseResponse, Option<u64>), Status> {
+        if let Some(status) = lock(&self.lease_failure).clone() {
+            return Err(status);
+        }
+        if request.key.is_empty() {
+            return Err(Status::invalid_argument("key: must not be empty"));
+        }
+        let Some(LeasePolicyField::PolicyName(name)) = &request.policy else {
+            return Err(Status::invalid_argument("policy_name: required"));
+        };
+        let policy = *self
+            .policies
+            .get(name)
+            .ok_or_else(|| Status::not_found(format!("policy_name: no policy named {name:?}")))?;
+        let terms = self.terms.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "policy_name: policy {name:?} has no lease settings"
+            ))
+        })?;
+        let settle = match &request.settle {
+            Some(s) => {
+                let (id, ends_at) = *lock(&self.granted)
+                    .get(&s.lease_id)
+                    .ok_or_else(|| Status::invalid_argument("settle.lease_id: malformed"))?;
+                Some(Settle {
+                    id,
+                    ends_at,
+                    spent: s.spent,
+                })
+            }
+            None => None,
+        };
+        let ask = LeaseAsk {
+            settle,
+            want: request.want,
+            new_id: self.next_id.fetch_add(1, Ordering::Relaxed),
+        };
+        let outcome = self
+            .store
+            .lease("api", &request.key, &policy, &terms, &ask)
+            .map_err(|e| match e {
+                LeaseError::UnknownLease => Status::not_found(format!("settle.lease_id: {e}")),
+                LeaseError::Overspent { .. } => {
+                    Status::invalid_argument(format!("settle.spent: {e}"))
+                }
+            })?;
+        let now = self.clock.now_ms();
+        let (lease, direct, ends_at) = match outcome.answer {
+            LeaseAnswer::Granted(grant) => {
+                let id = format!("L{}", grant.id);
+                lock(&self.granted).insert(id.clone(), (grant.id, grant.ends_at));
+                let lease = pb::Lease {
+                    lease_id: id,
+                    units: grant.units,
+                    ttl_ms: grant.ends_at - now,
+                };
+                (Some(lease), false, Some(grant.ends_at))
+            }
+            LeaseAnswer::Direct => (None, true, None),
+            LeaseAnswer::None => (None, false, None),
+        };
+        let (settled, returned) = match outcome.settled {
+            None => (pb::Settled::Unspecified, 0),
+            Some(Settled::Returned { returned }) => (pb::Settled::Returned, returned),
+            Some(Settled::Ended) => (pb::Settled::Ended, 0),
+        };
+        Ok((
+            pb::LeaseResponse {
+                lease,
+                direct,
+                settled: settled.into(),
+                returned,
+                remaining: outcome.remaining,
+                limit: outcome.limit,
+                reset_after_ms: outcome.reset_after_ms,
+            },
+            ends_at,
+        ))
     }
 
     /// Every call received so far.
@@ -273,6 +434,44 @@ impl Drop for Answering<'_> {
     }
 }
 
+/// The `Leases` face of a [`Fake`].
+#[derive(Debug)]
+struct FakeLeases(Arc<Fake>);
+
+#[tonic::async_trait]
+impl Leases for FakeLeases {
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let request = request.into_inner();
+        let fake = &self.0;
+        let mut gate = fake.gate.subscribe();
+        let _ = gate.wait_for(|open| *open).await;
+        let transit = *lock(&fake.transit);
+        fake.clock.advance(transit);
+        let at_ms = fake.clock.now_ms();
+        let result = fake.lease(&request);
+        lock(&fake.leases).push(LeaseCall {
+            key: request.key.clone(),
+            want: request.want,
+            settle: request
+                .settle
+                .as_ref()
+                .map(|s| (s.lease_id.clone(), s.spent)),
+            at_ms,
+            answer: result
+                .as_ref()
+                .map(|(a, _)| a.clone())
+                .map_err(Status::code),
+            ends_at: result.as_ref().ok().and_then(|(_, e)| *e),
+        });
+        let delay = *lock(&fake.lease_reply_delay);
+        fake.clock.advance(delay);
+        result.map(|(answer, _)| Response::new(answer))
+    }
+}
+
 /// The gRPC face of a [`Fake`].
 #[derive(Debug)]
 struct FakeQuota(Arc<Fake>);
@@ -361,7 +560,9 @@ pub(crate) async fn serve_tcp(fake: &Arc<Fake>, tls: Option<ServerTlsConfig>) ->
     if let Some(tls) = tls {
         server = server.tls_config(tls).expect("server TLS config");
     }
-    let router = server.add_service(QuotaServer::new(FakeQuota(Arc::clone(fake))));
+    let router = server
+        .add_service(QuotaServer::new(FakeQuota(Arc::clone(fake))))
+        .add_service(LeasesServer::new(FakeLeases(Arc::clone(fake))));
     spawn(router.serve_with_incoming(TcpListenerStream::new(listener)));
     addr
 }

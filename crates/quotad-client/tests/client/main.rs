@@ -1,10 +1,11 @@
 //! quotad-client against a small in-process quotad ([`fake`]): TLS, mTLS
-//! and unix sockets; coalescing; the deny cache.
+//! and unix sockets; coalescing; the deny cache; leases.
 
 mod coalescing;
 mod deny_cache;
 mod fake;
 mod keepalive;
+mod leases;
 #[cfg(feature = "tls")]
 mod tls;
 mod unix;
