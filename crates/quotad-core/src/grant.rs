@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::policy::MAX_EXACT;
+use crate::policy::{Algorithm, MAX_EXACT, Policy};
 
-/// The most live grants one key holds; a lease asked for past it is
-/// answered [`LeaseAnswer::Direct`].
+/// The most grants one key holds, live or still counted after their end (a
+/// sliding log counts an ended lease for a window); a lease asked for past
+/// it is answered [`LeaseAnswer::Direct`].
 pub const MAX_GRANTS_PER_KEY: usize = 32;
 
 /// One share of a key's budget held outside the store.
@@ -41,10 +42,15 @@ pub struct Grant {
     pub ends_at: u64,
 }
 
-/// The live grants of one key, oldest first.
+/// The grants of one key, oldest first, and the counting parameters they
+/// were charged under: like a key's state, a ledger counts only under the
+/// algorithm and window that wrote it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ledger {
     grants: Vec<Grant>,
+    /// The algorithm and window the grants were charged under; `None` while
+    /// the ledger is empty.
+    under: Option<(Algorithm, u64)>,
 }
 
 impl Ledger {
@@ -53,9 +59,34 @@ impl Ledger {
         Self::default()
     }
 
-    /// A ledger of `grants`, as a snapshot holds them.
-    pub fn from_grants(grants: Vec<Grant>) -> Self {
-        Self { grants }
+    /// A ledger of `grants` charged under `algorithm` and `window_ms`, as
+    /// a snapshot holds them.
+    pub fn from_grants(grants: Vec<Grant>, algorithm: Algorithm, window_ms: u64) -> Self {
+        let under = (!grants.is_empty()).then_some((algorithm, window_ms));
+        Self { grants, under }
+    }
+
+    /// The algorithm and window the grants were charged under, if any.
+    pub fn charged_under(&self) -> Option<(Algorithm, u64)> {
+        self.under
+    }
+
+    /// Whether `policy` counts these grants: they were charged under its
+    /// algorithm and window (a reload to another starts the key fresh,
+    /// grants and all, as it does the key's state).
+    pub fn counts_under(&self, policy: &Policy) -> bool {
+        self.under
+            .is_none_or(|u| u == (policy.algorithm(), policy.window_ms()))
+    }
+
+    /// The grants `policy` counts: none for a ledger charged under another
+    /// algorithm or window.
+    pub fn grants_under(&self, policy: &Policy) -> &[Grant] {
+        if self.counts_under(policy) {
+            &self.grants
+        } else {
+            &[]
+        }
     }
 
     /// The grants, oldest first.
@@ -73,6 +104,20 @@ impl Ledger {
     pub fn purge(&mut self, now: u64, linger: u64) {
         self.grants
             .retain(|g| g.ends_at.saturating_add(linger) > now);
+        if self.grants.is_empty() {
+            self.under = None;
+        }
+    }
+
+    /// Drops every grant.
+    pub(crate) fn clear(&mut self) {
+        self.grants.clear();
+        self.under = None;
+    }
+
+    /// Grants held, live or still counted.
+    pub fn len(&self) -> usize {
+        self.grants.len()
     }
 
     /// Grants that have not ended by `now`.
@@ -100,7 +145,9 @@ impl Ledger {
         Some(self.grants.remove(i))
     }
 
-    pub(crate) fn push(&mut self, grant: Grant) {
+    /// Adds `grant`, charged under `policy`.
+    pub(crate) fn push(&mut self, grant: Grant, policy: &Policy) {
+        self.under = Some((policy.algorithm(), policy.window_ms()));
         self.grants.push(grant);
     }
 
@@ -281,9 +328,16 @@ pub enum LeaseAnswer {
 
 /// The units a new lease gets: at most `want`, at most `max_units`, at most a
 /// fair share `free / (live + 1)` of what is free; `None` (direct) below
-/// `min_units` or when the key holds as many grants as it may.
-pub(crate) fn lease_size(terms: &LeaseTerms, want: u64, free: u64, live: usize) -> Option<u64> {
-    if live >= MAX_GRANTS_PER_KEY {
+/// `min_units` or when the key holds as many grants as it may (`held`, live
+/// or still counted: a settle never adds one, so this bounds them all).
+pub(crate) fn lease_size(
+    terms: &LeaseTerms,
+    want: u64,
+    free: u64,
+    live: usize,
+    held: usize,
+) -> Option<u64> {
+    if held >= MAX_GRANTS_PER_KEY {
         return None;
     }
     let share = free / (live as u64 + 1);
@@ -331,14 +385,17 @@ mod tests {
     #[test]
     fn a_lease_is_a_fair_share_of_what_is_free_and_direct_below_the_minimum() {
         let t = terms();
-        assert_eq!(lease_size(&t, 1_000, 10_000, 0), Some(100));
-        assert_eq!(lease_size(&t, 50, 10_000, 0), Some(50));
-        assert_eq!(lease_size(&t, 1_000, 60, 1), Some(30));
-        assert_eq!(lease_size(&t, 1_000, 60, 5), Some(10));
-        assert_eq!(lease_size(&t, 1_000, 60, 6), None);
-        assert_eq!(lease_size(&t, 1_000, 10_000, MAX_GRANTS_PER_KEY), None);
+        assert_eq!(lease_size(&t, 1_000, 10_000, 0, 0), Some(100));
+        assert_eq!(lease_size(&t, 50, 10_000, 0, 0), Some(50));
+        assert_eq!(lease_size(&t, 1_000, 60, 1, 1), Some(30));
+        assert_eq!(lease_size(&t, 1_000, 60, 5, 5), Some(10));
+        assert_eq!(lease_size(&t, 1_000, 60, 6, 6), None);
+        let max = MAX_GRANTS_PER_KEY;
+        assert_eq!(lease_size(&t, 1_000, 10_000, max, max), None);
+        // Grants still counted after their end count towards the bound.
+        assert_eq!(lease_size(&t, 1_000, 10_000, 0, max), None);
         // Fewer than the minimum is not worth a lease, even when asked for.
-        assert_eq!(lease_size(&t, 3, 10_000, 0), None);
-        assert_eq!(lease_size(&t, 0, 10_000, 0), None);
+        assert_eq!(lease_size(&t, 3, 10_000, 0, 0), None);
+        assert_eq!(lease_size(&t, 0, 10_000, 0, 0), None);
     }
 }

@@ -657,3 +657,129 @@ fn a_lease_reports_the_reset_from_the_clock_as_a_check_does_after_a_step_back() 
     clock.set(11_000);
     assert_eq!(remaining(&store, p), 10);
 }
+
+// --- Edges found by review ---------------------------------------------------
+
+#[test]
+fn a_reload_to_another_window_starts_the_key_fresh_and_credits_no_return() {
+    let clock = Arc::new(FakeClock::new(0));
+    let store = store(&clock);
+    let before = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(50, 1, Duration::from_secs(10));
+    let g = granted(
+        store
+            .lease("api", "k", &before, &t, &ask(50, 1))
+            .expect("lease")
+            .answer,
+    );
+    // Reloaded to a 30 s window: a fresh budget, as for any such change.
+    let after = policy(Algorithm::FixedWindow, 100, Duration::from_secs(30));
+    let all = CheckItem::new("api", after, "k", 100).expect("item");
+    assert!(store.check_one(&all).allowed);
+    // The old lease's return is not credited to the new window's count.
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 0)),
+        want: 0,
+        new_id: 2,
+    };
+    let out = store.lease("api", "k", &after, &t, &back).expect("settle");
+    assert_eq!(out.settled, Some(Settled::Ended));
+    assert_eq!(remaining(&store, after), 0);
+}
+
+#[test]
+fn a_key_holds_a_bounded_number_of_grants_and_its_snapshot_loads() {
+    let clock = Arc::new(FakeClock::new(100_000));
+    let store = store(&clock);
+    let p = policy(Algorithm::SlidingLog, 1_000, MINUTE);
+    let t = terms(1, 1, Duration::from_secs(10));
+    // Each returned lease with units spent stays counted for a window: the
+    // bound on grants counts those too, so leases stop at the bound.
+    let mut granted_count = 0;
+    for i in 0..40 {
+        let out = store.lease("api", "k", &p, &t, &ask(1, i)).expect("lease");
+        if let LeaseAnswer::Granted(g) = out.answer {
+            granted_count += 1;
+            let back = LeaseAsk {
+                settle: Some(settle(&g, 1)),
+                want: 0,
+                new_id: 0,
+            };
+            store.lease("api", "k", &p, &t, &back).expect("return");
+        }
+    }
+    assert_eq!(granted_count, MAX_GRANTS_PER_KEY);
+    // A return after the clock stepped back keeps its units from the grant.
+    let g = granted(
+        store
+            .lease("api", "other", &p, &t, &ask(1, 99))
+            .expect("lease")
+            .answer,
+    );
+    clock.set(95_000);
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 1)),
+        want: 0,
+        new_id: 0,
+    };
+    store.lease("api", "other", &p, &t, &back).expect("return");
+    let mut file = Vec::new();
+    store.export(&mut file, b"").expect("export");
+    let config = StoreConfig::try_new(10_000, 16, OnFull::Deny).expect("valid config");
+    let (restored, report) = SnapshotReader::open(file.as_slice())
+        .expect("open")
+        .load(config, clock.clone(), |_| true)
+        .expect("every snapshot the store writes loads");
+    assert_eq!(report.namespaces["api"].loaded, 2);
+    assert_eq!(remaining(&restored, p), 1_000 - 32);
+}
+
+#[test]
+fn a_key_holding_leases_is_never_evicted() {
+    let clock = Arc::new(FakeClock::new(0));
+    let config = StoreConfig::try_new(64, 1, OnFull::Evict).expect("valid config");
+    let store = MemoryStore::new(config, clock.clone());
+    let p = policy(Algorithm::FixedWindow, 100, MINUTE);
+    let t = terms(90, 1, Duration::from_secs(30));
+    granted(
+        store
+            .lease("api", "k", &p, &t, &ask(90, 1))
+            .expect("lease")
+            .answer,
+    );
+    for i in 0..500 {
+        let other = format!("other-{i}");
+        let item = CheckItem::new("api", p, &other, 1).expect("item");
+        store.check_one(&item);
+    }
+    assert!(store.evictions() > 0);
+    // The leased 90 still count: direct checks admit the 10 left only.
+    assert_eq!(remaining(&store, p), 10);
+}
+
+#[test]
+fn a_lease_on_a_key_gone_fresh_in_a_full_store_answers_direct() {
+    let clock = Arc::new(FakeClock::new(0));
+    // One shard of 64 keys and exactly their slots' bytes, deny.
+    let config = StoreConfig::try_new(64, 1, OnFull::Deny)
+        .and_then(|c| c.with_max_bytes(64 * quotad_core::ENTRY_BYTES))
+        .expect("valid config");
+    let store = MemoryStore::new(config, clock.clone());
+    let short = policy(Algorithm::FixedWindow, 100, Duration::from_secs(1));
+    let long = policy(Algorithm::FixedWindow, 100, MINUTE);
+    store.check_one(&CheckItem::new("api", short, "k", 1).expect("item"));
+    for i in 0..63 {
+        let key = format!("other-{i}");
+        store.check_one(&CheckItem::new("other", long, &key, 1).expect("item"));
+    }
+    // "k" is fresh (unswept) a second later; a lease needs a ledger's
+    // bytes, more than shrinking the table by one slot frees, and every
+    // other key is live.
+    clock.advance(Duration::from_secs(1));
+    let t = terms(10, 1, Duration::from_millis(500));
+    let out = store
+        .lease("api", "k", &short, &t, &ask(10, 1))
+        .expect("an answer");
+    assert_eq!(out.answer, LeaseAnswer::Direct);
+    assert_eq!(remaining(&store, short), 100);
+}

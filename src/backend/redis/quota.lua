@@ -956,9 +956,11 @@ function LOG.refund(m, g, unused)
   end
   local spent = g.units - unused
   if spent == 0 then return nil end
-  m.leased[#m.leased + 1] = { m.at + m.p.window, spent }
+  -- Never from before the grant: a clock that stepped back.
+  local stop = max(m.at, g.granted)
+  m.leased[#m.leased + 1] = { stop + m.p.window, spent }
   m.lent = m.lent + spent
-  return { id = g.id, units = spent, granted = g.granted, ends = m.at }
+  return { id = g.id, units = spent, granted = g.granted, ends = stop }
 end
 
 -- What this call consumed, kept for the next item on the same key and for
@@ -1128,7 +1130,9 @@ if mode == 'lease' then
       if g.ends > at then live = live + 1 end
     end
     local stop = M.lease_end(m)
-    if live < max_grants then
+    -- The bound counts every grant held, live or still counted after its
+    -- end (a log's): a settle never adds one, so this bounds them all.
+    if #grants < max_grants then
       local u = min(min(want, max_units), fdiv(M.remaining(m), live + 1))
       if u >= min_units and M.fits(m, u) and stop > at then
         ends = min(stop, at + max_ttl)

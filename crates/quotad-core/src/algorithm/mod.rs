@@ -442,6 +442,12 @@ pub(crate) fn lease(
     ask: &LeaseAsk,
 ) -> (Option<State>, LeaseOutcome) {
     let state = state.filter(|s| s.counts_under(policy));
+    if !ledger.counts_under(policy) {
+        // Charged under another algorithm or window: the key starts fresh,
+        // grants and all (as on Redis, where both are bound to them). No
+        // return of those grants is credited to the new meter.
+        ledger.clear();
+    }
     let at = state
         .as_ref()
         .map_or(now_ms, |s| s.time_floor().max(now_ms));
@@ -486,7 +492,7 @@ fn lease_on<M: Meter>(
         Some(g) => {
             let returned = g.units - s.spent.min(g.units);
             if let Some(kept) = meter.refund(&g, returned) {
-                ledger.push(kept);
+                ledger.push(kept, policy);
             }
             Settled::Returned { returned }
         }
@@ -496,7 +502,8 @@ fn lease_on<M: Meter>(
         LeaseAnswer::None
     } else {
         let end = meter.lease_end();
-        match lease_size(terms, ask.want, meter.remaining(), ledger.live(at)) {
+        let (live, held) = (ledger.live(at), ledger.len());
+        match lease_size(terms, ask.want, meter.remaining(), live, held) {
             Some(units) if meter.fits(units) && end > at => {
                 let ends_at = end.min(at.saturating_add(terms.max_ttl_ms()));
                 meter.grant(units, ends_at);
@@ -506,7 +513,7 @@ fn lease_on<M: Meter>(
                     granted_at: at,
                     ends_at,
                 };
-                ledger.push(grant);
+                ledger.push(grant, policy);
                 LeaseAnswer::Granted(grant)
             }
             _ => LeaseAnswer::Direct,

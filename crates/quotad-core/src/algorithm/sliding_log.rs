@@ -344,15 +344,16 @@ impl Meter for SlidingLog {
             self.leased.swap_remove(i);
             self.leased_total -= grant.units;
         }
-        // What was spent stays counted, as admitted until now, for a window.
+        // What was spent stays counted, as admitted until now, for a window
+        // (never from before the grant: a clock that stepped back).
         let spent = grant.units - unused;
+        let end = self.at.max(grant.granted_at);
         (spent > 0).then(|| {
-            self.leased
-                .push((self.at.saturating_add(self.window), spent));
+            self.leased.push((end.saturating_add(self.window), spent));
             self.leased_total += spent;
             Grant {
                 units: spent,
-                ends_at: self.at,
+                ends_at: end,
                 ..*grant
             }
         })

@@ -378,7 +378,7 @@ impl MemoryStore {
         let evict = self.config.on_full() == OnFull::Evict;
         if let Some(i) = shard.find(hash, name, key) {
             let room = shard.room_for_state(i, evict);
-            let grants = shard.grants_at(i);
+            let grants = shard.grants_at(i, policy);
             return algorithm::peek_within(policy, shard.state(i, now), grants, now, cost, room);
         }
         let decision = algorithm::peek(policy, None, now, cost);
@@ -485,9 +485,12 @@ impl MemoryStore {
                 if self.make_room(&mut shard, &|_| grow, now, &this) {
                     continue;
                 }
-                let i = shard
-                    .find(hash, name, key)
-                    .expect("making room never evicts the key it is made for");
+                // Making room never evicts this key, but may drop it as
+                // fresh: then it is a new key (and its lease, if it named
+                // one, has ended).
+                let Some(i) = shard.find(hash, name, key) else {
+                    break;
+                };
                 let state = shard.take(i, now);
                 let ledger = shard.take_ledger(i, now);
                 return Ok(settle_only(
@@ -605,7 +608,7 @@ impl MemoryStore {
             };
             let state = shard.take(i, now);
             // Only a key that holds grants pays for copying them.
-            let grants = shard.grants_at(i).to_vec();
+            let grants = shard.grants_at(i, policy).to_vec();
             // The state is not counted while taken: what is free is its room.
             let room = shard.free_bytes();
             let (state, decision, wanted) =
@@ -697,7 +700,7 @@ impl MemoryStore {
                     .cloned();
                 let grants = found
                     .index()
-                    .map(|f| locked.item_shard(i).grants_at(f).to_vec())
+                    .map(|f| locked.item_shard(i).grants_at(f, item.policy()).to_vec())
                     .unwrap_or_default();
                 pending.push(Pending {
                     name,
@@ -966,10 +969,14 @@ impl Pending<'_> {
     fn change(&self, shard: &Shard) -> (bool, usize, usize) {
         let found = self.find(shard);
         let before = found.map_or(0, |i| shard.extra_at(i));
-        // The entry's grants stay with a state written back.
-        let after = self.state.as_ref().map_or(0, |s| {
-            extra_bytes(self.name, self.key, s) + found.map_or(0, |i| shard.ledger_bytes_at(i))
-        });
+        // The entry's grants stay with it, whatever its state: it is
+        // removed only when it has neither.
+        let ledger = found.and_then(|i| shard.ledger_at(i));
+        let after = match (&self.state, ledger) {
+            (state, Some(ledger)) => extra_bytes_with(self.name, self.key, state.as_ref(), ledger),
+            (Some(state), None) => extra_bytes(self.name, self.key, state),
+            (None, None) => 0,
+        };
         (found.is_none() && self.state.is_some(), before, after)
     }
 }

@@ -14,6 +14,7 @@ use indexmap::map::raw_entry_v1::RawEntryMut;
 
 use crate::algorithm::State;
 use crate::grant::{Grant, Ledger};
+use crate::policy::Policy;
 
 /// How many entries an eviction looks at to choose its victim.
 const EVICTION_SAMPLE: usize = 16;
@@ -453,16 +454,11 @@ impl Shard {
             .and_then(|(_, slot)| slot.ledger())
     }
 
-    /// The grants of the entry at `index`: none for most keys.
-    pub(super) fn grants_at(&self, index: usize) -> &[Grant] {
-        self.ledger_at(index).map_or(&[], Ledger::grants)
-    }
-
-    /// The bytes the grants of the entry at `index` cost.
-    pub(super) fn ledger_bytes_at(&self, index: usize) -> usize {
-        self.map
-            .get_index(index)
-            .map_or(0, |(_, slot)| slot.ledger_bytes())
+    /// The grants of the entry at `index` that `policy` counts: none for
+    /// most keys.
+    pub(super) fn grants_at(&self, index: usize, policy: &Policy) -> &[Grant] {
+        self.ledger_at(index)
+            .map_or(&[], |l| l.grants_under(policy))
     }
 
     /// When the entry at `index` becomes fresh.
@@ -657,7 +653,7 @@ impl Shard {
             return true;
         }
         for (key, slot) in &self.map {
-            if protect(key) {
+            if protect(key) || slot.ledger().is_some() {
                 continue;
             }
             len -= 1;
@@ -680,7 +676,10 @@ impl Shard {
             .map(|i| (start + i) % len)
             .filter_map(|i| {
                 let (key, slot) = self.map.get_index(i)?;
-                (!protect(key)).then_some((i, slot.fresh_at))
+                // A key holding grants is never evicted: its holders go on
+                // spending them, and a fresh budget beside them would
+                // admit twice. Its grants end by their TTL.
+                (!protect(key) && slot.ledger().is_none()).then_some((i, slot.fresh_at))
             })
             .take(EVICTION_SAMPLE)
             .min_by_key(|&(_, fresh_at)| fresh_at);

@@ -24,7 +24,8 @@
 //! are counted back from that moment (zigzag, so any value round-trips),
 //! with the window it was counted over (or none, for a key that only
 //! grants keep), then the key's grants: `(id, units, granted_at, ends_at)`,
-//! instants counted back the same way. Version 2 had no grants and always a
+//! instants counted back the same way, and the algorithm (its index in
+//! `Algorithm::ALL`) and window they were charged under. Version 2 had no grants and always a
 //! state; it is still read. There is no version 3: 4 is two flipped bits
 //! away from 2, so no single damaged bit makes one readable version look
 //! like the other (the stream's checksum is checked only at its end). Version 1 had no window in fixed windows,
@@ -49,7 +50,7 @@ use super::shard::{Room, Shard, extra_bytes_with, key_hash};
 use crate::algorithm::{Log, State};
 use crate::clock::Clock;
 use crate::grant::{Grant, Ledger, MAX_GRANTS_PER_KEY};
-use crate::policy::{MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
+use crate::policy::{Algorithm, MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
 
 /// The first bytes of every snapshot.
 const MAGIC: [u8; 8] = *b"QUOTADSN";
@@ -247,6 +248,9 @@ fn encode_shard(shard: &Shard, now: u64, buf: &mut Vec<u8>) -> Result<u64, Snaps
                     ends_at: back(fresh_at, g.ends_at),
                 })
                 .collect(),
+            grants_under: ledger
+                .and_then(Ledger::charged_under)
+                .map(|(algorithm, window)| (algorithm as u8, window)),
         });
         entries += 1;
         if frame.len() >= FRAME_BYTES {
@@ -333,6 +337,7 @@ struct RecordOut<'a> {
     fresh_in: u64,
     state: Option<Stored<LogOut<'a>>>,
     grants: Vec<GrantStored>,
+    grants_under: Option<(u8, u64)>,
 }
 
 /// One entry as read; the same layout as [`RecordOut`].
@@ -342,6 +347,7 @@ struct RecordIn<'a> {
     fresh_in: u64,
     state: Option<Stored<Vec<(i64, u64)>>>,
     grants: Vec<GrantStored>,
+    grants_under: Option<(u8, u64)>,
 }
 
 /// One entry as version 2 wrote it: a state, no grants.
@@ -359,6 +365,7 @@ impl<'a> From<RecordInV2<'a>> for RecordIn<'a> {
             fresh_in: r.fresh_in,
             state: Some(r.state),
             grants: Vec::new(),
+            grants_under: None,
         }
     }
 }
@@ -372,11 +379,29 @@ struct GrantStored {
     ends_at: i64,
 }
 
-/// The ledger of `grants`, if it keeps the rules a live one keeps.
-fn ledger_of(grants: Vec<GrantStored>, fresh_at: u64) -> Result<Ledger, &'static str> {
+/// The ledger of `grants` charged under `under`, if it keeps the rules a
+/// live one keeps.
+fn ledger_of(
+    grants: Vec<GrantStored>,
+    under: Option<(u8, u64)>,
+    fresh_at: u64,
+) -> Result<Ledger, &'static str> {
     if grants.len() > MAX_GRANTS_PER_KEY {
         return Err("more grants than a key may hold");
     }
+    let (algorithm, window_ms) = match under {
+        None if grants.is_empty() => return Ok(Ledger::new()),
+        None => return Err("grants without the algorithm and window they count under"),
+        Some((code, window)) => {
+            let algorithm = *Algorithm::ALL
+                .get(usize::from(code))
+                .ok_or("grants under an unknown algorithm")?;
+            if !(1..=MAX_EXACT).contains(&window) {
+                return Err("grants under a window of 0 ms or above 2^53");
+            }
+            (algorithm, window)
+        }
+    };
     let mut out = Vec::with_capacity(grants.len());
     for g in grants {
         let grant = Grant {
@@ -396,7 +421,7 @@ fn ledger_of(grants: Vec<GrantStored>, fresh_at: u64) -> Result<Ledger, &'static
         }
         out.push(grant);
     }
-    Ok(Ledger::from_grants(out))
+    Ok(Ledger::from_grants(out, algorithm, window_ms))
 }
 
 /// `fresh_at - t` as a signed varint: small for the instants a state holds
@@ -849,7 +874,8 @@ impl<R: Read> SnapshotReader<R> {
                     .map(|s| s.into_state(fresh_at))
                     .transpose()
                     .map_err(|r| invalid(r.into()))?;
-                let ledger = ledger_of(record.grants, fresh_at).map_err(|r| invalid(r.into()))?;
+                let ledger = ledger_of(record.grants, record.grants_under, fresh_at)
+                    .map_err(|r| invalid(r.into()))?;
                 if state.is_none() && ledger.is_empty() {
                     return Err(invalid("an entry with neither state nor grants".into()));
                 }
