@@ -58,7 +58,6 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder a
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusRecorder};
 use quotad_core::{Algorithm, Decision, Reason};
 
-use crate::backend::BackendStats;
 use crate::methods::AuthGroup;
 
 /// The label used for every inline policy, whatever its parameters.
@@ -714,6 +713,34 @@ fn describe(recorder: &PrometheusRecorder) {
         Some(metrics::Unit::Seconds),
         "Time to handle a request, from decoded request to response, by method.".into(),
     );
+}
+
+/// Counts a backend reports for the metrics; `None` where it cannot know.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Keys holding state now.
+    pub live_keys: Option<u64>,
+    /// Live keys evicted to make room, since start.
+    pub evictions: u64,
+    /// Keys dropped because their state had become fresh, since start.
+    pub reclaimed: u64,
+    /// The most keys the store holds (the memory store's `max_keys`).
+    pub capacity: Option<u64>,
+    /// What only this backend counts (a Redis backend's connections and
+    /// late scripts), named by the backend itself.
+    pub figures: Vec<Figure>,
+}
+
+/// One count of a backend's own, since start: a counter series named by
+/// the backend, which the metrics exporter renders as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Figure {
+    /// The series' name (e.g. `quotad_redis_late_scripts_total`).
+    pub name: &'static str,
+    /// The series' labels, as `(name, value)` pairs.
+    pub labels: &'static [(&'static str, &'static str)],
+    /// The count.
+    pub value: u64,
 }
 
 #[cfg(test)]

@@ -15,6 +15,10 @@
 pub mod memory;
 pub mod redis;
 
+// What a backend reports is the metrics' vocabulary: the exporter renders
+// it, and the backends fill it in.
+pub use crate::metrics::{BackendStats, Figure};
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -115,34 +119,6 @@ pub struct LeaseItem<'a> {
 /// A lease request's answer: the outcome, or the caller's error
 /// ([`LeaseError`]: nothing changed); a backend failure is the outer error.
 pub type LeaseResult = Result<Result<LeaseOutcome, LeaseError>, BackendError>;
-
-/// Counts a backend reports for the metrics; `None` where it cannot know.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BackendStats {
-    /// Keys holding state now.
-    pub live_keys: Option<u64>,
-    /// Live keys evicted to make room, since start.
-    pub evictions: u64,
-    /// Keys dropped because their state had become fresh, since start.
-    pub reclaimed: u64,
-    /// The most keys the store holds (the memory store's `max_keys`).
-    pub capacity: Option<u64>,
-    /// What only this backend counts (a Redis backend's connections and
-    /// late scripts), named by the backend itself.
-    pub figures: Vec<Figure>,
-}
-
-/// One count of a backend's own, since start: a counter series named by
-/// the backend, which the metrics exporter renders as it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Figure {
-    /// The series' name (e.g. `quotad_redis_late_scripts_total`).
-    pub name: &'static str,
-    /// The series' labels, as `(name, value)` pairs.
-    pub labels: &'static [(&'static str, &'static str)],
-    /// The count.
-    pub value: u64,
-}
 
 /// What a backend can promise, before it is asked, about deciding a batch
 /// all or nothing ([`Backend::atomicity`]).

@@ -45,6 +45,7 @@ mod error;
 mod flags;
 mod limits;
 mod policies;
+pub mod redis;
 mod rls;
 mod settings;
 mod store;

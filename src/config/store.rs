@@ -7,9 +7,9 @@ use std::time::Duration;
 use quotad_core::{StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
+use super::redis::{RedisSettings, RedisTarget, RedisTls, redact};
 use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
 use super::tls::{TlsFileError, check_certificates, check_private_key, read_file};
-use crate::backend::redis::{RedisSettings, RedisTarget, RedisTls, redact};
 
 /// Why a Redis URL is invalid, without the URL: a password written with
 /// a character that ends the URL's authority (`#`, `/`, `?`, ...) is where

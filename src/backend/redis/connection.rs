@@ -695,7 +695,7 @@ impl Connections {
                     .map_err(|e| unavailable(&e))?
                     .set_tcp_settings(tcp_settings(settings));
                 let client = if settings.tls.is_set() {
-                    redis::Client::build_with_tls(info, settings.tls.load()?)
+                    redis::Client::build_with_tls(info, super::tls::load(&settings.tls)?)
                 } else {
                     redis::Client::open(info)
                 }
@@ -716,7 +716,7 @@ impl Connections {
                     .retries(0)
                     .tcp_settings(tcp_settings(settings));
                 if settings.tls.is_set() {
-                    builder = builder.certs(settings.tls.load()?);
+                    builder = builder.certs(super::tls::load(&settings.tls)?);
                 }
                 Target::Cluster(builder.build().map_err(|e| unavailable(&e))?)
             }
