@@ -203,8 +203,8 @@ pub(crate) struct Held {
 pub(crate) struct Taken {
     pub(crate) id: String,
     pub(crate) spent: u64,
-    /// Units that were still left; a call that certainly changed nothing
-    /// gives them back ([`Slot::restore`]).
+    /// Units that were still left, never to be spent: the settle gives
+    /// them back.
     pub(crate) left: u64,
 }
 
@@ -239,6 +239,9 @@ pub(crate) struct Slot {
     calling: AtomicBool,
     /// The lease held, for settling it; touched only by the claimer.
     held: Mutex<Option<Held>>,
+    /// A lease stopped (never to be spent again) and not yet settled: sent
+    /// with the next lease call; touched only by the claimer.
+    stopped: Mutex<Option<Taken>>,
 }
 
 /// What the local path answered.
@@ -269,6 +272,7 @@ impl Slot {
             // Made by a caller that starts its first lease call at once.
             calling: AtomicBool::new(true),
             held: Mutex::new(None),
+            stopped: Mutex::new(None),
         }
     }
 
@@ -342,15 +346,17 @@ impl Slot {
         })
     }
 
-    /// Puts back a lease taken for a call that certainly changed nothing
-    /// at quotad: it is spent again until its own end. Claimer only.
-    pub(crate) fn restore(&self, taken: Taken) {
-        let units = taken.spent.saturating_add(taken.left);
-        *self.held.lock() = Some(Held {
-            id: taken.id,
-            units,
-        });
-        self.left.store(taken.left, Ordering::Release);
+    /// Keeps a stopped lease to settle with the next lease call (a settle
+    /// that failed is sent again: quotad answers a settled one as ended or
+    /// unknown, and the lease is never spent again either way). Claimer
+    /// only.
+    pub(crate) fn keep_stopped(&self, taken: Option<Taken>) {
+        *self.stopped.lock() = taken;
+    }
+
+    /// The stopped lease to settle, if any. Claimer only.
+    pub(crate) fn take_stopped(&self) -> Option<Taken> {
+        self.stopped.lock().take()
     }
 
     /// Installs a new lease of `units`, spent until `end_ms`, renewed at
@@ -385,7 +391,7 @@ impl Slot {
     }
 
     /// Whether a lease is held that can still be spent at `now_ms`.
-    fn holds(&self, now_ms: u64) -> bool {
+    pub(crate) fn holds(&self, now_ms: u64) -> bool {
         now_ms < self.end_ms.load(Ordering::Acquire) && self.held.lock().is_some()
     }
 
@@ -659,7 +665,7 @@ mod tests {
     }
 
     #[test]
-    fn taking_a_lease_reports_what_was_spent_and_restoring_it_spends_on() {
+    fn taking_a_lease_reports_what_was_spent_and_stops_it_for_good() {
         let table = table();
         let check = Check::named("api", "k");
         let Spent::Miss(Some(slot)) = table.spend(&check, 0) else {
@@ -672,11 +678,10 @@ mod tests {
         let taken = slot.take(2).expect("live");
         assert_eq!((taken.spent, taken.left), (3, 7));
         assert!(matches!(table.spend(&check, 2), Spent::Miss(None)), "taken");
-        slot.restore(taken);
-        let Spent::Local(d, _) = table.spend(&check, 3) else {
-            panic!("restored");
-        };
-        assert_eq!(d.remaining, 6);
+        // Kept only to be settled: never spent again.
+        slot.keep_stopped(Some(taken));
+        assert!(matches!(table.spend(&check, 3), Spent::Miss(None)));
+        assert_eq!(slot.take_stopped().map(|t| t.spent), Some(3));
         assert_eq!(slot.take(100), None, "ended: nothing to give back");
     }
 

@@ -124,17 +124,30 @@ impl Lessee {
         });
     }
 
-    /// Settles what `slot` holds, if anything, and asks for a new lease.
+    /// Asks for the lease that follows the one `slot` holds, settling the
+    /// one stopped before it, if any.
+    ///
+    /// The lease held is spent on while its successor is asked for, and is
+    /// stopped only once the successor is installed; its settle goes with
+    /// the next call. So a lease is never settled while it can still be
+    /// spent: quotad may have settled a lease even when the call failed (on
+    /// Redis, a script that ran but whose reply came too late is answered
+    /// UNAVAILABLE), and a client that spent on after such a failure would
+    /// admit its returned units twice.
     async fn renew(&self, slot: &Slot) {
         self.table.flush(slot);
-        let taken = slot.take(self.now_ms());
+        let stopped = slot.take_stopped();
         if self.table.is_closed() {
-            if let Some(taken) = taken {
+            if let Some(stopped) = stopped {
+                self.give_back(slot, stopped).await;
+            }
+            if let Some(taken) = slot.take(self.now_ms()) {
                 self.give_back(slot, taken).await;
             }
             return;
         }
-        let request = request(slot, self.table.options.want, taken.as_ref());
+        let renewal = slot.holds(self.now_ms());
+        let request = request(slot, self.table.options.want, stopped.as_ref());
         // The lease's time counts from here, before the request leaves.
         let sent_ms = self.now_ms();
         let result = self.send(request).await;
@@ -142,10 +155,10 @@ impl Lessee {
         match result {
             Ok(answer) => {
                 self.settled(&answer);
-                self.answered(slot, taken.is_some(), answer, sent_ms, received_ms)
+                self.answered(slot, renewal, answer, sent_ms, received_ms)
                     .await;
             }
-            Err(status) => self.failed(slot, taken, &status, received_ms),
+            Err(status) => self.failed(slot, stopped, &status, received_ms),
         }
     }
 
@@ -233,6 +246,9 @@ impl Lessee {
             },
         );
         let renew_at_ms = sent_ms.saturating_add(lease.ttl_ms / 2).min(end_ms);
+        // The lease held until now stops here, and is settled with the next
+        // call (or at shutdown).
+        slot.keep_stopped(slot.take(received_ms));
         slot.install(
             Held {
                 id: lease.lease_id,
@@ -245,26 +261,23 @@ impl Lessee {
         );
     }
 
-    /// After a failed call: put back the lease when quotad certainly
-    /// changed nothing, remember a policy it will not lease, back off.
-    fn failed(&self, slot: &Slot, taken: Option<Taken>, status: &Status, now_ms: u64) {
+    /// After a failed call: keep the stopped lease to settle next time
+    /// (never to spend), remember a policy quotad will not lease, back off.
+    /// The lease held, if any, is spent on until its end: the call did not
+    /// name it.
+    fn failed(&self, slot: &Slot, stopped: Option<Taken>, status: &Status, now_ms: u64) {
         let backoff = self.table.options.direct_backoff_ms();
-        let renewal = taken.is_some();
         match status.code() {
-            Code::NotFound if renewal => {
-                // The key no longer holds the lease (it was reset): its
-                // units are not charged any more, so not spent either. A
-                // fresh acquisition may follow at once.
+            Code::NotFound if stopped.is_some() => {
+                // The key no longer holds the stopped lease (it was reset):
+                // nothing to settle. A fresh acquisition may follow at once.
                 self.count(slot, Event::Failed);
                 tracing::debug!(policy = %label(&slot.policy), "quotad no longer holds the lease");
                 slot.hold_off(now_ms);
             }
             code if refused(code) => {
-                // Nothing was changed: a lease settled in the request is
-                // still live, and spent until its end.
-                if let Some(taken) = taken {
-                    slot.restore(taken);
-                }
+                // quotad will not lease this policy (and so not settle the
+                // stopped lease either: its units come back when it ends).
                 self.count(slot, Event::NotLeasable);
                 let until = now_ms.saturating_add(ms(NOT_LEASABLE_RECHECK));
                 self.table.refuse(&slot.policy, until);
@@ -277,24 +290,18 @@ impl Lessee {
                     "quotad does not lease this policy; its checks are sent one by one"
                 );
             }
-            Code::Unavailable => {
-                // quotad failed (or could not be reached) and changed
-                // nothing: what is held is spent until its end.
-                if let Some(taken) = taken {
-                    slot.restore(taken);
-                }
-                self.count(slot, Event::Failed);
-                slot.hold_off(now_ms.saturating_add(backoff));
-            }
             _ => {
-                // Unknown fate: quotad may have taken the lease back.
+                // quotad failed, could not be reached, or the fate of the
+                // call is unknown: the stopped lease is settled next time,
+                // the one held spent on until its end.
+                slot.keep_stopped(stopped);
                 self.count(slot, Event::Failed);
                 slot.hold_off(now_ms.saturating_add(backoff));
                 tracing::debug!(
                     policy = %label(&slot.policy),
                     code = %status.code(),
                     error = status.message(),
-                    "lease call failed; the lease it settled is not spent again"
+                    "lease call failed; the lease held is spent on until its end"
                 );
             }
         }
@@ -343,13 +350,19 @@ impl Lessee {
                 continue;
             }
             self.table.flush(&slot);
-            let Some(taken) = slot.take(now_ms) else {
+            let held: Vec<Taken> = [slot.take_stopped(), slot.take(now_ms)]
+                .into_iter()
+                .flatten()
+                .collect();
+            if held.is_empty() {
                 slot.release();
                 continue;
-            };
+            }
             let lessee = Arc::clone(self);
             returns.spawn(async move {
-                lessee.give_back(&slot, taken).await;
+                for taken in held {
+                    lessee.give_back(&slot, taken).await;
+                }
                 slot.release();
             });
         }
@@ -370,9 +383,12 @@ impl Drop for Lessee {
             .table
             .slots()
             .iter()
-            .filter_map(|slot| {
-                let taken = slot.take(now_ms)?;
-                Some(request(slot, 0, Some(&taken)))
+            .flat_map(|slot| {
+                [slot.take_stopped(), slot.take(now_ms)]
+                    .into_iter()
+                    .flatten()
+                    .map(|taken| request(slot, 0, Some(&taken)))
+                    .collect::<Vec<_>>()
             })
             .collect();
         if returns.is_empty() {
