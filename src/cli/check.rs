@@ -1,10 +1,10 @@
 //! `quotad check` and `quotad peek`: one decision a line.
 
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::builder::NonEmptyStringValueParser;
-use quotad_client::{Check, Decision, Reason};
+use quotad_client::{Check, Decision, LeaseOptions, MAX_LEASE_WANT, Reason};
 
 use super::{DEFAULT_ADDR, Failure, client, endpoint, failure, human};
 
@@ -37,9 +37,10 @@ struct Asking {
 }
 
 impl Target {
-    fn connect(self) -> Result<Asking, Failure> {
+    /// A client of the target, leasing with `leases` when given.
+    fn connect(self, leases: Option<LeaseOptions>) -> Result<Asking, Failure> {
         let uri = endpoint(&self.addr)?;
-        let client = client(&uri, self.timeout)?;
+        let client = client(&uri, self.timeout, leases)?;
         Ok(Asking {
             check: Check::named(self.policy, self.key).cost(self.cost),
             uri,
@@ -68,6 +69,14 @@ fn count(value: &str) -> Result<u64, String> {
     }
 }
 
+/// A `--leases` want: from 1 to 2^53 units, as a lease may be asked for.
+fn lease_want(value: &str) -> Result<u64, String> {
+    match at_least_one(value)? {
+        n if n > MAX_LEASE_WANT => Err(format!("must be at most {MAX_LEASE_WANT}")),
+        n => Ok(n),
+    }
+}
+
 /// `quotad check`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct CheckArgs {
@@ -76,6 +85,18 @@ pub(crate) struct CheckArgs {
     /// How many checks to make, one after another (at most 100,000)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = count)]
     count: u64,
+    /// Pause between two checks of `--count`
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+    /// Lease budget from quotad, asking for up to N units a lease, and
+    /// decide locally while a lease lasts (the policy needs lease settings
+    /// on the server); off by default
+    #[arg(long, value_name = "N", value_parser = lease_want)]
+    leases: Option<u64>,
+    /// Start each line with the wall-clock time the decision was in hand,
+    /// in milliseconds since the Unix epoch
+    #[arg(long)]
+    timestamps: bool,
 }
 
 /// `quotad peek`.
@@ -87,43 +108,106 @@ pub(crate) struct PeekArgs {
 
 /// Checks (and consumes) `--count` times, printing each decision.
 ///
+/// Each line is flushed as soon as it is written, so a process killed
+/// part-way leaves every decision it made on its output. With `--leases`,
+/// the leases held are returned before it exits, the run ended by an error
+/// or not.
+///
 /// # Errors
 ///
 /// [`Failure`] when quotad cannot be reached or refuses the request; the
 /// decisions made before it are printed.
 pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Failure> {
-    let Asking {
-        uri,
-        client,
-        check: request,
-    } = args.target.connect()?;
-    let cost = request.cost_units();
-    let width = args.count.to_string().len();
-    let (mut allowed, mut denied) = (0_u64, 0_u64);
-    for n in 1..=args.count {
-        let decision = client
-            .check(&request)
-            .await
-            .map_err(|error| failure(&uri, error))?;
-        if decision.allowed {
-            allowed += 1;
-        } else {
-            denied += 1;
+    let leases = args
+        .leases
+        .map(LeaseOptions::try_new)
+        .transpose()
+        .map_err(|error| Failure::Usage(format!("--leases: {error}")))?;
+    let asking = args.target.connect(leases)?;
+    let run = Run {
+        count: args.count,
+        interval: args.interval,
+        leases: leases.is_some(),
+        timestamps: args.timestamps,
+    };
+    let outcome = run.checks(&asking, &mut out).await;
+    if run.leases {
+        // Unspent units go back to the key's budget now rather than when
+        // their leases end.
+        asking.client.shutdown().await;
+    }
+    outcome
+}
+
+/// How `quotad check` runs its checks, and what it prints with each.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    count: u64,
+    interval: Duration,
+    leases: bool,
+    timestamps: bool,
+}
+
+impl Run {
+    async fn checks(self, asking: &Asking, out: &mut impl Write) -> Result<(), Failure> {
+        let Asking {
+            uri,
+            client,
+            check: request,
+        } = asking;
+        let cost = request.cost_units();
+        let width = self.count.to_string().len();
+        let (mut allowed, mut denied, mut local) = (0_u64, 0_u64, 0_u64);
+        for n in 1..=self.count {
+            if n > 1 && !self.interval.is_zero() {
+                tokio::time::sleep(self.interval).await;
+            }
+            let before = client.lease_stats().local_admissions;
+            let decision = client
+                .check(request)
+                .await
+                .map_err(|error| failure(uri, error))?;
+            // Read at once: for a call, quotad decided a little earlier;
+            // for a lease, this is the local decision's own instant.
+            let at_ms = wall_clock_ms();
+            // Checks run one at a time, so a local admission counted since
+            // `before` is this one's.
+            let from_lease = self.leases && client.lease_stats().local_admissions > before;
+            if decision.allowed {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+            local += u64::from(from_lease);
+            let mut line = format!("#{n:<width$}  ");
+            if self.timestamps {
+                line.push_str(&format!("at {at_ms}  "));
+            }
+            line.push_str(&describe(&decision, cost, Verb::Checked));
+            if from_lease {
+                line.push_str("  from a lease");
+            }
+            writeln!(out, "{line}")?;
+            out.flush()?;
         }
-        writeln!(
-            out,
-            "#{n:<width$}  {}",
-            describe(&decision, cost, Verb::Checked)
-        )?;
+        if self.count > 1 {
+            let mut total = format!("{} checks: {allowed} allowed, {denied} denied", self.count);
+            if self.leases {
+                total.push_str(&format!(", {local} decided from leases"));
+            }
+            writeln!(out, "{total}")?;
+        }
+        Ok(())
     }
-    if args.count > 1 {
-        writeln!(
-            out,
-            "{} checks: {allowed} allowed, {denied} denied",
-            args.count
-        )?;
-    }
-    Ok(())
+}
+
+/// Milliseconds since the Unix epoch on the wall clock (0 for a clock set
+/// before 1970): comparable across processes on one host, unlike the
+/// monotonic clock the client times its leases by.
+fn wall_clock_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 /// Prints what a check would answer now, consuming nothing.
@@ -132,7 +216,7 @@ pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Fa
 ///
 /// As [`check`].
 pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Failure> {
-    let Asking { uri, client, check } = args.target.connect()?;
+    let Asking { uri, client, check } = args.target.connect(None)?;
     let cost = check.cost_units();
     let decision = client
         .peek(&check)

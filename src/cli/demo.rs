@@ -96,7 +96,7 @@ pub(crate) async fn demo(args: DemoArgs, mut out: impl Write) -> Result<(), Fail
     match args.addr {
         Some(addr) => {
             let uri = endpoint(&addr)?;
-            let client = client(&uri, args.timeout)?;
+            let client = client(&uri, args.timeout, None)?;
             writeln!(out, "server: quotad at {uri}, with inline policies")?;
             play(&client, &uri, &Policies::inline(), &mut out).await
         }
@@ -108,7 +108,7 @@ pub(crate) async fn demo(args: DemoArgs, mut out: impl Write) -> Result<(), Fail
                 "server: quotad started in this process on {uri} (policies {} and {})",
                 NAMED[0].0, NAMED[1].0
             )?;
-            let played = match client(&uri, args.timeout) {
+            let played = match client(&uri, args.timeout, None) {
                 Ok(client) => play(&client, &uri, &Policies::named(), &mut out).await,
                 Err(failure) => Err(failure),
             };

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use quotad_client::{Client, Error as ClientError};
+use quotad_client::{Client, Error as ClientError, LeaseOptions};
 use tonic::Status;
 
 pub(crate) use check::{CheckArgs, PeekArgs, check, peek};
@@ -107,14 +107,14 @@ fn endpoint(addr: &str) -> Result<String, Failure> {
 }
 
 /// A client of the quotad at `uri` whose calls give up after `timeout`.
-/// Every check asks quotad (no local deny cache): the command line shows
-/// quotad's own answers.
-fn client(uri: &str, timeout: Duration) -> Result<Client, Failure> {
-    Client::builder(uri)
-        .deadline(timeout)
-        .deny_cache(0)
-        .build()
-        .map_err(|error| failure(uri, error))
+/// No local deny cache: the command line shows quotad's own answers, or
+/// with `leases`, the decisions made from the leases quotad granted.
+fn client(uri: &str, timeout: Duration, leases: Option<LeaseOptions>) -> Result<Client, Failure> {
+    let mut builder = Client::builder(uri).deadline(timeout).deny_cache(0);
+    if let Some(options) = leases {
+        builder = builder.leases(options);
+    }
+    builder.build().map_err(|error| failure(uri, error))
 }
 
 /// What a client error means for the person at the terminal.

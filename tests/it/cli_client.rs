@@ -230,3 +230,130 @@ async fn the_default_address_is_the_servers_default_grpc_port() {
         out.transcript()
     );
 }
+
+/// A policy `leased` whose leases hold up to 10 units for up to 10 s.
+const LEASED: &str = r#"
+[policies.leased]
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+lease = { max_units = 10, min_units = 2, max_ttl = "10s" }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_with_leases_decides_most_checks_locally_and_stamps_each_line() {
+    let server = TestServer::start_toml(LEASED, Arc::new(FakeClock::new(NOON_30))).await;
+    let addr = server.grpc_addr.to_string();
+    let before_ms = wall_clock_ms();
+    let out = quotad(&[
+        "check",
+        "--addr",
+        &addr,
+        "--policy",
+        "leased",
+        "--key",
+        "k",
+        "--count",
+        "20",
+        "--leases",
+        "10",
+        "--interval",
+        "2ms",
+        "--timestamps",
+    ])
+    .await;
+    let after_ms = wall_clock_ms();
+    assert_exit(&out, 0);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 21, "{}", out.transcript());
+    let mut stamps = Vec::new();
+    let mut local = 0;
+    for (n, line) in lines[..20].iter().enumerate() {
+        let rest = line
+            .strip_prefix(&format!("#{:<2}  at ", n + 1))
+            .unwrap_or_else(|| panic!("line {}: {line:?}", n + 1));
+        let (stamp, decision) = rest.split_once("  ").expect("a stamp, then the decision");
+        stamps.push(stamp.parse::<u128>().expect("milliseconds"));
+        assert!(decision.starts_with("allowed  remaining "), "{line:?}");
+        local += usize::from(decision.ends_with("(within_limit)  from a lease"));
+    }
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "in order: {stamps:?}"
+    );
+    assert!(
+        stamps[0] >= before_ms && stamps[19] <= after_ms,
+        "{stamps:?}"
+    );
+    // Two pauses of at least 2 ms each, at least, between three checks.
+    assert!(stamps[19] - stamps[0] >= 19 * 2, "{stamps:?}");
+    assert!(local > 0, "{}", out.transcript());
+    assert_eq!(
+        lines[20],
+        format!("20 checks: 20 allowed, 0 denied, {local} decided from leases")
+    );
+
+    // Every check quotad saw is a call: the direct checks and the lease
+    // calls (acquire, renew, the return at exit) together are fewer than
+    // the 20 decisions.
+    let metrics = server.metrics().await;
+    let sum = |name: &str| -> f64 {
+        metrics
+            .series(name)
+            .iter()
+            .filter(|(labels, _)| labels.get("policy").map(String::as_str) == Some("leased"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let (checks, leases) = (sum("quotad_decisions_total"), sum("quotad_leases_total"));
+    assert_eq!(checks, (20 - local) as f64, "{}", metrics.text);
+    assert!(leases >= 1.0, "{}", metrics.text);
+    assert!(
+        checks + leases < 20.0,
+        "{checks} checks + {leases} lease calls"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_new_flags_the_output_is_unchanged_and_bad_values_exit_two() {
+    let server = TestServer::start_toml(LEASED, Arc::new(FakeClock::new(NOON_30))).await;
+    let addr = server.grpc_addr.to_string();
+    let out = quotad(&[
+        "check", "--addr", &addr, "--policy", "leased", "--key", "k", "--count", "2",
+    ])
+    .await;
+    assert_exit(&out, 0);
+    assert_eq!(
+        out.stdout,
+        "\
+#1  allowed  remaining 99/100  reset in 30s  (within_limit)
+#2  allowed  remaining 98/100  reset in 30s  (within_limit)
+2 checks: 2 allowed, 0 denied
+"
+    );
+    let cases = [
+        ("--leases", "0", "'--leases <N>': must be at least 1"),
+        (
+            "--leases",
+            "9007199254740993",
+            "'--leases <N>': must be at most 9007199254740992",
+        ),
+        ("--interval", "soon", "'--interval <DURATION>'"),
+    ];
+    for (flag, value, message) in cases {
+        let out = quotad(&[
+            "check", "--addr", &addr, "--policy", "leased", "--key", "k", flag, value,
+        ])
+        .await;
+        assert_exit(&out, 2);
+        assert!(out.stderr.contains(message), "{}", out.transcript());
+    }
+}
+
+/// Milliseconds since the Unix epoch, as `--timestamps` prints them.
+fn wall_clock_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis()
+}

@@ -19,6 +19,7 @@ mod demo;
 mod global_budget;
 mod http_layer;
 mod inline_limits;
+mod lease_faults;
 mod leases;
 mod lifecycle;
 mod pki;
