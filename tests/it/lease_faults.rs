@@ -418,25 +418,25 @@ fn scenario(run: usize, replicas: &[Server], addrs: &[String]) {
         // killed was still checking when the window ended, so units given
         // back late in the window still met demand. What may then be
         // missing is only what the faults stranded:
-        // - the killed client's lease (or the grant in flight when it
-        //   died; it holds one lease at a time): at most max_units, until
-        //   the lease ends, which is by its window's end; plus the cost of
-        //   the check it may have had in flight, which quotad admitted
-        //   and the client died before printing (seen: 21 short);
-        // - per client of the stopped replica, at most max_units of the
-        //   lease it held or was granted when its calls stalled (the lease
-        //   ended meanwhile, or its grant came back too late to spend or
-        //   as a failed call), plus the cost of one check that Redis
-        //   counted while quotad, stopped, timed out on its reply and
-        //   answered it fail_closed.
+        // - the killed client's leases: it spends one at a time, but holds
+        //   two for a while, since the one it stopped when its successor
+        //   came is settled with its next call: at most 2 x max_units,
+        //   until they end, which is by the window's end; plus the cost of
+        //   the check it may have had in flight, which quotad admitted and
+        //   the client died before printing;
+        // - per client of the stopped replica, the same two leases it held
+        //   or was granted when its calls stalled (they ended meanwhile,
+        //   or a grant came back too late to spend or as a failed call),
+        //   plus the cost of one check that Redis counted while quotad,
+        //   stopped, timed out on its reply and answered it fail_closed.
         let saturated = w.exhausted > 0 && demand_until >= end;
         let kill = if (start..end).contains(&killed_ms) {
-            MAX_UNITS + 1
+            2 * MAX_UNITS + 1
         } else {
             0
         };
         let stall = if stop_ms < end && cont_ms >= start {
-            CLIENTS_PER_REPLICA as u64 * (MAX_UNITS + 1)
+            CLIENTS_PER_REPLICA as u64 * (2 * MAX_UNITS + 1)
         } else {
             0
         };
