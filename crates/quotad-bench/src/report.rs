@@ -401,8 +401,8 @@ impl Report {
         };
         let latency = Latency::from_histogram(&tally.latency_ns);
         let send_lag = tally.send_lag_ns.as_ref().map(Latency::from_histogram);
-        let whole_run_decisions = (tally.requests + tally.warmup)
-            * u64::try_from(info.mode.items()).unwrap_or(1);
+        let whole_run_decisions =
+            (tally.requests + tally.warmup) * u64::try_from(info.mode.items()).unwrap_or(1);
         let loadgen_cpu_us_per_decision = info.loadgen_cpu.and_then(|cpu| {
             // Counts stay far below 2^53, where u64 -> f64 is exact.
             #[allow(clippy::cast_precision_loss)]

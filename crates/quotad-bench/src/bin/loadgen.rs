@@ -332,7 +332,11 @@ fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()
         writeln!(
             out,
             "client calls {} Check + {} CheckBatch + {} Lease, {} local denials ({:.4} calls per decision, warmup included)",
-            calls.checks, calls.batches, calls.leases, calls.local_denials, calls.calls_per_decision
+            calls.checks,
+            calls.batches,
+            calls.leases,
+            calls.local_denials,
+            calls.calls_per_decision
         )?;
     }
     if let Some(leases) = &report.leases {
