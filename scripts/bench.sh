@@ -64,6 +64,14 @@
 #   REDIS_CPU_REPS=3               rounds of it (medians reported)
 #   REDIS_CPU_OLD=REV             add a row for the script at git revision REV
 #                                 (one that takes a deadline: 6353d61 or later)
+#   LEASES_ONLY=1                 only the leases tables (~3 min after the
+#                                 build): quotad-client with leases on and off,
+#                                 memory and Redis, and near exhaustion
+#   LEASE_ROUNDS=3 LEASE_DURATION=5 LEASE_WARMUP=1   their rounds and seconds
+#   LEASE_KEYS=1000               the many-keys row's keys (at most the
+#                                 client's 10,000 leased keys)
+#   LEASE_MAX_UNITS=100000        lease.max_units of `leased`, and the want
+#   LEASE_NEAR_LIMIT=2000 LEASE_NEAR_REQUESTS=20000   the near-exhaustion run
 #
 # Requires: cargo, jq; for the Redis rows redis-server, redis-cli and
 # redis-benchmark (skipped, with a message, when missing).
@@ -96,6 +104,14 @@ PREFILL_BATCHES=${PREFILL_BATCHES:-300}
 # Seconds of ShouldRateLimit with three descriptors, for the RLS keys.
 PREFILL_RLS_SECS=${PREFILL_RLS_SECS:-8}
 BUDGET=1000
+# The leases section (LEASES_ONLY=1).
+LEASE_ROUNDS=${LEASE_ROUNDS:-3}
+LEASE_DURATION=${LEASE_DURATION:-5}
+LEASE_WARMUP=${LEASE_WARMUP:-1}
+LEASE_KEYS=${LEASE_KEYS:-1000}
+LEASE_MAX_UNITS=${LEASE_MAX_UNITS:-100000}
+LEASE_NEAR_LIMIT=${LEASE_NEAR_LIMIT:-2000}
+LEASE_NEAR_REQUESTS=${LEASE_NEAR_REQUESTS:-20000}
 
 command -v jq >/dev/null || { echo "bench.sh: jq is required" >&2; exit 1; }
 
@@ -159,7 +175,8 @@ wait_for_addr() {
 
 for setting in DURATION WARMUP CONCURRENCY CONNECTIONS BATCH_SIZE BATCH_CONCURRENCY \
   LOADGEN_THREADS SERVER_THREADS CORRECTNESS_REQUESTS ROUNDS HOT_LIMIT PREFILL_BATCHES \
-  PREFILL_RLS_SECS COALESCE_SLOTS; do
+  PREFILL_RLS_SECS COALESCE_SLOTS LEASE_ROUNDS LEASE_DURATION LEASE_WARMUP LEASE_KEYS \
+  LEASE_MAX_UNITS LEASE_NEAR_LIMIT LEASE_NEAR_REQUESTS; do
   [[ ${!setting} =~ ^[0-9]+$ ]] || { echo "bench.sh: $setting must be a whole number" >&2; exit 2; }
 done
 RUN_SECS=$((WARMUP + DURATION))
@@ -409,6 +426,26 @@ limit = $HOT_LIMIT
 window = "1s"
 EOF
 
+cat >>"$WORK/quotad.toml" <<EOF
+
+# Leases far from exhaustion: a limit no run reaches; leases of up to
+# LEASE_MAX_UNITS units (about what one client spends in a second here, as
+# docs/leases.md advises), which also end with each minute's window.
+[policies.leased]
+algorithm = "fixed_window"
+limit = 1000000000000
+window = "1m"
+lease = { max_units = $LEASE_MAX_UNITS, min_units = 100, max_ttl = "10s" }
+
+# Leases near exhaustion: a day-long sliding log of LEASE_NEAR_LIMIT; fair
+# shares fall below min_units well before the end, and the rest is direct.
+[policies.near]
+algorithm = "sliding_log"
+limit = $LEASE_NEAR_LIMIT
+window = "1d"
+lease = { max_units = 100, min_units = 50, max_ttl = "10s" }
+EOF
+
 # Every run of a kind draws from the same keys (a fixed prefix), and a
 # prefill puts them all in quotad's store first: each round measures the
 # same steady state, a store of KEYS keys per namespace.
@@ -439,20 +476,200 @@ start_noop() {
   STARTED_PID=$pid
 }
 
-# start_quotad BIN GRPC_ADDR : quotad (BIN) serving on GRPC_ADDR; sets
-# STARTED_PID (the server, not the `timeout` in front of it, which forwards
-# our SIGTERM and stops it by itself otherwise) and STARTED_ADDR.
+# --- leases (LEASES_ONLY=1) ------------------------------------------------------
+# CONCURRENCY callers of one quotad-client (one connection, no coalescing,
+# no deny cache) under `leased`, with leases on (loadgen --mode lease) and
+# off (--mode client: each check one unary Check), alternated in each of
+# LEASE_ROUNDS rounds, on one hot key and on LEASE_KEYS keys; quotad's CPU
+# (and on Redis the redis-server's) read from /proc around each run, and
+# loadgen's own CPU from its report. Then near exhaustion: a hot key under
+# `near` until LEASE_NEAR_REQUESTS checks, with leases on: exactly
+# LEASE_NEAR_LIMIT must be allowed, and quotad's /metrics counts the Lease
+# and Check calls it took. Memory backend, then Redis (when redis-server is
+# installed). About 3 minutes after the build with the defaults.
+lease_round_rows() { # BACKEND QUOTAD_PID REDIS_PID(or empty)
+  local backend=$1 qpid=$2 rpid=$3 r keys kind name rbefore
+  for r in $(seq "$LEASE_ROUNDS"); do
+    for keys in hot "uniform:$LEASE_KEYS"; do
+      kind=${keys%%:*}
+      for mode in lease client; do
+        name="${backend}_${mode}_${kind}_$r"
+        if [[ -n $rpid ]]; then rbefore=$(cpu_ticks "$rpid"); fi
+        measured "$name" "$QUOTAD_LEASE_ADDR" "$qpid" --mode "$mode" --lease-want "$LEASE_MAX_UNITS" \
+          --policy leased --coalescing off --deny-cache off --concurrency "$CONCURRENCY" \
+          --connections 1 --keys "$keys" --key-prefix "lease-$kind:" \
+          --duration "$LEASE_DURATION" --warmup "$LEASE_WARMUP"
+        if [[ -n $rpid ]]; then echo $(($(cpu_ticks "$rpid") - rbefore)) >"$WORK/$name.rcpu"; fi
+      done
+    done
+  done
+}
+
+# metric ADMIN NAME_AND_LABELS : the sum of the matching series on /metrics.
+metric() {
+  # A series not yet written is 0 (awk, not grep, so that no match is no failure).
+  curl -sf --max-time 5 "http://$1/metrics" | awk -v m="$2" 'index($0, m) == 1 { s += $2 } END { print s + 0 }'
+}
+
+lease_near() { # BACKEND ADMIN
+  local backend=$1 admin=$2 m before=() after=() status=yes
+  local series=('quotad_decision_duration_seconds_count{method="lease"}'
+    'quotad_decision_duration_seconds_count{method="check"}'
+    'quotad_leases_total{policy="near",outcome="granted"}'
+    'quotad_leases_total{policy="near",outcome="direct"}')
+  for m in "${series[@]}"; do before+=("$(metric "$admin" "$m")"); done
+  loadgen "${backend}_near" "$QUOTAD_LEASE_ADDR" --mode lease --lease-want 100 --policy near \
+    --coalescing off --deny-cache off --concurrency "$CONCURRENCY" --connections 1 --keys hot \
+    --requests "$LEASE_NEAR_REQUESTS" --expect-allowed "$LEASE_NEAR_LIMIT" || status=no
+  for m in "${series[@]}"; do after+=("$(metric "$admin" "$m")"); done
+  printf '%s %s %s %s %s\n' "$status" $((after[0] - before[0])) $((after[1] - before[1])) \
+    $((after[2] - before[2])) $((after[3] - before[3])) >"$WORK/${backend}_near.calls"
+}
+
+leases_section() {
+  LEASE_LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+  QUOTAD_TIMEOUT_PIDS=()
+  start_quotad "$QUOTAD_BIN" 127.0.0.1:0
+  QUOTAD_LEASE_ADDR=$STARTED_ADDR
+  local qpid=$STARTED_PID admin=$STARTED_ADMIN tpid=${QUOTAD_TIMEOUT_PIDS[-1]}
+  lease_round_rows memory "$qpid" ""
+  lease_near memory "$admin"
+  stop_server "$tpid"
+  local backends=(memory)
+  if command -v redis-server >/dev/null; then
+    start_redis "$SERVER_LIMIT" "$WORK/redis-lease.out"
+    local rport=$REDIS_STARTED_PORT rtpid=$REDIS_STARTED_PID rpid
+    # The redis-server itself, not the `timeout` in front of it.
+    rpid=$(redis-cli -p "$rport" info server | tr -d '\r' | sed -nE 's/^process_id:([0-9]+)/\1/p')
+    start_quotad "$QUOTAD_BIN" 127.0.0.1:0 --backend redis \
+      --redis-url "redis://127.0.0.1:$rport/" --redis-timeout 1s
+    QUOTAD_LEASE_ADDR=$STARTED_ADDR
+    qpid=$STARTED_PID admin=$STARTED_ADMIN tpid=${QUOTAD_TIMEOUT_PIDS[-1]}
+    lease_round_rows redis "$qpid" "$rpid"
+    lease_near redis "$admin"
+    stop_server "$tpid"
+    stop_server "$rtpid"
+    backends+=(redis)
+  else
+    echo "bench.sh: redis-server missing; skipping the Redis lease rows" >&2
+  fi
+  LEASE_LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+  # us_per NAME EXT : CPU µs per decision of run NAME from its EXT ticks.
+  us_per() {
+    jq -rn --argjson ticks "$(cat "$WORK/$1.$2")" --argjson hz "$CLK_TCK" --slurpfile r "$WORK/$1.json" \
+      '($ticks * 1000000 / $hz) / ($r[0].requests + $r[0].warmup_requests)'
+  }
+  med() { printf '%s\n' "$@" | jq -s 'sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end'; }
+  each() { # BACKEND MODE KIND FN ARGS... : FN of every round
+    local r b=$1 m=$2 k=$3 fn=$4
+    shift 4
+    for r in $(seq "$LEASE_ROUNDS"); do "$fn" "${b}_${m}_${k}_$r" "$@"; done
+  }
+  jf() { jq -r "$2" "$WORK/$1.json"; }
+  x2() { jq -n "$1 * 100 | round / 100"; }
+  x3() { jq -n "$1 * 1000 | round / 1000"; }
+  lst() { local v; for v in "$@"; do printf '%s, ' "$(x3 "$v")"; done | sed 's/, $//'; }
+  ratios() { # BACKEND KIND EXT : unary / lease CPU per decision, each round
+    local r
+    for r in $(seq "$LEASE_ROUNDS"); do
+      jq -n "$(us_per "$1_client_$2_$r" "$3") / $(us_per "$1_lease_$2_$r" "$3")"
+    done
+  }
+  lease_row() { # BACKEND KIND LABEL
+    local b=$1 k=$2 lcpu ucpu ratio
+    lcpu=$(med $(each "$b" lease "$k" us_per cpu))
+    ucpu=$(med $(each "$b" client "$k" us_per cpu))
+    ratio=$(jq -n "$ucpu / $lcpu")
+    printf '| %s | %s | %s | %s | %s (%s) | %s (%s) | %s x (%s) | %s | %s | %s | %s / %s |' "$b" "$3" \
+      "$(jq -n "$(med $(each "$b" lease "$k" jf .decisions_per_sec)) | floor")" \
+      "$(jq -n "$(med $(each "$b" client "$k" jf .decisions_per_sec)) | floor")" \
+      "$(x3 "$lcpu")" "$(lst $(each "$b" lease "$k" us_per cpu))" \
+      "$(x3 "$ucpu")" "$(lst $(each "$b" client "$k" us_per cpu))" \
+      "$(x2 "$ratio")" "$(lst $(ratios "$b" "$k" cpu))" \
+      "$(if jq -en "$ratio >= 20" >/dev/null; then echo yes; else echo '**no**'; fi)" \
+      "$(x3 "$(med $(each "$b" lease "$k" jf .client_calls.calls_per_decision))")" \
+      "$(x3 "$(med $(each "$b" lease "$k" jf .leases.local_share))")" \
+      "$(x3 "$(med $(each "$b" lease "$k" jf .loadgen_cpu_us_per_decision))")" \
+      "$(x3 "$(med $(each "$b" client "$k" jf .loadgen_cpu_us_per_decision))")"
+    echo
+  }
+  redis_row() { # KIND LABEL
+    local k=$1 lcpu ucpu
+    lcpu=$(med $(each redis lease "$k" us_per rcpu))
+    ucpu=$(med $(each redis client "$k" us_per rcpu))
+    printf '| %s | %s (%s) | %s (%s) | %s x (%s) |\n' "$2" "$(x3 "$lcpu")" "$(lst $(each redis lease "$k" us_per rcpu))" \
+      "$(x3 "$ucpu")" "$(lst $(each redis client "$k" us_per rcpu))" \
+      "$(if jq -en "$lcpu > 0" >/dev/null; then x2 "$(jq -n "$ucpu / $lcpu")"; else echo "over ∞"; fi)" \
+      "$(lst $(ratios redis "$k" rcpu))"
+  }
+  cat <<EOF
+
+## Leases: quotad-client with leases on and off
+
+Date: $(date -u '+%Y-%m-%d %H:%M UTC'). Machine: $(nproc) cores, $(sed -nE 's/^model name\s*:\s*//p' /proc/cpuinfo | head -n 1).
+Load average before / after: $LEASE_LOAD_BEFORE / $LEASE_LOAD_AFTER. quotad: $QUOTAD_BIN, $SERVER_THREADS worker thread(s);
+loadgen: $LOADGEN_THREADS runtime thread(s), $CONCURRENCY callers of one quotad-client (one connection, no coalescing,
+no deny cache), leases of up to $LEASE_MAX_UNITS units (policy \`leased\`: fixed_window, 10^12 a minute,
+lease = { max_units = $LEASE_MAX_UNITS, min_units = 100, max_ttl = "10s" }) against the same client with leases off (one
+unary Check per decision); $LEASE_ROUNDS rounds, each alternating leases and unary on a hot key and on $LEASE_KEYS keys;
+${LEASE_DURATION} s measured after ${LEASE_WARMUP} s of warmup. CPU per decision: user + system time from /proc/PID/stat over
+the run (warmup included) divided by its decisions (warmup included); medians of the rounds (each round's figure in
+brackets). loadgen CPU: its own process CPU clock over the run, harness included.
+
+| backend | keys | decisions/s, leases | decisions/s, unary | quotad CPU µs per decision, leases | quotad CPU µs per decision, unary | unary / leases (rounds) | >= 20 x | calls per decision, leases | local share, leases | loadgen CPU µs per decision, leases / unary |
+|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|
+$(for b in "${backends[@]}"; do lease_row "$b" hot "one hot key"; lease_row "$b" uniform "$LEASE_KEYS keys"; done)
+EOF
+  if [[ " ${backends[*]} " == *" redis "* ]]; then
+    cat <<EOF
+
+Redis CPU per decision (the redis-server process, /proc/PID/stat), same runs:
+
+| keys | leases | unary | unary / leases (rounds) |
+|---|---:|---:|---:|
+$(redis_row hot "one hot key")
+$(redis_row uniform "$LEASE_KEYS keys")
+EOF
+  fi
+  cat <<EOF
+
+Near exhaustion: one hot key under \`near\` (sliding_log, $LEASE_NEAR_LIMIT a day, lease = { max_units = 100, min_units = 50,
+max_ttl = "10s" }), $LEASE_NEAR_REQUESTS checks by $CONCURRENCY callers with leases on (want 100); calls counted from quotad's
+/metrics around the run (\`quotad_decision_duration_seconds_count\` by method, \`quotad_leases_total\`):
+
+| backend | allowed (expected $LEASE_NEAR_LIMIT) | denied | exact | Lease calls | of which granted / direct | Check calls | local admissions (client) |
+|---|---:|---:|---|---:|---:|---:|---:|
+$(for b in "${backends[@]}"; do
+  read -r ok lc cc gr di <"$WORK/${b}_near.calls"
+  echo "| $b | $(jf "${b}_near" .allowed) | $(jf "${b}_near" .denied) | $ok | $lc | $gr / $di | $cc | $(jf "${b}_near" .leases.local_admissions) |"
+done)
+EOF
+  if [[ $KEEP_WORK == 1 ]]; then echo; echo "Reports and logs: $WORK"; fi
+}
+
+# start_quotad BIN GRPC_ADDR [ARGS...] : quotad (BIN) serving on GRPC_ADDR
+# with the extra serve ARGS; sets STARTED_PID (the server, not the `timeout`
+# in front of it, which forwards our SIGTERM and stops it by itself
+# otherwise), STARTED_ADDR and STARTED_ADMIN (its admin HOST:PORT).
 start_quotad() {
-  local log=$WORK/quotad-$((${#STARTED[@]})) pid
-  NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" "$1" serve \
-    --config "$WORK/quotad.toml" --grpc-addr "$2" --admin-addr 127.0.0.1:0 \
-    --worker-threads "$SERVER_THREADS" >"$log.out" 2>"$log.err" &
+  local log=$WORK/quotad-$((${#STARTED[@]})) pid bin=$1 addr=$2
+  shift 2
+  NO_COLOR=1 QUOTAD_LOG_LEVEL=warn,quotad=info timeout "$SERVER_LIMIT" "$bin" serve \
+    --config "$WORK/quotad.toml" --grpc-addr "$addr" --admin-addr 127.0.0.1:0 \
+    --worker-threads "$SERVER_THREADS" "$@" >"$log.out" 2>"$log.err" &
   pid=$!
   STARTED+=("$pid")
   STARTED_ADDR=$(wait_for_addr "$log.err" "$pid" 's/.*grpc_addr=([^ ]+).*/\1/p')
+  STARTED_ADMIN=$(sed -nE 's/.*admin_addr=([^ ]+).*/\1/p' "$log.err" | head -n 1)
   STARTED_PID=$(awk '{print $1}' "/proc/$pid/task/$pid/children")
   QUOTAD_TIMEOUT_PIDS+=("$pid")
 }
+
+if [[ -n ${LEASES_ONLY:-} ]]; then
+  leases_section
+  exit 0
+fi
 
 QUOTAD_TIMEOUT_PIDS=()
 start_noop 127.0.0.1:0

@@ -44,12 +44,17 @@ pub enum Mode {
     /// makes them: every worker is a caller of one shared client, which
     /// sends concurrent checks as one `CheckBatch` (`coalescing`) and
     /// answers `LIMIT_EXCEEDED` denials locally until their retry time
-    /// (`deny_cache`), as configured.
+    /// (`deny_cache`), and admits from leases of budget it holds
+    /// (`lease_want`), as configured.
     Client {
         /// Whether the client coalesces concurrent checks.
         coalescing: bool,
         /// Whether the client keeps a deny cache.
         deny_cache: bool,
+        /// Leases on, asking for up to this many units each; `None` sends
+        /// every check to quotad (the policy needs lease settings for
+        /// leases to be granted; without them every check is sent too).
+        lease_want: Option<u64>,
     },
 }
 
@@ -73,6 +78,7 @@ impl fmt::Display for Mode {
             Self::Client {
                 coalescing,
                 deny_cache,
+                lease_want,
             } => {
                 let on = |b: bool| if b { "on" } else { "off" };
                 write!(
@@ -80,7 +86,11 @@ impl fmt::Display for Mode {
                     "client:coalescing={},deny_cache={}",
                     on(*coalescing),
                     on(*deny_cache)
-                )
+                )?;
+                match lease_want {
+                    Some(want) => write!(f, ",leases={want}"),
+                    None => f.write_str(",leases=off"),
+                }
             }
         }
     }
@@ -323,6 +333,14 @@ impl LoadConfig {
                 self.max_in_flight
             ));
         }
+        if let Mode::Client {
+            lease_want: Some(want),
+            ..
+        } = self.mode
+            && let Err(error) = quotad_client::LeaseOptions::try_new(want)
+        {
+            return invalid(error.to_string());
+        }
         if self.cost == Some(0) {
             return invalid("cost must be at least 1".to_owned());
         }
@@ -400,6 +418,25 @@ mod tests {
         }
     }
 
+    fn lease_mode(want: u64) -> Mode {
+        Mode::Client {
+            coalescing: false,
+            deny_cache: false,
+            lease_want: Some(want),
+        }
+    }
+
+    #[test]
+    fn lease_modes_name_their_want() {
+        assert_eq!(
+            lease_mode(500).to_string(),
+            "client:coalescing=off,deny_cache=off,leases=500"
+        );
+        let mut c = config();
+        c.mode = lease_mode(500);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
     #[test]
     fn the_defaults_are_valid() {
         assert_eq!(config().validate(), Ok(()));
@@ -428,7 +465,7 @@ mod tests {
 
     #[test]
     fn rejects_settings_out_of_range() {
-        let cases: [fn(&mut LoadConfig); 10] = [
+        let cases: [fn(&mut LoadConfig); 12] = [
             |c| c.concurrency = 0,
             |c| c.connections = 17,
             |c| c.mode = Mode::Batch { size: 1001 },
@@ -439,6 +476,8 @@ mod tests {
             |c| c.target = "127.0.0.1:1".to_owned(),
             |c| c.target = "unix://".to_owned(),
             |c| c.max_in_flight = 0,
+            |c| c.mode = lease_mode(0),
+            |c| c.mode = lease_mode(quotad_client::MAX_LEASE_WANT + 1),
         ];
         for change in cases {
             let mut c = config();

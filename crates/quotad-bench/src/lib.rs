@@ -60,4 +60,4 @@ pub use config::{ConfigError, LoadConfig, MAX_DURATION, Mode, PolicySpec};
 pub use keys::{KeyDistribution, ParseKeysError};
 pub use load::{LoadError, run};
 pub use noop::{NoopQuota, NoopRls, serve_noop, serve_noop_unix};
-pub use report::{ClientCalls, Latency, LatencyOrigin, Report};
+pub use report::{ClientCalls, Latency, LatencyOrigin, LeaseCounts, Report};

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use quotad_client::{Coalescing, DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_MAX_BATCH_BYTES};
+use quotad_client::{
+    Coalescing, DEFAULT_DENY_CACHE_CAPACITY, DEFAULT_MAX_BATCH_BYTES, LeaseOptions,
+};
 use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use quotad_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -109,9 +111,10 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         Mode::Client {
             coalescing,
             deny_cache,
+            lease_want,
         } => (
             Vec::new(),
-            connect_clients(&config, coalescing, deny_cache).await?,
+            connect_clients(&config, coalescing, deny_cache, lease_want).await?,
         ),
         _ => (connect(&config).await?, Vec::new()),
     };
@@ -122,6 +125,8 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         "connected"
     );
 
+    // Read after connecting, so only the run itself is counted.
+    let cpu_start = process_cpu();
     let start = Instant::now();
     let measure_start = start + config.warmup;
     let deadline = config
@@ -175,6 +180,9 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
     while let Some(tally) = workers.join_next().await {
         total.merge(&tally?);
     }
+    let loadgen_cpu = cpu_start
+        .zip(process_cpu())
+        .map(|(before, after)| after.saturating_sub(before));
     if let Some((_, handle)) = pacer {
         // The workers stop only after the pacer has released its last slot,
         // so the thread is finishing or finished.
@@ -182,6 +190,18 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         if joined.is_err() {
             tracing::error!("the pacer thread panicked");
         }
+    }
+    let lease_stats = match config.mode {
+        Mode::Client {
+            lease_want: Some(_),
+            ..
+        } => Some(shared.apps.iter().map(|app| app.lease_stats()).collect()),
+        _ => None,
+    };
+    // What the clients still hold goes back at once, so that a run never
+    // strands budget for the next run on the same keys.
+    for app in &shared.apps {
+        app.shutdown().await;
     }
 
     let info = RunInfo {
@@ -193,8 +213,26 @@ pub async fn run(config: LoadConfig) -> Result<Report, LoadError> {
         policy: config.policy.to_string(),
         target_rate: config.rate,
         measure_start,
+        loadgen_cpu,
+        lease_stats,
     };
     Ok(Report::new(info, &total))
+}
+
+/// This process's CPU time so far, every thread, user and system; `None`
+/// where the clock cannot be read.
+fn process_cpu() -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        let secs = u64::try_from(t.tv_sec).ok()?;
+        let nanos = u32::try_from(t.tv_nsec).ok()?;
+        Some(Duration::new(secs, nanos))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
 }
 
 /// Opens `config.connections` HTTP/2 connections to the target.
@@ -218,15 +256,26 @@ async fn connect(config: &LoadConfig) -> Result<Vec<Channel>, LoadError> {
 }
 
 /// `config.connections` clients of quotad-client, each with its own
-/// connection, coalescing queue and deny cache, for [`Mode::Client`].
+/// connection, coalescing queue, deny cache and leases, for
+/// [`Mode::Client`].
 async fn connect_clients(
     config: &LoadConfig,
     coalescing: bool,
     deny_cache: bool,
+    lease_want: Option<u64>,
 ) -> Result<Vec<quotad_client::Client>, LoadError> {
+    let leases = lease_want
+        .map(LeaseOptions::try_new)
+        .transpose()
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
     let mut clients = Vec::with_capacity(config.connections);
     for _ in 0..config.connections {
-        let client = quotad_client::Client::builder(config.target.clone())
+        let builder = quotad_client::Client::builder(config.target.clone());
+        let builder = match leases {
+            Some(options) => builder.leases(options),
+            None => builder,
+        };
+        let client = builder
             .deadline(config.timeout)
             .coalescing(if coalescing {
                 Coalescing::try_new(
@@ -475,6 +524,13 @@ async fn closed_loop(shared: Arc<Shared>, worker: usize) -> Tally {
         } else {
             tally.warmup += 1;
         }
+        // A check answered locally (a held lease, a cached denial) never
+        // waits, so without this a worker would keep its thread until the
+        // deadline and starve the client's own background calls (a lease's
+        // renewal) and the other workers; an application's callers wait on
+        // something between checks. It yields once per coop budget (128
+        // polls), so it costs nothing measurable when every check is a call.
+        tokio::task::coop::consume_budget().await;
     }
     tally
 }
@@ -636,6 +692,8 @@ async fn open_loop(shared: Arc<Shared>, pacing: Arc<Pacing>, worker: usize) -> T
         } else {
             tally.warmup += 1;
         }
+        // As in the closed loop: local answers must not starve the rest.
+        tokio::task::coop::consume_budget().await;
     }
     tally
 }

@@ -242,6 +242,68 @@ pub struct Report {
     /// `client` mode: the calls quotad-client made, when the caller of
     /// [`crate::run`] counted them ([`ClientCalls`]).
     pub client_calls: Option<ClientCalls>,
+    /// `client` mode with leases on: what the clients' leases did over the
+    /// whole run, warmup included.
+    pub leases: Option<LeaseCounts>,
+    /// The load generator's own CPU time (user + system, every thread) from
+    /// the first request to the last answer, warmup included: what the
+    /// client side paid, for comparing client settings on one machine.
+    /// `None` where the process CPU clock cannot be read.
+    pub loadgen_cpu_secs: Option<f64>,
+    /// `loadgen_cpu_secs` per decision of the whole run (warmup included,
+    /// as the CPU time is), in microseconds. It holds the load
+    /// generator's own work (drawing keys, timing, tallying) next to the
+    /// client's, the same in every mode.
+    pub loadgen_cpu_us_per_decision: Option<f64>,
+}
+
+/// What the leases of a run's clients did, summed over the clients, from
+/// [`quotad_client::Client::lease_stats`] read after the last answer (before
+/// the clients return what they hold).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LeaseCounts {
+    /// Checks admitted locally from a held lease, without a call.
+    pub local_admissions: u64,
+    /// Leases granted to a key that held none.
+    pub acquired: u64,
+    /// Leases granted in exchange for a settled one.
+    pub renewed: u64,
+    /// Leases given back with nothing asked in exchange.
+    pub returned: u64,
+    /// Answers `direct`: the key is checked call by call for a while.
+    pub direct: u64,
+    /// Lease calls that failed.
+    pub failed: u64,
+    /// `local_admissions / (requests + warmup_requests)`: the share of the
+    /// run's decisions made without a call.
+    pub local_share: f64,
+}
+
+impl LeaseCounts {
+    /// The counts of `stats`, summed over the clients, for the run `report`
+    /// is about.
+    pub fn new(stats: &[quotad_client::LeaseStats], report: &Report) -> Self {
+        let sum = |f: fn(&quotad_client::LeaseStats) -> u64| stats.iter().map(f).sum::<u64>();
+        let local_admissions = sum(|s| s.local_admissions);
+        let decisions = (report.requests + report.warmup_requests)
+            * u64::try_from(report.batch_size).unwrap_or(1);
+        // Counts stay far below 2^53, where u64 -> f64 is exact.
+        #[allow(clippy::cast_precision_loss)]
+        let local_share = if decisions > 0 {
+            local_admissions as f64 / decisions as f64
+        } else {
+            0.0
+        };
+        Self {
+            local_admissions,
+            acquired: sum(|s| s.acquired),
+            renewed: sum(|s| s.renewed),
+            returned: sum(|s| s.returned),
+            direct: sum(|s| s.direct),
+            failed: sum(|s| s.failed),
+            local_share,
+        }
+    }
 }
 
 /// The calls quotad-client made over a whole run, warmup included, from
@@ -253,27 +315,36 @@ pub struct ClientCalls {
     pub checks: u64,
     /// `CheckBatch` calls sent.
     pub batches: u64,
+    /// `Lease` calls sent (acquisitions, renewals and returns).
+    pub leases: u64,
     /// Checks the deny cache answered without a call.
     pub local_denials: u64,
-    /// Calls per decision: `(checks + batches) / (requests +
+    /// Calls per decision: `(checks + batches + leases) / (requests +
     /// warmup_requests)`, as the counters span the warmup too.
     pub calls_per_decision: f64,
 }
 
 impl ClientCalls {
     /// The counts of the run `report` is about.
-    pub fn new(checks: u64, batches: u64, local_denials: u64, report: &Report) -> Self {
+    pub fn new(
+        checks: u64,
+        batches: u64,
+        leases: u64,
+        local_denials: u64,
+        report: &Report,
+    ) -> Self {
         let decisions = report.requests + report.warmup_requests;
         // Counts stay far below 2^53, where u64 -> f64 is exact.
         #[allow(clippy::cast_precision_loss)]
         let calls_per_decision = if decisions > 0 {
-            (checks + batches) as f64 / decisions as f64
+            (checks + batches + leases) as f64 / decisions as f64
         } else {
             0.0
         };
         Self {
             checks,
             batches,
+            leases,
             local_denials,
             calls_per_decision,
         }
@@ -291,6 +362,10 @@ pub(crate) struct RunInfo {
     pub(crate) policy: String,
     pub(crate) target_rate: Option<f64>,
     pub(crate) measure_start: Instant,
+    /// The load generator's CPU time over the run, when it could be read.
+    pub(crate) loadgen_cpu: Option<Duration>,
+    /// What the clients' leases did, with leases on.
+    pub(crate) lease_stats: Option<Vec<quotad_client::LeaseStats>>,
 }
 
 impl Report {
@@ -326,7 +401,15 @@ impl Report {
         };
         let latency = Latency::from_histogram(&tally.latency_ns);
         let send_lag = tally.send_lag_ns.as_ref().map(Latency::from_histogram);
-        Self {
+        let whole_run_decisions =
+            (tally.requests + tally.warmup) * u64::try_from(info.mode.items()).unwrap_or(1);
+        let loadgen_cpu_us_per_decision = info.loadgen_cpu.and_then(|cpu| {
+            // Counts stay far below 2^53, where u64 -> f64 is exact.
+            #[allow(clippy::cast_precision_loss)]
+            let decisions = whole_run_decisions as f64;
+            (whole_run_decisions > 0).then(|| cpu.as_secs_f64() * 1e6 / decisions)
+        });
+        let mut report = Self {
             mode: info.mode.to_string(),
             batch_size: info.mode.items(),
             concurrency: info.concurrency,
@@ -354,7 +437,14 @@ impl Report {
             warmup_requests: tally.warmup,
             missed: tally.missed,
             client_calls: None,
+            leases: None,
+            loadgen_cpu_secs: info.loadgen_cpu.map(|cpu| cpu.as_secs_f64()),
+            loadgen_cpu_us_per_decision,
+        };
+        if let Some(stats) = &info.lease_stats {
+            report.leases = Some(LeaseCounts::new(stats, &report));
         }
+        report
     }
 }
 
@@ -372,6 +462,8 @@ mod tests {
             policy: "api".to_owned(),
             target_rate: None,
             measure_start: start,
+            loadgen_cpu: None,
+            lease_stats: None,
         }
     }
 

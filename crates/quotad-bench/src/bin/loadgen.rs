@@ -33,9 +33,14 @@ struct Cli {
     /// Unary Check, CheckBatch of --batch-size items, Envoy's
     /// ShouldRateLimit with --descriptors descriptors, or one check a
     /// request through quotad-client (client; see --coalescing and
-    /// --deny-cache).
+    /// --deny-cache), or through quotad-client with leases on (lease; see
+    /// --lease-want).
     #[arg(long, value_enum, default_value_t = CliMode::Unary)]
     mode: CliMode,
+    /// Lease mode: the units each lease asks for (quotad grants at most the
+    /// policy's lease.max_units, or a fair share of what is left).
+    #[arg(long, default_value_t = 1_000, value_name = "N")]
+    lease_want: u64,
     /// Client mode: whether the client coalesces concurrent checks into
     /// CheckBatch calls.
     #[arg(long, value_enum, default_value_t = Switch::On)]
@@ -116,6 +121,7 @@ enum CliMode {
     Batch,
     Rls,
     Client,
+    Lease,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -165,6 +171,12 @@ impl Cli {
             CliMode::Client => Mode::Client {
                 coalescing: self.coalescing == Switch::On,
                 deny_cache: self.deny_cache == Switch::On,
+                lease_want: None,
+            },
+            CliMode::Lease => Mode::Client {
+                coalescing: self.coalescing == Switch::On,
+                deny_cache: self.deny_cache == Switch::On,
+                lease_want: Some(self.lease_want),
             },
         };
         config.domain.clone_from(&self.domain);
@@ -248,7 +260,7 @@ fn main() -> ExitCode {
 
 /// The calls quotad-client counted over the run.
 fn client_calls(snapshotter: &Snapshotter, report: &Report) -> ClientCalls {
-    let (mut checks, mut batches, mut local_denials) = (0, 0, 0);
+    let (mut checks, mut batches, mut leases, mut local_denials) = (0, 0, 0, 0);
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let DebugValue::Counter(count) = value else {
             continue;
@@ -261,11 +273,12 @@ fn client_calls(snapshotter: &Snapshotter, report: &Report) -> ClientCalls {
         match (key.name(), method) {
             ("quotad_client_calls_total", Some("check")) => checks += count,
             ("quotad_client_calls_total", Some("check_batch")) => batches += count,
+            ("quotad_client_calls_total", Some("lease")) => leases += count,
             ("quotad_client_local_denials_total", _) => local_denials += count,
             _ => {}
         }
     }
-    ClientCalls::new(checks, batches, local_denials, report)
+    ClientCalls::new(checks, batches, leases, local_denials, report)
 }
 
 #[allow(clippy::print_stdout)]
@@ -318,8 +331,31 @@ fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()
     if let Some(calls) = &report.client_calls {
         writeln!(
             out,
-            "client calls {} Check + {} CheckBatch, {} local denials ({:.4} calls per decision, warmup included)",
-            calls.checks, calls.batches, calls.local_denials, calls.calls_per_decision
+            "client calls {} Check + {} CheckBatch + {} Lease, {} local denials ({:.4} calls per decision, warmup included)",
+            calls.checks,
+            calls.batches,
+            calls.leases,
+            calls.local_denials,
+            calls.calls_per_decision
+        )?;
+    }
+    if let Some(leases) = &report.leases {
+        writeln!(
+            out,
+            "leases      {} acquired, {} renewed, {} returned, {} direct, {} failed; {} local admissions ({:.4} of the decisions, warmup included)",
+            leases.acquired,
+            leases.renewed,
+            leases.returned,
+            leases.direct,
+            leases.failed,
+            leases.local_admissions,
+            leases.local_share
+        )?;
+    }
+    if let Some(cpu) = report.loadgen_cpu_us_per_decision {
+        writeln!(
+            out,
+            "loadgen CPU {cpu:.3} us per decision (warmup included)"
         )?;
     }
     if report.missed > 0 {
