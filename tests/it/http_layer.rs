@@ -229,3 +229,48 @@ async fn quotad_unreachable_fails_closed_with_a_503() {
     assert_eq!(get_with(app, "/api/limited", &[]).await.status, 503);
     assert_eq!(get_with(app, "/api/demo", &[]).await.status, 200);
 }
+
+/// 1,000 a minute, leases of up to 10.
+const LEASED: &str = r#"
+[policies.api]
+algorithm = "fixed_window"
+limit = 1000
+window = "1m"
+lease = { max_units = 10, max_ttl = "30s" }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_decides_from_leases_with_the_same_answers_and_fewer_calls() {
+    let server = TestServer::start_toml(LEASED, Arc::new(FakeClock::new(NOON_30))).await;
+    let options = quotad_client::LeaseOptions::try_new(10).expect("valid lease options");
+    let quotad = Client::builder(format!("http://{}", server.grpc_addr))
+        .deadline(Duration::from_secs(5))
+        .leases(options)
+        .build()
+        .expect("valid address");
+    let layer = RateLimitLayer::new(quotad, "api", KeyExtractor::PeerIp).window_secs(60);
+    let app = serve_app(layer).await;
+    for _ in 0..30 {
+        let ok = get_with(app, "/api/limited", &[]).await;
+        assert_eq!(ok.status, 200);
+        assert_eq!(ok.headers["ratelimit-policy"], "\"api\";q=1000;w=60");
+        assert!(ok.headers.contains_key("x-ratelimit-remaining"));
+    }
+    // The direct checks and the lease calls quotad saw are fewer than the
+    // 30 requests: the rest were decided from leases, with no call.
+    let metrics = server.metrics().await;
+    let sum = |name: &str| -> f64 {
+        metrics
+            .series(name)
+            .iter()
+            .filter(|(labels, _)| labels.get("policy").map(String::as_str) == Some("api"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let (checks, leases) = (sum("quotad_decisions_total"), sum("quotad_leases_total"));
+    assert!(leases >= 1.0, "{}", metrics.text);
+    assert!(
+        checks + leases < 30.0,
+        "{checks} checks + {leases} lease calls for 30 requests"
+    );
+}
