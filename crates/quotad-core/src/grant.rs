@@ -125,14 +125,10 @@ impl Ledger {
         self.grants.iter().filter(|g| g.ends_at > now).count()
     }
 
-    /// The latest instant any grant still counts at, with `linger`: 0 for
-    /// none.
-    pub fn last_end(&self, linger: u64) -> u64 {
-        self.grants
-            .iter()
-            .map(|g| g.ends_at.saturating_add(linger))
-            .max()
-            .unwrap_or(0)
+    /// The latest end of any grant, 0 for none. (A sliding log counts a
+    /// grant a window longer; its meter's reset says so.)
+    pub fn last_end(&self) -> u64 {
+        self.grants.iter().map(|g| g.ends_at).max().unwrap_or(0)
     }
 
     /// The grant `id`, taken out of the ledger, if it has not ended by

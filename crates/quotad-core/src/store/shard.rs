@@ -487,7 +487,7 @@ impl Shard {
             self.remove_at(index);
             return;
         }
-        let fresh_at = fresh_at.max(ledger.last_end(0));
+        let fresh_at = fresh_at.max(ledger.last_end());
         self.next_expiry = self.next_expiry.min(fresh_at);
         self.bytes += state.as_ref().map_or(0, State::heap_bytes) + granted_bytes(&ledger);
         *slot = Slot::new(fresh_at, state, ledger);
@@ -515,7 +515,7 @@ impl Shard {
             self.remove_at(index);
             return;
         }
-        let fresh_at = fresh_at.max(slot.ledger().map_or(0, |l| l.last_end(0)));
+        let fresh_at = fresh_at.max(slot.ledger().map_or(0, Ledger::last_end));
         self.next_expiry = self.next_expiry.min(fresh_at);
         self.bytes += state.as_ref().map_or(0, State::heap_bytes);
         slot.fresh_at = fresh_at;
@@ -556,7 +556,7 @@ impl Shard {
     ) {
         debug_assert!(state.is_some() || !ledger.is_empty());
         self.reserve(1, extra_bytes_with(name, key, state.as_ref(), &ledger));
-        let fresh_at = fresh_at.max(ledger.last_end(0));
+        let fresh_at = fresh_at.max(ledger.last_end());
         self.next_expiry = self.next_expiry.min(fresh_at);
         self.bytes += state.as_ref().map_or(0, State::heap_bytes) + granted_bytes(&ledger);
         let slot = Slot::new(fresh_at, state, ledger);
