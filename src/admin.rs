@@ -18,6 +18,7 @@
 //! cannot hold the port.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,12 +34,11 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
 use crate::backend::BackendStats;
 use crate::health::Health;
 use crate::listen::ConnectionLimit;
 use crate::metrics::Metrics;
-use crate::policy::PolicyRegistry;
+use crate::registry::PolicyRegistry;
 use crate::tasks::ServerTask;
 
 /// What the admin handlers read.
@@ -66,7 +66,7 @@ pub(crate) fn spawn(
     state: AdminState,
     header_timeout: Duration,
     limit: ConnectionLimit,
-) -> ServerTask {
+) -> ServerTask<Infallible> {
     ServerTask::spawn(move |stop| serve(listener, router(state), header_timeout, limit, stop))
 }
 
@@ -76,7 +76,7 @@ async fn serve(
     header_timeout: Duration,
     limit: ConnectionLimit,
     stop: CancellationToken,
-) -> Result<(), Error> {
+) -> Result<(), Infallible> {
     let mut http = hyper::server::conn::http1::Builder::new();
     // hyper enforces the header read timeout only with a timer.
     http.timer(TokioTimer::new())

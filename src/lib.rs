@@ -76,9 +76,11 @@ mod health;
 mod log;
 mod methods;
 mod metrics;
+mod registry;
 mod services;
 mod tasks;
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,9 +105,9 @@ use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
 use crate::methods::Service;
 use crate::metrics::Metrics;
-use crate::policy::{PolicyRegistry, PolicySet, Reloader};
+use crate::registry::{PolicyRegistry, PolicySet, Reloader};
 use crate::services::ServiceContext;
-use crate::tasks::{ServerTask, Tasks};
+use crate::tasks::{ServerFailed, ServerTask, Tasks};
 
 /// The bound sockets the server accepts on. `main` binds them from the
 /// config; tests bind `127.0.0.1:0` (`TcpListener::bind(..).await?.into()`)
@@ -167,18 +169,19 @@ pub enum Error {
     /// The metrics registry could not be built.
     #[error("metrics")]
     Metrics(#[from] BuildError),
-    /// The reflection service could not be built.
-    #[error("gRPC reflection")]
-    Reflection(#[from] tonic_reflection::server::Error),
-    /// The gRPC server failed (including a TLS configuration it rejected).
+    /// The gRPC server could not be built (its TLS files, its reflection
+    /// service).
+    #[error(transparent)]
+    Build(#[from] grpc::BuildError),
+    /// A service could not be built (the RLS rules could not be loaded).
+    #[error(transparent)]
+    Service(#[from] services::RegisterError),
+    /// The gRPC server failed while serving.
     #[error("gRPC server")]
-    Grpc(#[from] tonic::transport::Error),
-    /// The TLS files could not be read at start.
-    #[error("TLS: {0}")]
-    Tls(String),
+    Grpc(#[source] tonic::transport::Error),
     /// A server task panicked or was cancelled.
     #[error("server task")]
-    Task(#[from] JoinError),
+    Task(#[source] JoinError),
     /// The state store could not be reached at start (Redis).
     #[error(transparent)]
     Store(backend::BackendError),
@@ -190,9 +193,33 @@ pub enum Error {
     /// then does not serve), or the last one on shutdown.
     #[error(transparent)]
     SnapshotWrite(#[from] snapshot::WriteError),
-    /// The RLS rules could not be loaded at start.
-    #[error("RLS rules")]
-    Rls(#[from] policy::rls::RlsConfigError),
+}
+
+impl From<backend::memory::StartError> for Error {
+    fn from(error: backend::memory::StartError) -> Self {
+        match error {
+            backend::memory::StartError::Load(error) => Error::Snapshot(error),
+            backend::memory::StartError::Write(error) => Error::SnapshotWrite(error),
+        }
+    }
+}
+
+impl From<ServerFailed<tonic::transport::Error>> for Error {
+    fn from(failed: ServerFailed<tonic::transport::Error>) -> Self {
+        match failed {
+            ServerFailed::Serve(error) => Error::Grpc(error),
+            ServerFailed::Task(error) => Error::Task(error),
+        }
+    }
+}
+
+impl From<ServerFailed<Infallible>> for Error {
+    fn from(failed: ServerFailed<Infallible>) -> Self {
+        match failed {
+            ServerFailed::Serve(never) => match never {},
+            ServerFailed::Task(error) => Error::Task(error),
+        }
+    }
 }
 
 /// Installs ring as the process-wide rustls crypto provider, unless one is
@@ -357,13 +384,16 @@ async fn serve<B: Backend>(
 /// connections it admitted that are still open (each runs in a task of its
 /// own, which stopping the server does not end) and waits for them to
 /// close, so that `run` returns with no connection left.
-async fn stop(
-    server: ServerTask,
+async fn stop<E: Send + 'static>(
+    server: ServerTask<E>,
     limit: &ConnectionLimit,
     drain: Duration,
     what: &'static str,
-) -> Result<(), Error> {
-    let result = server.stop(drain, what).await;
+) -> Result<(), Error>
+where
+    Error: From<ServerFailed<E>>,
+{
+    let result = server.stop(drain, what).await.map_err(Error::from);
     limit.close_all();
     if !limit.all_closed(CONNECTIONS_CLOSE_WITHIN).await {
         tracing::warn!(

@@ -16,11 +16,11 @@ use tonic::service::RoutesBuilder;
 
 use crate::api::{LeaseService, QuotaService, RequestLimits, RlsOptions, RlsService};
 use crate::backend::Backend;
+use crate::config::Config;
 use crate::methods::Service;
 use crate::metrics::Metrics;
-use crate::policy::{self, PolicyRegistry};
+use crate::registry::{self, PolicyRegistry};
 use crate::tasks::Tasks;
-use crate::{Config, Error};
 
 /// What every gRPC service is built from, and the routes they register:
 /// one value, so that a new service takes what it needs from here rather
@@ -57,7 +57,7 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
     /// Builds `service` and adds its routes. Every [`Service`] of the
     /// method table has its arm here, so a service in the table (and in
     /// gRPC health) is always served.
-    pub(crate) fn register(&mut self, service: Service) -> Result<(), Error> {
+    pub(crate) fn register(&mut self, service: Service) -> Result<(), RegisterError> {
         let max_message_bytes = self.config.transport().max_message_bytes;
         let limits = RequestLimits {
             max_key_bytes: self.config.store().max_key_bytes,
@@ -90,7 +90,7 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
             Service::Rls => {
                 let rls = RlsService::new(
                     Arc::clone(&self.backend),
-                    policy::rls::start(self.config, &self.metrics, self.tasks)?,
+                    registry::start_rls(self.config, &self.metrics, self.tasks)?,
                     Arc::clone(&self.registry),
                     Arc::clone(&self.metrics),
                     RlsOptions::new(self.config),
@@ -102,4 +102,12 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
         }
         Ok(())
     }
+}
+
+/// Why a service could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// The RLS rules could not be loaded at start.
+    #[error("RLS rules")]
+    Rls(#[from] crate::policy::rls::RlsConfigError),
 }

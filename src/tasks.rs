@@ -7,8 +7,6 @@ use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
-
 /// Background tasks (sweep, reload, metrics upkeep), stopped together
 /// after the servers.
 #[derive(Debug, Default)]
@@ -38,22 +36,34 @@ impl Tasks {
     }
 }
 
-/// A server running on its own task until it fails or is asked to stop.
+/// A server running on its own task until it fails (with an `E`) or is
+/// asked to stop.
 #[derive(Debug)]
-pub(crate) struct ServerTask {
+pub(crate) struct ServerTask<E> {
     stop: CancellationToken,
-    handle: JoinHandle<Result<(), Error>>,
+    handle: JoinHandle<Result<(), E>>,
     /// Set once the task has ended, so it is never awaited twice.
-    finished: Option<Result<(), Error>>,
+    finished: Option<Result<(), ServerFailed<E>>>,
 }
 
-impl ServerTask {
+/// Why a [`ServerTask`] ended other than by being asked to stop.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ServerFailed<E> {
+    /// The server returned its error.
+    #[error(transparent)]
+    Serve(E),
+    /// The server's task panicked or was cancelled.
+    #[error("server task")]
+    Task(#[source] JoinError),
+}
+
+impl<E: Send + 'static> ServerTask<E> {
     /// Spawns the server `serve` makes from the token that stops it
     /// gracefully.
     pub(crate) fn spawn<F, Fut>(serve: F) -> Self
     where
         F: FnOnce(CancellationToken) -> Fut,
-        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
     {
         let stop = CancellationToken::new();
         let handle = tokio::spawn(serve(stop.clone()));
@@ -76,7 +86,11 @@ impl ServerTask {
     /// for at most `drain`; past it, the server and its connections are
     /// dropped (streams such as gRPC health's Watch never end by
     /// themselves). Resolves once it has stopped.
-    pub(crate) async fn stop(mut self, drain: Duration, what: &'static str) -> Result<(), Error> {
+    pub(crate) async fn stop(
+        mut self,
+        drain: Duration,
+        what: &'static str,
+    ) -> Result<(), ServerFailed<E>> {
         if let Some(finished) = self.finished.take() {
             return finished;
         }
@@ -96,8 +110,11 @@ impl ServerTask {
     }
 }
 
-fn flatten(result: Result<Result<(), Error>, JoinError>) -> Result<(), Error> {
-    result.map_err(Error::Task).and_then(|inner| inner)
+fn flatten<E>(result: Result<Result<(), E>, JoinError>) -> Result<(), ServerFailed<E>> {
+    match result {
+        Ok(served) => served.map_err(ServerFailed::Serve),
+        Err(error) => Err(ServerFailed::Task(error)),
+    }
 }
 
 #[cfg(test)]
@@ -106,18 +123,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_that_stopped_by_itself_is_stopped_without_being_awaited_twice() {
-        let mut failed =
-            ServerTask::spawn(|_stop| async { Err(Error::Tls("the server failed".to_owned())) });
+        let mut failed = ServerTask::spawn(|_stop| async { Err("the server failed") });
         failed.stopped().await;
         let result = failed.stop(Duration::from_secs(1), "test").await;
-        assert!(matches!(result, Err(Error::Tls(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(ServerFailed::Serve("the server failed"))),
+            "{result:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_server_that_will_not_drain_is_dropped_after_the_drain_timeout() {
         let stubborn = ServerTask::spawn(|_stop| async {
             std::future::pending::<()>().await;
-            Ok(())
+            Ok::<(), std::convert::Infallible>(())
         });
         let started = tokio::time::Instant::now();
         let result = stubborn.stop(Duration::from_secs(3), "test").await;

@@ -39,7 +39,7 @@ use super::request::{
 };
 use crate::backend::{Backend, Deadline, LeaseItem};
 use crate::metrics::{LeaseCounters, LeaseEvent, Method, Metrics};
-use crate::policy::{PolicyRegistry, PolicySet};
+use crate::registry::{PolicyRegistry, PolicySet};
 
 /// A `Lease` request, converted: every field checked that can be without
 /// the server's state.

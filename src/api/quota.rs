@@ -28,7 +28,7 @@ use super::request::{
 use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, DecisionTally, Method, Metrics};
-use crate::policy::{PolicyRegistry, PolicySet};
+use crate::registry::{PolicyRegistry, PolicySet};
 
 /// What the service enforces on every request from the settings that take
 /// a restart; `[limits]` reload with the policies ([`PolicySet::limits`]).

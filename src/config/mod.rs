@@ -68,7 +68,7 @@ pub use policies::{OnError, PolicySettings};
 pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::{LimitSettings, LogFormat, OnBadSnapshot};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
-pub use tls::TlsSettings;
+pub use tls::{TlsFileError, TlsSettings};
 pub use transport::{TransportSettings, largest_request_bytes};
 
 use document::Layers;

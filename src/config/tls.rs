@@ -35,8 +35,9 @@ impl fmt::Debug for TlsSettings {
 
 /// A TLS file that cannot be used: which one (`cert`, `key`,
 /// `client_ca`), and why.
-#[derive(Debug)]
-pub(crate) struct TlsFileError {
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct TlsFileError {
     pub(crate) field: &'static str,
     pub(crate) message: String,
 }

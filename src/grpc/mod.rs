@@ -21,14 +21,27 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_server::{Health as HealthService, HealthServer};
 use tower_layer::{Identity, Stack};
 
-use crate::Error;
 use crate::auth::AuthLayer;
-use crate::config::{TlsSettings, TransportSettings};
+use crate::config::{TlsFileError, TlsSettings, TransportSettings};
 use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
 use crate::tasks::ServerTask;
 
 use self::arrival::ArrivalLayer;
 use self::status::SizeStatusLayer;
+
+/// Why the gRPC server could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A TLS file could not be used.
+    #[error("TLS: server.tls.{0}")]
+    Tls(#[from] TlsFileError),
+    /// tonic refused the transport settings (its TLS configuration).
+    #[error("gRPC server")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not be built.
+    #[error("gRPC reflection")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
 
 /// The gRPC server builder [`server`] makes: tonic's, with quotad's layers.
 pub type GrpcServer = Server<Stack<SizeStatusLayer, Stack<ArrivalLayer, Identity>>>;
@@ -44,12 +57,12 @@ const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1_024;
 ///
 /// # Errors
 ///
-/// [`Error::Tls`] when the TLS files cannot be read, and the transport
-/// error when tonic rejects them.
+/// [`BuildError::Tls`] when the TLS files cannot be read, and
+/// [`BuildError::Transport`] when tonic rejects them.
 pub fn server(
     transport: &TransportSettings,
     tls: Option<&TlsSettings>,
-) -> Result<GrpcServer, Error> {
+) -> Result<GrpcServer, BuildError> {
     let mut builder = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
@@ -63,9 +76,7 @@ pub fn server(
             .max_connection_age_grace(transport.drain_timeout);
     }
     if let Some(tls) = tls {
-        let config = tls
-            .server_config()
-            .map_err(|e| Error::Tls(format!("server.tls.{}: {}", e.field, e.message)))?;
+        let config = tls.server_config()?;
         builder = builder.tls_config(config)?;
     }
     // Arrival first: the outermost of quotad's layers.
@@ -102,7 +113,7 @@ pub(crate) const CONTROL_MESSAGE_BYTES: usize = 64 * 1024;
 
 /// Reflection for quotad's API and gRPC health, v1 and v1alpha (older
 /// grpcurl and other tools still ask for v1alpha).
-pub(crate) fn reflection(routes: Routes) -> Result<Routes, Error> {
+pub(crate) fn reflection(routes: Routes) -> Result<Routes, BuildError> {
     let builder = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(quotad_proto::FILE_DESCRIPTOR_SET)
@@ -132,7 +143,7 @@ pub(crate) fn spawn(
     auth: AuthLayer,
     health: HealthServer<impl HealthService>,
     routes: Routes,
-) -> Result<ServerTask, Error> {
+) -> Result<ServerTask<tonic::transport::Error>, BuildError> {
     let mut builder = server(transport, tls)?.layer(auth);
     let health = health.max_decoding_message_size(CONTROL_MESSAGE_BYTES);
     let routes = reflection(routes.add_service(health))?;
@@ -144,7 +155,6 @@ pub(crate) fn spawn(
                 router
                     .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
                     .await
-                    .map_err(Error::Grpc)
             })
         }
         GrpcListener::Unix(socket) => {
@@ -155,7 +165,6 @@ pub(crate) fn spawn(
                 router
                     .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
                     .await
-                    .map_err(Error::Grpc)
             })
         }
     })

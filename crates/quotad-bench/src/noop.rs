@@ -134,7 +134,8 @@ pub async fn serve_noop(
     let incoming = quotad::grpc::incoming(listener, &transport);
     noop_router(&transport)?
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
+        .await
+        .map_err(quotad::Error::Grpc)?;
     Ok(())
 }
 
@@ -154,7 +155,8 @@ pub async fn serve_noop_unix(
     let incoming = Incoming::new(UnixIncoming::new(socket), limit);
     noop_router(&transport)?
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
+        .await
+        .map_err(quotad::Error::Grpc)?;
     Ok(())
 }
 

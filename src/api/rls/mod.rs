@@ -50,8 +50,9 @@ use super::error::ServiceError;
 use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
 use crate::config::{Config, CountMode, LimitSettings, OnError, ResponseHeaders};
 use crate::metrics::{Method, Metrics};
-use crate::policy::PolicyRegistry;
-use crate::policy::rls::{self as rules, Applied, Charge, Resolution, RlsRegistry};
+use crate::policy::rls::{self as rules, Applied, Charge, Resolution};
+use crate::registry::PolicyRegistry;
+use crate::registry::RlsRegistry;
 
 /// How `ShouldRateLimit` answers, from `[rls]` and `[store]`.
 #[derive(Clone, Debug)]

@@ -30,7 +30,8 @@ use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
 
 use super::{Outcome, RlsOptions, Role};
 use crate::metrics::{Metrics, NoLimitReason};
-use crate::policy::rls::{Applied, NoLimit, Resolution, RlsSet, Unit};
+use crate::policy::rls::{Applied, NoLimit, Resolution, Unit};
+use crate::registry::RlsSet;
 
 /// The response for `resolved` descriptors and what the store said.
 pub(super) fn respond(

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem, LeaseResult};
 use crate::config::{Config, MemorySettings};
 use crate::metrics::Metrics;
-use crate::policy::PolicyRegistry;
+use crate::registry::PolicyRegistry;
 use crate::tasks::Tasks;
 
 pub mod snapshot;
@@ -83,13 +83,24 @@ impl Backend for MemoryStore {
     }
 }
 
+/// Why the memory store could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Its snapshot could not be read.
+    #[error(transparent)]
+    Load(#[from] snapshot::LoadError),
+    /// Its first snapshot could not be written.
+    #[error(transparent)]
+    Write(#[from] snapshot::WriteError),
+}
+
 /// The memory store of `settings`, loaded from its snapshot when it has
 /// one, with its background tasks (the sweep, periodic snapshots) started.
 ///
 /// # Errors
 ///
-/// [`crate::Error::Snapshot`] for a snapshot that cannot be read under
-/// `on_bad_file = "refuse"`, [`crate::Error::SnapshotWrite`] when the first
+/// [`StartError::Load`] for a snapshot that cannot be read under
+/// `on_bad_file = "refuse"`, [`StartError::Write`] when the first
 /// snapshot cannot be written (a folder quotad cannot write to stops it
 /// here, not at the next restart with every budget lost).
 pub(crate) async fn start(
@@ -98,7 +109,7 @@ pub(crate) async fn start(
     registry: &Arc<PolicyRegistry>,
     metrics: &Arc<Metrics>,
     tasks: &mut Tasks,
-) -> Result<Arc<MemoryStore>, crate::Error> {
+) -> Result<Arc<MemoryStore>, StartError> {
     let clock = Arc::clone(config.clock());
     let store = match &settings.snapshot {
         Some(snapshot) => {

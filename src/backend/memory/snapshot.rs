@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{OnBadSnapshot, PolicySettings, SnapshotSettings};
 use crate::log::Causes;
 use crate::metrics::Metrics;
-use crate::policy::PolicyRegistry;
+use crate::registry::PolicyRegistry;
 
 /// A snapshot that could not be loaded, naming the file.
 #[derive(Debug, thiserror::Error)]

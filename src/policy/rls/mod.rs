@@ -103,8 +103,6 @@
 
 mod load;
 mod matcher;
-mod registry;
-mod reload;
 mod rules;
 mod state;
 mod unit;
@@ -118,10 +116,9 @@ pub use matcher::{
     Applied, Charge, Descriptor, Descriptors, Entries, Entry, LimitOverride, NoLimit, Request,
     RequestError, Resolution, Resolutions,
 };
-pub(crate) use registry::{RlsRegistry, RlsSet};
-pub(crate) use reload::start;
 pub use rules::{Limit, RlsRules, Rule};
 pub use state::NAMESPACE_PREFIX;
+pub(crate) use state::override_namespace;
 pub use unit::Unit;
 
 /// A rules file that cannot be used, with where: the file, the field path

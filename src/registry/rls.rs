@@ -7,9 +7,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use quotad_core::Algorithm;
 
-use super::state::override_namespace;
-use super::{Applied, RlsRules, Unit};
 use crate::metrics::{Metrics, RlsRuleCounters};
+use crate::policy::rls::{Applied, RlsRules, Unit, override_namespace};
 
 /// One immutable set of RLS rules and their counters.
 #[derive(Debug)]

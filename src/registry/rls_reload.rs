@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{LoadOptions, RlsConfigError, RlsRegistry, RlsRules, RlsSet};
+use super::reload::watch;
+use super::{RlsRegistry, RlsSet};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::policy::reload::watch;
+use crate::policy::rls::{LoadOptions, RlsConfigError, RlsRules};
 use crate::tasks::Tasks;
 
 /// The RLS rules in force at start (those `config` was validated with),
