@@ -21,7 +21,7 @@ use http::{Request, Response};
 use metrics::Counter;
 use rustls_pki_types::CertificateDer;
 use tonic::Status;
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tower_layer::Layer;
 use tower_service::Service;
 use x509_parser::extensions::GeneralName;
@@ -150,6 +150,42 @@ where
             rule.group.setting()
         ));
         Either::Left(ready(Ok(status.into_http())))
+    }
+}
+
+/// Where a call comes from, as `limits.allow_reset = "local"` sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// This machine: a loopback address or the unix socket.
+    Local,
+    /// A client that presented a certificate the server verified (mTLS).
+    Authenticated,
+    /// Anyone else: plaintext or server-only TLS from another host.
+    Remote(Option<std::net::SocketAddr>),
+}
+
+impl Origin {
+    /// Where `request` comes from.
+    pub(crate) fn of<T>(request: &tonic::Request<T>) -> Origin {
+        let extensions = request.extensions();
+        if extensions.get::<UdsConnectInfo>().is_some() {
+            return Origin::Local;
+        }
+        let tls = extensions.get::<TlsConnectInfo<TcpConnectInfo>>();
+        if tls
+            .and_then(TlsConnectInfo::peer_certs)
+            .is_some_and(|chain| !chain.is_empty())
+        {
+            return Origin::Authenticated;
+        }
+        let remote = tls
+            .map(TlsConnectInfo::get_ref)
+            .or_else(|| extensions.get::<TcpConnectInfo>())
+            .and_then(TcpConnectInfo::remote_addr);
+        match remote {
+            Some(addr) if addr.ip().to_canonical().is_loopback() => Origin::Local,
+            other => Origin::Remote(other),
+        }
     }
 }
 

@@ -47,15 +47,10 @@ struct Cli {
 enum Command {
     /// Serve the gRPC API and the admin HTTP port (the default).
     Serve(Box<ServeArgs>),
-    /// Check a config file (and the TLS and RLS rules files it names)
+    /// Check the configuration `serve` would run (the file, flags and
+    /// environment variables, and the TLS and RLS rules files they name)
     /// without serving.
-    ValidateConfig {
-        /// The TOML file to check.
-        file: PathBuf,
-        /// RLS rules to check too, in place of the file's rls.config_dir.
-        #[arg(long, value_name = "DIR")]
-        rls_config: Option<PathBuf>,
-    },
+    ValidateConfig(Box<ValidateArgs>),
     /// Ask a running quotad for decisions (each one consumes budget).
     Check(cli::CheckArgs),
     /// Ask a running quotad what a check would answer, consuming nothing.
@@ -77,6 +72,16 @@ struct ServeArgs {
     flags: FlagValues,
 }
 
+#[derive(Debug, clap::Args)]
+struct ValidateArgs {
+    /// The TOML file to check (the same as --config); without one, the
+    /// defaults with the flags and environment variables given.
+    #[arg(value_name = "FILE", conflicts_with = "config")]
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
 /// An invalid config; exits with code 2.
 const EXIT_INVALID_CONFIG: u8 = 2;
 
@@ -89,9 +94,7 @@ fn main() -> ExitCode {
         quotad::init_tool_logs("warn");
     }
     match cli.command {
-        Some(Command::ValidateConfig { file, rls_config }) => {
-            validate_config(&file, rls_config.as_deref())
-        }
+        Some(Command::ValidateConfig(args)) => validate_config(*args),
         Some(Command::Serve(args)) => serve(*args),
         Some(Command::Check(args)) => cli::execute(|out| cli::check(args, out)),
         Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
@@ -103,34 +106,53 @@ fn main() -> ExitCode {
     }
 }
 
-fn validate_config(file: &Path, rls_config: Option<&Path>) -> ExitCode {
-    let flags = match rls_config {
-        Some(dir) => FlagValues::new().with("rls.config_dir", &dir.to_string_lossy()),
-        None => FlagValues::new(),
-    };
-    match Config::load(Some(file), &flags) {
+fn validate_config(args: ValidateArgs) -> ExitCode {
+    // `--rls-config DIR` is the flag of rls.config_dir: without a FILE it
+    // checks the rules alone.
+    let ValidateArgs {
+        file,
+        serve: ServeArgs { config, flags },
+    } = args;
+    let file = file.or(config);
+    match Config::load(file.as_deref(), &flags) {
         Ok(config) => {
-            let mut out = std::io::stdout().lock();
-            let rls = match (config.rls().config_dir.as_deref(), config.rls().rules()) {
-                (Some(dir), Ok(rules)) => format!(
-                    ", {} RLS rules in {} domains from {}",
-                    rules.rule_count(),
-                    rules.domains().count(),
-                    dir.display()
-                ),
-                _ => String::new(),
-            };
             // A closed stdout is no reason to fail a valid config.
             let _ = writeln!(
-                out,
-                "{}: ok ({} named policies{rls})",
-                file.display(),
-                config.policies().len()
+                std::io::stdout().lock(),
+                "{}",
+                validated(file.as_deref(), &flags, &config)
             );
             ExitCode::SUCCESS
         }
-        Err(error) => config_error(Some(file), &error),
+        Err(error) => config_error(file.as_deref(), &error),
     }
+}
+
+/// What `validate-config` read and found: `FILE: ok (...)`, or `defaults:
+/// ok (...)` without a file, naming the flags and environment variables
+/// that replaced file values.
+fn validated(file: Option<&Path>, flags: &FlagValues, config: &Config) -> String {
+    let source = file.map_or_else(|| "defaults".to_owned(), |f| f.display().to_string());
+    let count =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let mut found = vec![count(
+        config.policies().len(),
+        "named policy",
+        "named policies",
+    )];
+    if let (Some(dir), Ok(rules)) = (config.rls().config_dir.as_deref(), config.rls().rules()) {
+        found.push(format!(
+            "{} in {} from {}",
+            count(rules.rule_count(), "RLS rule", "RLS rules"),
+            count(rules.domains().count(), "domain", "domains"),
+            dir.display()
+        ));
+    }
+    let given: Vec<&str> = flags.paths().collect();
+    if !given.is_empty() {
+        found.push(format!("flags or environment set {}", given.join(", ")));
+    }
+    format!("{source}: ok ({})", found.join("; "))
 }
 
 fn serve(args: ServeArgs) -> ExitCode {

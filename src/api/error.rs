@@ -31,8 +31,15 @@ pub(crate) enum ServiceError {
     )]
     InlineDisabled { field: String },
     /// `Reset` on a server that does not serve it: PERMISSION_DENIED.
-    #[error("Reset is disabled on this server (limits.allow_reset = false)")]
+    #[error("Reset is disabled on this server (limits.allow_reset = \"nobody\")")]
     ResetDisabled,
+    /// `Reset` from a caller quotad cannot identify (another host, no
+    /// client certificate) while `limits.allow_reset = "local"`:
+    /// PERMISSION_DENIED.
+    #[error(
+        "Reset is allowed only to callers on this machine and mTLS clients (limits.allow_reset = \"local\"); this call came from {from}: call from the quotad host, use mTLS, or set limits.allow_reset = \"anyone\""
+    )]
+    ResetNotLocal { from: String },
     /// The backend failed: UNAVAILABLE when it is down or slow (and the
     /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
     /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
@@ -67,7 +74,9 @@ impl ServiceError {
             ServiceError::UnknownLease { field } => ServiceError::UnknownLease {
                 field: prefix(field),
             },
-            other @ (ServiceError::Backend(_) | ServiceError::ResetDisabled) => other,
+            other @ (ServiceError::Backend(_)
+            | ServiceError::ResetDisabled
+            | ServiceError::ResetNotLocal { .. }) => other,
         }
     }
 }
@@ -110,7 +119,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
             Status::not_found(message)
         }
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
-        ServiceError::ResetDisabled => Status::permission_denied(message),
+        ServiceError::ResetDisabled | ServiceError::ResetNotLocal { .. } => {
+            Status::permission_denied(message)
+        }
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
         ServiceError::Backend(
             BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. },

@@ -25,8 +25,9 @@ use super::error::ServiceError;
 use super::request::{
     BatchSpec, CheckSpec, PolicyRef, ResetSpec, check_key_bytes, decision_to_pb, inline_namespace,
 };
+use crate::auth::Origin;
 use crate::backend::{Atomicity, Backend, BackendError, Deadline, ItemResult};
-use crate::config::OnError;
+use crate::config::{OnError, ResetAccess};
 use crate::metrics::{DecisionCounters, DecisionTally, Method, Metrics};
 use crate::registry::{PolicyRegistry, PolicySet};
 
@@ -329,11 +330,18 @@ impl<S: Backend> QuotaService<S> {
     async fn reset_one(
         &self,
         request: pb::ResetRequest,
+        origin: Origin,
         deadline: Deadline,
     ) -> Result<pb::ResetResponse, ServiceError> {
         let set = self.policies.snapshot();
-        if !set.limits().allow_reset {
-            return Err(ServiceError::ResetDisabled);
+        match (set.limits().allow_reset, origin) {
+            (ResetAccess::Nobody, _) => return Err(ServiceError::ResetDisabled),
+            (ResetAccess::Local, Origin::Remote(from)) => {
+                let from = from.map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
+                return Err(ServiceError::ResetNotLocal { from });
+            }
+            (ResetAccess::Local, Origin::Local | Origin::Authenticated)
+            | (ResetAccess::Anyone, _) => {}
         }
         let spec = ResetSpec::try_from(request)?;
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
@@ -390,8 +398,9 @@ impl<S: Backend> pb::quota_server::Quota for QuotaService<S> {
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetResponse>, Status> {
         let timeout = self.limits.request_timeout;
+        let origin = Origin::of(&request);
         super::serve(&self.metrics, Method::Reset, request, timeout, |r, d| {
-            self.reset_one(r, d)
+            self.reset_one(r, origin, d)
         })
         .await
     }
@@ -669,5 +678,122 @@ mod tests {
                 "{series}{count} in\n{text}"
             );
         }
+    }
+
+    /// A `Reset` of `key` under `api` as it arrives from `from` (`None`:
+    /// the unix socket).
+    async fn reset_from(
+        service: &QuotaService<MemoryStore>,
+        key: &str,
+        from: Option<&str>,
+    ) -> Result<(), Status> {
+        use pb::quota_server::Quota as _;
+        use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
+        let mut request = Request::new(pb::ResetRequest {
+            key: key.to_owned(),
+            policy: Some(pb::reset_request::Policy::PolicyName("api".to_owned())),
+        });
+        match from {
+            Some(addr) => {
+                request.extensions_mut().insert(TcpConnectInfo {
+                    local_addr: None,
+                    remote_addr: Some(addr.parse().expect("address")),
+                });
+            }
+            None => {
+                request.extensions_mut().insert(UdsConnectInfo {
+                    peer_addr: None,
+                    peer_cred: None,
+                });
+            }
+        }
+        service.reset(request).await.map(|_| ())
+    }
+
+    async fn spend(service: &QuotaService<MemoryStore>, key: &str) -> u64 {
+        let set = service.policies.snapshot();
+        let decision = service
+            .decide_one(
+                pb::CheckRequest {
+                    key: key.to_owned(),
+                    cost: Some(1),
+                    policy: Some(pb::check_request::Policy::PolicyName("api".to_owned())),
+                },
+                Deadline::after(Duration::from_secs(1)),
+            )
+            .await
+            .expect("decided");
+        drop(set);
+        decision.decision.expect("decision").remaining
+    }
+
+    #[tokio::test]
+    async fn reset_is_refused_by_default_to_callers_from_another_host_and_resets_nothing() {
+        let service = service(TWO_POLICIES);
+        assert_eq!(spend(&service, "k").await, 1);
+        for remote in ["10.1.2.3:4000", "[2001:db8::1]:4000", "192.168.0.9:1"] {
+            let refused = reset_from(&service, "k", Some(remote))
+                .await
+                .expect_err("refused");
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{remote}");
+            assert!(
+                refused.message().contains("limits.allow_reset")
+                    && refused.message().contains(remote),
+                "{}",
+                refused.message()
+            );
+        }
+        assert_eq!(spend(&service, "k").await, 0, "nothing was reset");
+        for local in [
+            Some("127.0.0.1:4000"),
+            Some("[::1]:4000"),
+            Some("[::ffff:127.0.0.1]:4000"),
+            None,
+        ] {
+            reset_from(&service, "k", local)
+                .await
+                .expect("local callers may reset");
+        }
+        assert_eq!(spend(&service, "k").await, 1, "reset");
+    }
+
+    #[tokio::test]
+    async fn allow_reset_anyone_opens_reset_and_nobody_closes_it_even_locally() {
+        let anyone = service(&format!(
+            "[limits]\nallow_reset = \"anyone\"\n{TWO_POLICIES}"
+        ));
+        spend(&anyone, "k").await;
+        reset_from(&anyone, "k", Some("10.1.2.3:4000"))
+            .await
+            .expect("anyone");
+        assert_eq!(spend(&anyone, "k").await, 1);
+        // The booleans of older configs keep their meaning.
+        let open = service(&format!("[limits]\nallow_reset = true\n{TWO_POLICIES}"));
+        reset_from(&open, "k", Some("10.1.2.3:4000"))
+            .await
+            .expect("true: anyone");
+        for closed in ["\"nobody\"", "false"] {
+            let nobody = service(&format!("[limits]\nallow_reset = {closed}\n{TWO_POLICIES}"));
+            let refused = reset_from(&nobody, "k", Some("127.0.0.1:1"))
+                .await
+                .expect_err("nobody");
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+            assert!(
+                refused
+                    .message()
+                    .contains("limits.allow_reset = \"nobody\""),
+                "{}",
+                refused.message()
+            );
+        }
+        let error =
+            Config::from_toml("[limits]\nallow_reset = \"everyone\"\n").expect_err("invalid");
+        assert!(
+            error.to_string().contains("limits.allow_reset")
+                && error
+                    .to_string()
+                    .contains("\"local\", \"anyone\" or \"nobody\""),
+            "{error}"
+        );
     }
 }

@@ -41,6 +41,12 @@ impl FlagValues {
         self
     }
 
+    /// The paths of the settings given (`store.max_keys`), in the order
+    /// given.
+    pub fn paths(&self) -> impl Iterator<Item = &'static str> {
+        self.values.iter().map(|(s, _)| s.path)
+    }
+
     /// The settings given, with their values as text.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'static Setting, &[String])> {
         self.values.iter().map(|(s, v)| (*s, v.as_slice()))

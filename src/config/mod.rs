@@ -66,7 +66,7 @@ pub use error::{ConfigError, Origin};
 pub use flags::FlagValues;
 pub use policies::{OnError, PolicySettings};
 pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
-pub use settings::{LimitSettings, LogFormat, OnBadSnapshot};
+pub use settings::{LimitSettings, LogFormat, OnBadSnapshot, ResetAccess};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
 pub use tls::{TlsFileError, TlsSettings};
 pub use transport::{TransportSettings, largest_request_bytes};
@@ -551,12 +551,46 @@ impl<'de> Deserialize<'de> for ListenAddr {
 
 /// A duration written the human way: `"1m"`, `"500ms"`, `"1h 30m"`.
 fn human_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!(
-            "invalid duration {text:?}: {e} (write e.g. \"1s\", \"1m\", \"500ms\")"
-        ))
-    })
+    deserializer.deserialize_any(HumanDuration)
+}
+
+/// A duration as written: text with its unit. A bare number is refused
+/// with the way to write it (milliseconds or seconds? a reader of the file
+/// could not tell either).
+struct HumanDuration;
+
+impl serde::de::Visitor<'_> for HumanDuration {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a duration written as text with its unit, e.g. \"1s\", \"1m\", \"500ms\"")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Duration, E> {
+        humantime::parse_duration(text).map_err(|e| {
+            E::custom(format!(
+                "invalid duration {text:?}: {e} (write e.g. \"1s\", \"1m\", \"500ms\")"
+            ))
+        })
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "a duration is written as text with its unit: \"{n}ms\" or \"{n}s\", not {n}"
+        )))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "a duration is written as text with its unit: \"{n}ms\" or \"{n}s\", not {n}"
+        )))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Duration, E> {
+        Err(E::custom(format!(
+            "a duration is written as text with its unit (e.g. \"1500ms\" for 1.5 s), not {n}"
+        )))
+    }
 }
 
 #[cfg(test)]

@@ -565,3 +565,66 @@ fn the_grpc_address_may_be_a_unix_socket_with_a_mode() {
         error(tls)
     );
 }
+
+#[test]
+fn a_duration_written_as_a_bare_number_is_refused_with_the_way_to_write_it() {
+    let message =
+        error("[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = 60000\n");
+    assert!(
+        message.contains("policies.api.window: a duration is written as text with its unit: \"60000ms\" or \"60000s\", not 60000"),
+        "{message}"
+    );
+    assert!(message.contains("line 4"), "{message}");
+    let message = error("[store]\nsweep_interval = 1.5\n");
+    assert!(
+        message.contains("store.sweep_interval: a duration is written as text"),
+        "{message}"
+    );
+    let message = error("[store]\nsweep_interval = true\n");
+    assert!(
+        message.contains("a duration written as text with its unit"),
+        "{message}"
+    );
+}
+
+/// Every value the example config shows, commented out or not, is the
+/// setting's default where it has one (the file says so at its top).
+#[test]
+fn the_example_configs_values_are_the_defaults() {
+    let example = include_str!("../../config/quotad.example.toml");
+    let value = |text: &str| -> toml::Value {
+        toml::from_str::<toml::Table>(&format!("v = {text}"))
+            .map(|mut t| t.remove("v").expect("v"))
+            .unwrap_or_else(|_| toml::Value::String(text.to_owned()))
+    };
+    let mut section = String::new();
+    let mut checked = 0;
+    for line in example.lines() {
+        let line = line.trim_start_matches('#').trim();
+        if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = header.to_owned();
+            continue;
+        }
+        let Some((key, rest)) = line.split_once(" = ") else {
+            continue;
+        };
+        if !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') || key.is_empty() {
+            continue;
+        }
+        let shown = rest.split(" #").next().unwrap_or(rest).trim();
+        let Some(setting) = settings::find(&format!("{section}.{key}")) else {
+            continue;
+        };
+        let Some(default) = setting.default else {
+            continue;
+        };
+        assert_eq!(
+            value(shown),
+            value(default),
+            "{}: the example shows {shown}, the default is {default}",
+            setting.path
+        );
+        checked += 1;
+    }
+    assert!(checked > 40, "only {checked} values checked");
+}

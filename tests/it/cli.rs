@@ -43,7 +43,7 @@ fn validate_config_accepts_the_example_config() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quotad.example.toml");
     let output = run(&["validate-config", example]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert!(String::from_utf8_lossy(&output.stdout).contains("ok (5 named policies)"));
+    assert!(String::from_utf8_lossy(&output.stdout).contains(": ok (5 named policies)"));
 }
 
 #[test]
@@ -70,6 +70,71 @@ fn validate_config_rejects_unknown_fields_and_missing_files() {
     let missing = dir.path().join("missing.toml");
     let output = run(&["validate-config", &missing.to_string_lossy()]);
     assert_exit(&output, 2, "cannot read");
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn validate_config_reads_the_environment_and_flags_that_serve_reads() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quotad.example.toml");
+    // An environment variable serve would refuse is refused here too,
+    // named as coming from the environment.
+    let output = quotad(&["validate-config", example])
+        .env("QUOTAD_GRPC_ADDR", "bogus")
+        .output()
+        .expect("run quotad");
+    assert_exit(
+        &output,
+        2,
+        "server.grpc_addr: \"bogus\": invalid socket address syntax",
+    );
+    assert!(stderr(&output).contains("from a flag or environment variable"));
+    // A flag too; and what was read is said.
+    let output = run(&["validate-config", example, "--max-keys", "0"]);
+    assert_exit(&output, 2, "store.max_keys");
+    let output = quotad(&["validate-config", "--max-keys", "10"])
+        .env("QUOTAD_CONFIG", example)
+        .output()
+        .expect("run quotad");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output).trim(),
+        format!("{example}: ok (5 named policies; flags or environment set store.max_keys)")
+    );
+}
+
+#[test]
+fn validate_config_without_a_file_checks_the_defaults_and_an_rls_folder_alone() {
+    let output = run(&["validate-config"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output).trim(), "defaults: ok (0 named policies)");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    let good = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    write(&rules, "edge.yaml", good);
+    let folder = rules.to_string_lossy().into_owned();
+    let output = run(&["validate-config", "--rls-config", &folder]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("1 RLS rule in 1 domain from"),
+        "{}",
+        stdout(&output)
+    );
+    write(&rules, "edge.yaml", &good.replace("minute", "minit"));
+    let output = run(&["validate-config", "--rls-config", &folder]);
+    assert_exit(&output, 2, "edge.yaml: descriptors[0].rate_limit.unit");
+    assert!(
+        stderr(&output).contains("(line 4, column 24)"),
+        "{}",
+        stderr(&output)
+    );
+
+    let output = run(&["validate-config", "a.toml", "--config", "b.toml"]);
+    assert_exit(&output, 2, "cannot be used with");
 }
 
 #[test]
