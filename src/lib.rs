@@ -182,9 +182,14 @@ pub enum Error {
     /// A server task panicked or was cancelled.
     #[error("server task")]
     Task(#[source] JoinError),
-    /// The state store could not be reached at start (Redis).
-    #[error(transparent)]
-    Store(backend::BackendError),
+    /// The state store could not be reached at start (Redis at `at`,
+    /// passwords left out).
+    #[error("cannot start on {at}")]
+    Store {
+        at: String,
+        #[source]
+        source: backend::BackendError,
+    },
     /// The memory store's snapshot could not be read, and
     /// `store.snapshot.on_bad_file` says to refuse to start.
     #[error(transparent)]
@@ -255,30 +260,34 @@ pub async fn run(
     let registry = policies(&config, &metrics, &mut tasks);
     // The memory store's last snapshot, written once everything else stopped.
     let mut last_snapshot = None;
-    let result = match &config.store().backend {
-        BackendSettings::Memory(settings) => {
-            let store =
-                backend::memory::start(settings, &config, &registry, &metrics, &mut tasks).await?;
-            last_snapshot = settings
-                .snapshot
-                .as_ref()
-                .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
-            let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
-            serve(cx, listeners, shutdown).await
-        }
-        BackendSettings::Redis(settings) => {
-            let store = Arc::new(
-                RedisBackend::connect(settings)
-                    .await
-                    .map_err(Error::Store)?,
-            );
-            let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
-            serve(cx, listeners, shutdown).await
-        }
-    };
+    let result =
+        match &config.store().backend {
+            BackendSettings::Memory(settings) => {
+                let store =
+                    backend::memory::start(settings, &config, &registry, &metrics, &mut tasks)
+                        .await?;
+                last_snapshot = settings
+                    .snapshot
+                    .as_ref()
+                    .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
+                let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
+                serve(cx, listeners, shutdown).await
+            }
+            BackendSettings::Redis(settings) => {
+                let store = Arc::new(RedisBackend::connect(settings).await.map_err(|source| {
+                    Error::Store {
+                        at: settings.target.to_string(),
+                        source,
+                    }
+                })?);
+                let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
+                serve(cx, listeners, shutdown).await
+            }
+        };
     tasks.stop().await;
     if let Some((store, path)) = last_snapshot {
-        let written = snapshot::write_now(&store, &path, &registry, &metrics).await;
+        let written =
+            snapshot::write_now(&store, &path, &registry, &metrics, snapshot::When::Shutdown).await;
         return result.and(written.map_err(Error::SnapshotWrite));
     }
     result
@@ -345,7 +354,13 @@ async fn serve<B: Backend>(
         let (probed, ready) = (Arc::clone(&probed), health.clone());
         tasks.spawn(|stop| health::follow_store(probed, ready, STORE_PROBE_INTERVAL, stop));
     }
-    tracing::info!(%grpc_addr, %admin_addr, "quotad serving");
+    tracing::info!(
+        %grpc_addr,
+        %admin_addr,
+        store = config.store().backend.name(),
+        policies = config.policies().len(),
+        "quotad serving"
+    );
 
     let mut ended = tokio::select! {
         () = shutdown => false,

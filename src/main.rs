@@ -210,9 +210,12 @@ fn serve_config(config: Config) -> anyhow::Result<()> {
 }
 
 /// Raises the soft limit on open files to the hard one: each connection is
-/// a file, and both ports may hold `max_connections` (the common soft limit
-/// of 1,024 is below the default 10,000). Warns when even the hard limit is
-/// too low, since accept then fails (EMFILE) before the cap is reached.
+/// a file (the common soft limit of 1,024 is below the default cap of
+/// 10,000 gRPC connections). Warns when even the hard limit leaves too
+/// little room, since accept then fails (EMFILE) before the cap is
+/// reached: the gRPC port's `max_connections`, plus [`OTHER_FILES`] for the
+/// admin port's few clients (Prometheus, probes), the store's connections,
+/// logs and snapshots.
 fn raise_open_files_limit(max_connections: usize) {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
@@ -224,15 +227,24 @@ fn raise_open_files_limit(max_connections: usize) {
         tracing::warn!(%error, "cannot raise the open files limit");
     }
     let open_files = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
-    // Both ports' connections, and room for the store, logs and snapshots.
-    let needed = 2 * max_connections as u64 + 64;
-    if open_files < needed {
+    if let Some(needed) = open_files_short(open_files, max_connections) {
         tracing::warn!(
             open_files,
             needed,
-            "the open files limit is below 2 x transport.max_connections: raise it (ulimit -n) or lower the cap"
+            "the open files limit leaves no room for transport.max_connections gRPC connections and {OTHER_FILES} other files: raise it (ulimit -n) or lower the cap"
         );
     }
+}
+
+/// Files quotad may hold besides gRPC connections: admin connections,
+/// the store's, logs, snapshots.
+const OTHER_FILES: u64 = 1_024;
+
+/// The files needed when `open_files` is below them; `None` when it is
+/// enough.
+fn open_files_short(open_files: u64, max_connections: usize) -> Option<u64> {
+    let needed = (max_connections as u64).saturating_add(OTHER_FILES);
+    (open_files < needed).then_some(needed)
 }
 
 /// Takes SIGHUP from its default action (ending the process) for good: it
@@ -304,5 +316,21 @@ fn init_server_tracing(log: &LogSettings) {
     match log.format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_files_short;
+
+    #[test]
+    fn the_open_files_warning_comes_only_when_the_grpc_cap_cannot_be_reached() {
+        // The default cap on a machine whose limit is 20,000, or 1M: enough.
+        assert_eq!(open_files_short(20_000, 10_000), None);
+        assert_eq!(open_files_short(1 << 20, 10_000), None);
+        assert_eq!(open_files_short(11_024, 10_000), None);
+        // A hard limit of 4,096 cannot hold 10,000 connections.
+        assert_eq!(open_files_short(4_096, 10_000), Some(11_024));
+        assert_eq!(open_files_short(11_023, 10_000), Some(11_024));
     }
 }

@@ -373,8 +373,18 @@ impl Config {
     /// The settings that differ from `other` and take effect only on a
     /// restart (everything declared [`Reload::Restart`]), by path.
     pub fn restart_required_changes(&self, other: &Config) -> Vec<&'static str> {
+        self.changed_settings(other, Reload::Restart)
+    }
+
+    /// The settings that differ from `other` and a reload applies
+    /// (everything declared [`Reload::Live`] but the policies), by path.
+    pub fn live_changes(&self, other: &Config) -> Vec<&'static str> {
+        self.changed_settings(other, Reload::Live)
+    }
+
+    fn changed_settings(&self, other: &Config, reload: Reload) -> Vec<&'static str> {
         settings::all()
-            .filter(|s| s.reload == Reload::Restart && s.kind != Kind::Table)
+            .filter(|s| s.reload == reload && s.kind != Kind::Table)
             .filter(|s| lookup(&self.effective, s.path) != lookup(&other.effective, s.path))
             .map(|s| s.path)
             .collect()

@@ -63,6 +63,20 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
+/// Where Redis is, passwords left out: the URL, or the Cluster's seed
+/// nodes.
+impl std::fmt::Display for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RedisTarget::Standalone(url) => f.write_str(&redact(url)),
+            RedisTarget::Cluster(nodes) => {
+                let nodes: Vec<String> = nodes.iter().map(|n| redact(n)).collect();
+                write!(f, "the Redis Cluster of {}", nodes.join(", "))
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for RedisTarget {
     /// URLs with their passwords replaced by `***`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

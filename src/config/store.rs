@@ -58,6 +58,16 @@ pub enum BackendSettings {
     Redis(RedisSettings),
 }
 
+impl BackendSettings {
+    /// As `store.backend` names it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackendSettings::Memory(_) => "memory",
+            BackendSettings::Redis(_) => "redis",
+        }
+    }
+}
+
 /// The memory store's settings.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -39,6 +39,9 @@ pub(crate) struct Reloader {
     flags: FlagValues,
     initial: Vec<u8>,
     running: Config,
+    /// The configuration whose live settings are in force: the running one
+    /// until a reload applies another.
+    applied: std::sync::Mutex<Config>,
     registry: Arc<PolicyRegistry>,
     metrics: Arc<Metrics>,
 }
@@ -56,6 +59,7 @@ impl Reloader {
             flags: source.flags.clone(),
             initial: source.contents.clone(),
             running: config.clone(),
+            applied: std::sync::Mutex::new(config.clone()),
             registry,
             metrics,
         })
@@ -124,6 +128,11 @@ impl Reloader {
         } else {
             new
         };
+        let mut applied = self
+            .applied
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let settings = applied.live_changes(&new);
         let (old, current) = (self.registry.snapshot().policies(), new.policies());
         let added = names_where(current, |name, _| !old.contains_key(name));
         let removed = names_where(&old, |name, _| !current.contains_key(name));
@@ -131,7 +140,8 @@ impl Reloader {
         self.registry
             .replace(PolicySet::new(new.policies(), new.limits(), &self.metrics));
         self.metrics.policy_reload(true);
-        tracing::info!(path = %path, ?added, ?removed, ?changed, "policies reloaded");
+        tracing::info!(path = %path, ?added, ?removed, ?changed, ?settings, "policies reloaded");
+        *applied = new;
     }
 }
 

@@ -45,6 +45,12 @@ pub(crate) fn start(
     let registry = Arc::new(RlsRegistry::new(RlsSet::new(rules, metrics)));
     match (&settings.config_dir, loaded) {
         (Some(dir), Some(loaded)) => {
+            tracing::info!(
+                path = %dir.display(),
+                rules = loaded.rules.rule_count(),
+                domains = loaded.rules.domains().count(),
+                "RLS rules loaded"
+            );
             let reloader = RlsReloader {
                 path: dir.clone(),
                 initial: loaded.sources.clone(),

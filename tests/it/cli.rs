@@ -143,7 +143,7 @@ fn a_redis_that_refuses_connections_at_start_is_printed_once_and_exits_one() {
     let path = write(
         dir.path(),
         "redis.toml",
-        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://127.0.0.1:1/0\"\ntimeout = \"2s\"\n",
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://app:hunter2@127.0.0.1:1/0\"\ntimeout = \"2s\"\n",
     );
     let output = run(&[
         "serve",
@@ -156,6 +156,11 @@ fn a_redis_that_refuses_connections_at_start_is_printed_once_and_exits_one() {
     ]);
     assert_exit(&output, 1, "state store unavailable");
     let stderr = stderr(&output);
+    assert!(
+        stderr.contains("cannot start on redis://app:***@127.0.0.1:1/0: state store unavailable"),
+        "names where: {stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
     let fatal: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(fatal.len(), 1, "{stderr}");
     assert_eq!(
@@ -316,4 +321,82 @@ async fn serve_reloads_policies_on_sighup_and_exits_zero_on_sigterm() {
     server.signal("TERM");
     let status = server.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "a graceful shutdown exits 0");
+}
+
+/// Lines of `server`'s log until one contains `until` (included), waiting
+/// up to 10 s.
+fn lines_until(server: &Server, until: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut lines = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = server
+            .lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no log line with {until:?} in: {lines:#?}"));
+        let done = line.contains(until);
+        lines.push(line);
+        if done {
+            return lines;
+        }
+    }
+}
+
+#[track_caller]
+fn logged<'a>(lines: &'a [String], message: &str, fields: &[&str]) -> &'a str {
+    lines
+        .iter()
+        .find(|l| l.contains(message) && fields.iter().all(|f| l.contains(f)))
+        .unwrap_or_else(|| panic!("no {message:?} line with {fields:?} in: {lines:#?}"))
+}
+
+#[test]
+fn the_log_says_what_was_loaded_written_and_reloaded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir(&rules).expect("rules dir");
+    write(
+        &rules,
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+    );
+    let config = |inline: bool| {
+        format!(
+            "[server]\nconfig_poll_interval = \"0s\"\n\n[store.snapshot]\npath = \"quotad.snapshot\"\n\n[limits]\nallow_inline_policies = {inline}\n\n[rls]\nconfig_dir = \"rules\"\n\n[policies.a]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1m\"\n\n[policies.b]\nalgorithm = \"token_bucket\"\nlimit = 1\nwindow = \"1s\"\n"
+        )
+    };
+    let path = write(dir.path(), "quotad.toml", &config(true));
+    let mut server = serve_on_free_ports(&["-c", &path]);
+    let start = lines_until(&server, "quotad serving");
+    logged(&start, "RLS rules loaded", &["rules=2", "domains=1"]);
+    logged(
+        &start,
+        "snapshot written",
+        &["entries=0", "bytes=", "elapsed_ms=", "when=Start"],
+    );
+    logged(
+        &start,
+        "quotad serving",
+        &["store=\"memory\"", "policies=2"],
+    );
+
+    // A reload that changes only a setting says which.
+    write(dir.path(), "quotad.toml", &config(false));
+    server.signal("HUP");
+    let reload = lines_until(&server, "policies reloaded");
+    logged(
+        &reload,
+        "policies reloaded",
+        &["changed=[]", "settings=[\"limits.allow_inline_policies\"]"],
+    );
+
+    server.signal("TERM");
+    let stop = lines_until(&server, "quotad stopped");
+    assert!(
+        !stop.iter().any(|l| l.contains("snapshot written")),
+        "{stop:#?}"
+    );
+    let last = lines_until(&server, "snapshot written");
+    logged(&last, "snapshot written", &["when=Shutdown"]);
+    assert_eq!(server.wait(Duration::from_secs(10)).code(), Some(0));
 }

@@ -120,7 +120,14 @@ pub(crate) async fn start(
     let store = Arc::new(store);
     if let Some(snapshot) = &settings.snapshot {
         snapshot::remove_leftovers(&snapshot.path);
-        snapshot::write_now(&store, &snapshot.path, registry, metrics).await?;
+        snapshot::write_now(
+            &store,
+            &snapshot.path,
+            registry,
+            metrics,
+            snapshot::When::Start,
+        )
+        .await?;
         if let Some(interval) = snapshot.interval {
             let (store, path) = (Arc::clone(&store), snapshot.path.clone());
             let (registry, metrics) = (Arc::clone(registry), Arc::clone(metrics));

@@ -316,11 +316,21 @@ pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io:
 /// # Errors
 ///
 /// [`WriteError`] when it could not be written; the old snapshot stays.
+/// When a snapshot is written: the writes at start and shutdown are
+/// logged at `info`, the periodic ones at `debug`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum When {
+    Start,
+    Periodic,
+    Shutdown,
+}
+
 pub(crate) async fn write_now(
     store: &Arc<MemoryStore>,
     path: &Path,
     registry: &PolicyRegistry,
     metrics: &Metrics,
+    when: When,
 ) -> Result<(), WriteError> {
     let bytes = header(&registry.snapshot().policies());
     let (store, target) = (Arc::clone(store), path.to_owned());
@@ -333,13 +343,14 @@ pub(crate) async fn write_now(
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
             metrics.snapshot_written(elapsed, exported.bytes, now);
-            tracing::debug!(
-                path = %path.display(),
-                entries = exported.entries,
-                bytes = exported.bytes,
-                elapsed_ms = elapsed.as_millis(),
-                "snapshot written"
-            );
+            let (entries, bytes, elapsed_ms) =
+                (exported.entries, exported.bytes, elapsed.as_millis());
+            let path = path.display();
+            if when == When::Periodic {
+                tracing::debug!(%path, entries, bytes, elapsed_ms, "snapshot written");
+            } else {
+                tracing::info!(%path, entries, bytes, elapsed_ms, ?when, "snapshot written");
+            }
             Ok(())
         }
         Ok(Err(source)) => {
@@ -377,7 +388,7 @@ pub(crate) async fn periodic(
             () = stop.cancelled() => return,
             _ = ticks.tick() => {
                 // A failure is logged and counted; the next tick tries again.
-                let _ = write_now(&store, &path, &registry, &metrics).await;
+                let _ = write_now(&store, &path, &registry, &metrics, When::Periodic).await;
             }
         }
     }
