@@ -1,6 +1,7 @@
 //! The `quotad` binary: parses the command line, builds a validated
 //! [`quotad::Config`], binds the listeners and runs the server until
-//! SIGTERM or SIGINT. It is also a client (`check`, `peek`, `demo`; see
+//! SIGTERM or SIGINT. It is also a client (`check`, `peek`, `reset`,
+//! `batch`, `demo`; see
 //! the `cli` module).
 //!
 //! Exit codes: 0 after a graceful shutdown (or a valid config for
@@ -55,6 +56,12 @@ enum Command {
     Check(cli::CheckArgs),
     /// Ask a running quotad what a check would answer, consuming nothing.
     Peek(cli::PeekArgs),
+    /// Give a key a full budget under a policy again (quotad serves it to
+    /// local and mTLS callers by default: limits.allow_reset).
+    Reset(cli::ResetArgs),
+    /// Several checks in one call, each decided on its own or all or
+    /// nothing.
+    Batch(cli::BatchArgs),
     /// Show the window-boundary attack on fixed_window vs sliding_window,
     /// live (starts its own quotad unless --addr is given).
     Demo(cli::DemoArgs),
@@ -98,6 +105,8 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(*args),
         Some(Command::Check(args)) => cli::execute(|out| cli::check(args, out)),
         Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
+        Some(Command::Reset(args)) => cli::execute(|out| cli::reset(args, out)),
+        Some(Command::Batch(args)) => cli::execute(|out| cli::batch(args, out)),
         Some(Command::Demo(args)) => cli::execute(|out| cli::demo(args, out)),
         Some(Command::Simulate(args)) => {
             cli::execute(|out| std::future::ready(cli::simulate(args, out)))
@@ -322,6 +331,12 @@ fn init_server_tracing(log: &LogSettings) {
 #[cfg(test)]
 mod tests {
     use super::open_files_short;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+    }
 
     #[test]
     fn the_open_files_warning_comes_only_when_the_grpc_cap_cannot_be_reached() {

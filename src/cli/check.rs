@@ -4,47 +4,53 @@ use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::builder::NonEmptyStringValueParser;
-use quotad_client::{Check, Decision, LeaseOptions, MAX_LEASE_WANT, Reason};
+use quotad_client::{Check, Decision, LeaseOptions, MAX_LEASE_WANT, PolicyRef, Reason};
+use serde_json::json;
 
-use super::{DEFAULT_ADDR, Failure, client, endpoint, failure, human};
+use super::args::{Connected, Connection, Output, PolicyArgs};
+use super::{Failure, failure, human};
 
-/// What to ask: a key under a named policy, at a quotad.
+/// What to ask: a key under a policy, at a quotad.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Target {
-    /// quotad's gRPC address (`http://host:port`, `host:port` or
-    /// `unix:///path/to.sock`)
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_ADDR)]
-    addr: String,
-    /// The named policy to count under
-    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
-    policy: String,
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// The key to count: a user, an API key, an IP address
     #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     key: String,
     /// Units each check asks for
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
     cost: u64,
-    /// Longest wait for each answer, connecting included
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
 }
 
 /// A client of the target's quotad, and the check it asks for.
 struct Asking {
     uri: String,
     client: quotad_client::Client,
+    output: Output,
     check: Check,
 }
 
 impl Target {
     /// A client of the target, leasing with `leases` when given.
     fn connect(self, leases: Option<LeaseOptions>) -> Result<Asking, Failure> {
-        let uri = endpoint(&self.addr)?;
-        let client = client(&uri, self.timeout, leases)?;
-        Ok(Asking {
-            check: Check::named(self.policy, self.key).cost(self.cost),
+        let check = match self.policy.policy()? {
+            PolicyRef::Named(name) => Check::named(name, self.key),
+            PolicyRef::Inline(policy) => Check::inline(policy, self.key),
+        }
+        .cost(self.cost);
+        let Connected {
             uri,
             client,
+            output,
+        } = self.connection.connect(leases)?;
+        Ok(Asking {
+            uri,
+            client,
+            output,
+            check,
         })
     }
 }
@@ -153,6 +159,7 @@ impl Run {
         let Asking {
             uri,
             client,
+            output,
             check: request,
         } = asking;
         let cost = request.cost_units();
@@ -179,23 +186,37 @@ impl Run {
                 denied += 1;
             }
             local += u64::from(from_lease);
-            let mut line = format!("#{n:<width$}  ");
-            if self.timestamps {
-                line.push_str(&format!("at {at_ms}  "));
-            }
-            line.push_str(&describe(&decision, cost, Verb::Checked));
-            if from_lease {
-                line.push_str("  from a lease");
-            }
-            writeln!(out, "{line}")?;
-            out.flush()?;
+            let text = || {
+                let mut line = format!("#{n:<width$}  ");
+                if self.timestamps {
+                    line.push_str(&format!("at {at_ms}  "));
+                }
+                line.push_str(&describe(&decision, cost, Verb::Checked));
+                if from_lease {
+                    line.push_str("  from a lease");
+                }
+                line
+            };
+            let json = || {
+                let mut object = decision_json(&decision);
+                object["n"] = json!(n);
+                object["at_ms"] = json!(u64::try_from(at_ms).unwrap_or(u64::MAX));
+                object["from_lease"] = json!(from_lease);
+                object
+            };
+            output.line(out, text, json)?;
         }
         if self.count > 1 {
-            let mut total = format!("{} checks: {allowed} allowed, {denied} denied", self.count);
-            if self.leases {
-                total.push_str(&format!(", {local} decided from leases"));
-            }
-            writeln!(out, "{total}")?;
+            let text = || {
+                let mut total =
+                    format!("{} checks: {allowed} allowed, {denied} denied", self.count);
+                if self.leases {
+                    total.push_str(&format!(", {local} decided from leases"));
+                }
+                total
+            };
+            let json = || json!({"checks": self.count, "allowed": allowed, "denied": denied, "from_leases": local});
+            output.line(out, text, json)?;
         }
         Ok(())
     }
@@ -216,26 +237,91 @@ fn wall_clock_ms() -> u128 {
 ///
 /// As [`check`].
 pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Failure> {
-    let Asking { uri, client, check } = args.target.connect(None)?;
+    let Asking {
+        uri,
+        client,
+        output,
+        check,
+    } = args.target.connect(None)?;
     let cost = check.cost_units();
     let decision = client
         .peek(&check)
         .await
         .map_err(|error| failure(&uri, error))?;
-    writeln!(out, "peek  {}", describe(&decision, cost, Verb::Peeked))?;
+    output.line(
+        &mut out,
+        || format!("peek  {}", describe(&decision, cost, Verb::Peeked)),
+        || decision_json(&decision),
+    )?;
+    Ok(())
+}
+
+/// A decision as JSON: the fields of the API's `Decision`, the reason by
+/// its name.
+pub(crate) fn decision_json(d: &Decision) -> serde_json::Value {
+    json!({
+        "allowed": d.allowed,
+        "limit": d.limit,
+        "remaining": d.remaining,
+        "retry_after_ms": d.retry_after_ms,
+        "reset_after_ms": d.reset_after_ms,
+        "reason": d.reason.to_string(),
+    })
+}
+
+/// `quotad reset`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ResetArgs {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    policy: PolicyArgs,
+    /// The key whose budget starts over
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    key: String,
+}
+
+/// Gives the key a full budget under the policy.
+///
+/// # Errors
+///
+/// As [`check`]; quotad refuses a Reset from a caller
+/// `limits.allow_reset` does not admit (PERMISSION_DENIED).
+pub(crate) async fn reset(args: ResetArgs, mut out: impl Write) -> Result<(), Failure> {
+    let policy = args.policy.policy()?;
+    let Connected {
+        uri,
+        client,
+        output,
+    } = args.connection.connect(None)?;
+    client
+        .reset(&policy, &args.key)
+        .await
+        .map_err(|error| failure(&uri, error))?;
+    output.line(
+        &mut out,
+        || {
+            format!(
+                "reset  {} under {}",
+                args.key,
+                super::args::policy_label(&policy)
+            )
+        },
+        || json!({"reset": true, "key": args.key}),
+    )?;
     Ok(())
 }
 
 /// Whether the decision was made (`check`) or only looked at (`peek`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Verb {
+pub(crate) enum Verb {
     Checked,
     Peeked,
 }
 
 /// One decision on one line: the outcome, the budget left, when to retry,
 /// when the key is back to a full budget, and why.
-fn describe(d: &Decision, cost: u64, verb: Verb) -> String {
+pub(crate) fn describe(d: &Decision, cost: u64, verb: Verb) -> String {
     let outcome = match (verb, d.allowed) {
         (Verb::Checked, true) => "allowed",
         (Verb::Checked, false) => "denied ",

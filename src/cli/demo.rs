@@ -27,7 +27,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::{Failure, client, endpoint, failure, human};
+use super::args::endpoint;
+use super::{Failure, client, failure, human};
 
 /// Requests admitted per window, under both policies.
 const LIMIT: u64 = 10;
@@ -74,8 +75,12 @@ fn demo_config() -> String {
 pub(crate) struct DemoArgs {
     /// A running quotad to use, with inline policies; without it, the demo
     /// starts its own on 127.0.0.1
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", conflicts_with = "grpc_addr")]
     addr: Option<String>,
+    /// Where the demo's own quotad listens (its admin port takes any free
+    /// loopback port)
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:0")]
+    grpc_addr: std::net::SocketAddr,
     /// Longest wait for each answer, connecting included
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -95,20 +100,20 @@ pub(crate) async fn demo(args: DemoArgs, mut out: impl Write) -> Result<(), Fail
     )?;
     match args.addr {
         Some(addr) => {
-            let uri = endpoint(&addr)?;
-            let client = client(&uri, args.timeout, None)?;
+            let uri = endpoint(&addr, false)?;
+            let client = client(&uri, args.timeout, None, None)?;
             writeln!(out, "server: quotad at {uri}, with inline policies")?;
             play(&client, &uri, &Policies::inline(), &mut out).await
         }
         None => {
-            let server = InProcess::start().await?;
+            let server = InProcess::start(args.grpc_addr).await?;
             let uri = format!("http://{}", server.addr);
             writeln!(
                 out,
                 "server: quotad started in this process on {uri} (policies {} and {})",
                 NAMED[0].0, NAMED[1].0
             )?;
-            let played = match client(&uri, args.timeout, None) {
+            let played = match client(&uri, args.timeout, None, None) {
                 Ok(client) => play(&client, &uri, &Policies::named(), &mut out).await,
                 Err(failure) => Err(failure),
             };
@@ -421,21 +426,21 @@ struct InProcess {
 }
 
 impl InProcess {
-    async fn start() -> Result<Self, Failure> {
+    async fn start(grpc_addr: std::net::SocketAddr) -> Result<Self, Failure> {
         let config = Config::from_toml(&demo_config())
             .map_err(|e| Failure::Failed(format!("the demo's config is invalid: {e}")))?;
-        let bind = || async {
-            TcpListener::bind("127.0.0.1:0")
+        let bind = |addr: std::net::SocketAddr| async move {
+            TcpListener::bind(addr)
                 .await
-                .map_err(|e| Failure::Failed(format!("cannot bind a loopback port: {e}")))
+                .map_err(|e| Failure::Failed(format!("cannot bind {addr}: {e}")))
         };
-        let grpc = bind().await?;
+        let grpc = bind(grpc_addr).await?;
         let addr = grpc
             .local_addr()
             .map_err(|e| Failure::Failed(format!("cannot read the bound address: {e}")))?;
         let listeners = Listeners {
             grpc: grpc.into(),
-            admin: bind().await?,
+            admin: bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await?,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let join = tokio::spawn(quotad::run(config, listeners, async {

@@ -9,6 +9,8 @@
 //!
 //! This module belongs to the binary, not to the server library.
 
+mod args;
+mod batch;
 mod check;
 mod demo;
 mod simulate;
@@ -18,10 +20,11 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use quotad_client::{Client, Error as ClientError, LeaseOptions};
+use quotad_client::{Client, Error as ClientError, LeaseOptions, TlsConfig};
 use tonic::Status;
 
-pub(crate) use check::{CheckArgs, PeekArgs, check, peek};
+pub(crate) use batch::{BatchArgs, batch};
+pub(crate) use check::{CheckArgs, PeekArgs, ResetArgs, check, peek, reset};
 pub(crate) use demo::{DemoArgs, demo};
 pub(crate) use simulate::{SimulateArgs, simulate};
 
@@ -81,36 +84,20 @@ where
     }
 }
 
-/// The URI for `--addr`: `host:port` means `http://host:port`;
-/// `unix:///path/to.sock` (or `unix:path`) is a unix socket.
-///
-/// # Errors
-///
-/// [`Failure::Usage`] for a scheme other than `http` or `unix` (this client
-/// speaks plaintext gRPC only).
-fn endpoint(addr: &str) -> Result<String, Failure> {
-    if addr.starts_with("unix:") {
-        return Ok(addr.to_owned());
-    }
-    let uri = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    if uri.starts_with("http://") {
-        Ok(uri)
-    } else {
-        Err(Failure::Usage(format!(
-            "--addr {addr}: only plaintext http:// addresses (and unix: sockets) are supported by the command line client"
-        )))
-    }
-}
-
-/// A client of the quotad at `uri` whose calls give up after `timeout`.
-/// No local deny cache: the command line shows quotad's own answers, or
-/// with `leases`, the decisions made from the leases quotad granted.
-fn client(uri: &str, timeout: Duration, leases: Option<LeaseOptions>) -> Result<Client, Failure> {
+/// A client of the quotad at `uri` whose calls give up after `timeout`,
+/// over `tls` when given, leasing with `leases` when given. No local deny
+/// cache: the command line shows quotad's own answers, or with `leases`,
+/// the decisions made from the leases quotad granted.
+fn client(
+    uri: &str,
+    timeout: Duration,
+    tls: Option<TlsConfig>,
+    leases: Option<LeaseOptions>,
+) -> Result<Client, Failure> {
     let mut builder = Client::builder(uri).deadline(timeout).deny_cache(0);
+    if let Some(tls) = tls {
+        builder = builder.tls(tls);
+    }
     if let Some(options) = leases {
         builder = builder.leases(options);
     }
@@ -165,21 +152,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_bare_host_and_port_means_plaintext_http() {
+    fn a_bare_host_and_port_means_http_or_https_with_a_ca() {
+        use super::args::endpoint;
         assert_eq!(
-            endpoint("127.0.0.1:50051").expect("valid"),
+            endpoint("127.0.0.1:50051", false).expect("valid"),
             "http://127.0.0.1:50051"
         );
         assert_eq!(
-            endpoint("http://quotad:50051").expect("valid"),
+            endpoint("127.0.0.1:50051", true).expect("valid"),
+            "https://127.0.0.1:50051"
+        );
+        assert_eq!(
+            endpoint("http://quotad:50051", false).expect("valid"),
             "http://quotad:50051"
         );
-        assert!(matches!(
-            endpoint("https://quotad:50051"),
-            Err(Failure::Usage(_))
-        ));
+        for (addr, tls) in [
+            ("https://quotad:50051", false),
+            ("http://quotad:50051", true),
+            ("ftp://quotad:21", false),
+            ("unix:///run/quotad.sock", true),
+        ] {
+            assert!(
+                matches!(endpoint(addr, tls), Err(Failure::Usage(_))),
+                "{addr} {tls}"
+            );
+        }
         assert_eq!(
-            endpoint("unix:///run/quotad.sock").expect("valid"),
+            endpoint("unix:///run/quotad.sock", false).expect("valid"),
             "unix:///run/quotad.sock"
         );
     }

@@ -33,7 +33,7 @@ pub fn validate_policy_name(name: &str) -> Result<(), String> {
 
 /// The policy parameter a [`PolicyError`] is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PolicyField {
+pub enum PolicyField {
     Algorithm,
     Limit,
     Window,
@@ -42,7 +42,7 @@ pub(crate) enum PolicyField {
 
 impl PolicyField {
     /// The key in a `[policies.NAME]` table.
-    pub(crate) fn config_name(self) -> &'static str {
+    pub fn config_name(self) -> &'static str {
         match self {
             PolicyField::Algorithm => "algorithm",
             PolicyField::Limit => "limit",
@@ -52,7 +52,7 @@ impl PolicyField {
     }
 
     /// The field of the protobuf `Policy` message.
-    pub(crate) fn proto_name(self) -> &'static str {
+    pub fn proto_name(self) -> &'static str {
         match self {
             PolicyField::Window => "window_ms",
             other => other.config_name(),
@@ -61,7 +61,7 @@ impl PolicyField {
 }
 
 /// Which parameter broke the rule, so that config and API errors name it.
-pub(crate) fn policy_error_field(error: &PolicyError) -> PolicyField {
+pub fn policy_error_field(error: &PolicyError) -> PolicyField {
     match error {
         PolicyError::LimitZero
         | PolicyError::LimitWindowTooLarge { .. }

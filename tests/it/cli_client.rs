@@ -203,7 +203,7 @@ async fn bad_input_exits_two_before_anything_is_sent() {
         (
             "--addr",
             "https://127.0.0.1:1",
-            "only plaintext http:// addresses",
+            "an https:// address needs --tls-ca FILE",
         ),
         ("--addr", "not an address", "--addr: http://not an address"),
     ];
@@ -356,4 +356,277 @@ fn wall_clock_ms() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_millis()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_peek_take_an_inline_policy_and_name_the_flag_of_a_bad_one() {
+    let server = server().await;
+    let addr = server.grpc_addr.to_string();
+    let inline = [
+        "--addr",
+        &addr,
+        "--algorithm",
+        "fixed_window",
+        "--limit",
+        "2",
+        "--window",
+        "1m",
+        "--key",
+        "k",
+    ];
+    let out = quotad(&[&["check"][..], &inline, &["--count", "3"]].concat()).await;
+    assert_exit(&out, 0);
+    assert_eq!(
+        out.stdout,
+        "\
+#1  allowed  remaining 1/2  reset in 30s  (within_limit)
+#2  allowed  remaining 0/2  reset in 30s  (within_limit)
+#3  denied   remaining 0/2  retry in 30s  reset in 30s  (limit_exceeded)
+3 checks: 2 allowed, 1 denied
+"
+    );
+    let out = quotad(&[&["peek"][..], &inline].concat()).await;
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout.starts_with("peek  would be denied "),
+        "{}",
+        out.stdout
+    );
+
+    for (flags, says) in [
+        (
+            &[
+                "--algorithm",
+                "token_bucket",
+                "--limit",
+                "0",
+                "--window",
+                "1s",
+            ][..],
+            "--limit: ",
+        ),
+        (
+            &[
+                "--algorithm",
+                "fixed_window",
+                "--limit",
+                "5",
+                "--window",
+                "1s",
+                "--burst",
+                "9",
+            ][..],
+            "--burst: ",
+        ),
+        (
+            &["--algorithm", "fixed_window", "--limit", "5"][..],
+            "--window",
+        ),
+        (
+            &["--policy", "api", "--algorithm", "fixed_window"][..],
+            "cannot be used with",
+        ),
+        (&[][..], "--policy"),
+    ] {
+        let out = quotad(&[&["check", "--addr", &addr, "--key", "k"][..], flags].concat()).await;
+        assert_exit(&out, 2);
+        assert!(out.stderr.contains(says), "{flags:?}: {}", out.stderr);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_json_prints_one_object_a_decision_with_the_apis_fields() {
+    let server = server().await;
+    let addr = server.grpc_addr.to_string();
+    let args = [
+        "--addr", &addr, "--policy", "api", "--key", "j", "--output", "json",
+    ];
+    let out = quotad(&[&["check"][..], &args, &["--count", "4"]].concat()).await;
+    assert_exit(&out, 0);
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object a line"))
+        .collect();
+    assert_eq!(lines.len(), 5, "{}", out.stdout);
+    assert_eq!(lines[0]["allowed"], true);
+    assert_eq!(lines[0]["remaining"], 2);
+    assert_eq!(lines[0]["limit"], 3);
+    assert_eq!(lines[0]["reset_after_ms"], 30_000);
+    assert_eq!(lines[0]["reason"], "within_limit");
+    assert_eq!(lines[3]["allowed"], false);
+    assert_eq!(lines[3]["retry_after_ms"], 30_000);
+    assert_eq!(lines[3]["n"], 4);
+    assert_eq!(
+        lines[4],
+        serde_json::json!({"checks": 4, "allowed": 3, "denied": 1, "from_leases": 0})
+    );
+    let out = quotad(&[&["peek"][..], &args].concat()).await;
+    assert_exit(&out, 0);
+    let peek: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    assert_eq!(
+        (peek["allowed"].clone(), peek["remaining"].clone()),
+        (false.into(), 0.into())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_gives_the_key_its_budget_back_and_is_refused_where_the_server_says_nobody() {
+    let server = server().await;
+    let addr = server.grpc_addr.to_string();
+    let target = ["--addr", &addr, "--policy", "api", "--key", "r"];
+    assert_exit(
+        &quotad(&[&["check"][..], &target, &["--count", "3"]].concat()).await,
+        0,
+    );
+    let out = quotad(&[&["reset"][..], &target].concat()).await;
+    assert_exit(&out, 0);
+    assert_eq!(out.stdout, "reset  r under api\n");
+    let out = quotad(&[&["check"][..], &target].concat()).await;
+    assert!(
+        out.stdout.contains("allowed  remaining 2/3"),
+        "{}",
+        out.stdout
+    );
+
+    let closed = TestServer::start_toml(
+        &format!("[limits]\nallow_reset = \"nobody\"\n{CONFIG}"),
+        Arc::new(FakeClock::new(NOON_30)),
+    )
+    .await;
+    let addr = closed.grpc_addr.to_string();
+    let out = quotad(&["reset", "--addr", &addr, "--policy", "api", "--key", "r"]).await;
+    assert_exit(&out, 1);
+    assert!(
+        out.stderr.contains("PERMISSION_DENIED") && out.stderr.contains("limits.allow_reset"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_sends_items_from_arguments_or_a_file_all_or_nothing_taking_nothing_when_one_is_denied()
+ {
+    let server = server().await;
+    let addr = server.grpc_addr.to_string();
+    let out = quotad(&[
+        "batch",
+        "--addr",
+        &addr,
+        "--item",
+        "api:b:2",
+        "--item",
+        "api:b:2",
+        "--all-or-nothing",
+    ])
+    .await;
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout
+            .ends_with("2 items: 0 allowed, 2 denied (all or nothing)\n"),
+        "{}",
+        out.stdout
+    );
+    let out = quotad(&["peek", "--addr", &addr, "--policy", "api", "--key", "b"]).await;
+    assert!(
+        out.stdout.contains("remaining 3/3"),
+        "nothing taken: {}",
+        out.stdout
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("items.json");
+    std::fs::write(
+        &file,
+        r#"[{"key": "b", "policy": "api"},
+            {"key": "c", "cost": 2, "policy": {"algorithm": "token_bucket", "limit": 5, "window": "1s"}}]"#,
+    )
+    .expect("write items");
+    let file = file.to_string_lossy().into_owned();
+    let out = quotad(&[
+        "batch", "--addr", &addr, "--file", &file, "--output", "json",
+    ])
+    .await;
+    assert_exit(&out, 0);
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(lines[0]["remaining"], 2);
+    assert_eq!(lines[0]["policy"], "api");
+    assert_eq!(lines[1]["remaining"], 3);
+    assert_eq!(lines[1]["policy"], "inline token_bucket 5/1s");
+    assert_eq!(
+        lines[2],
+        serde_json::json!({"items": 2, "allowed": 2, "denied": 0})
+    );
+
+    for (args, says) in [
+        (&["--item", "api"][..], "POLICY:KEY"),
+        (&["--item", "api:k:0"][..], "at least 1"),
+        (
+            &["--file", "/nonexistent.json"][..],
+            "--file /nonexistent.json",
+        ),
+    ] {
+        let out = quotad(&[&["batch", "--addr", &addr][..], args].concat()).await;
+        assert_exit(&out, 2);
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+    }
+    let out = quotad(&["batch", "--addr", &addr, "--item", "nope:k"]).await;
+    assert_exit(&out, 1);
+    assert!(
+        out.stderr.contains("items[0].policy_name"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_checks_over_tls_and_mtls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    crate::tls::write_pki(dir.path());
+    let pki = dir.path().join("tls");
+    let path = |name: &str| pki.join(name).to_string_lossy().into_owned();
+    let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client.key"));
+    let server = crate::tls::start(dir.path(), true).await;
+    let addr = format!("localhost:{}", server.grpc_addr.port());
+    let target = ["--addr", &addr, "--policy", "api", "--key", "t"];
+    let out = quotad(
+        &[
+            &["check"][..],
+            &target,
+            &["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout.contains("allowed  remaining 9/10"),
+        "{}",
+        out.stdout
+    );
+    // mTLS callers may reset by default, wherever they call from.
+    let out = quotad(
+        &[
+            &["reset"][..],
+            &target,
+            &["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_exit(&out, 0);
+    // Without the client certificate the server refuses the handshake.
+    let out = quotad(&[&["check"][..], &target, &["--tls-ca", &ca]].concat()).await;
+    assert_exit(&out, 1);
+    // A plaintext client, and https without a CA.
+    let out = quotad(&[&["check"][..], &target].concat()).await;
+    assert_exit(&out, 1);
+    let https = format!("https://{addr}");
+    let out = quotad(&["check", "--addr", &https, "--policy", "api", "--key", "t"]).await;
+    assert_exit(&out, 2);
+    assert!(out.stderr.contains("--tls-ca"), "{}", out.stderr);
 }
