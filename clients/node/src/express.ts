@@ -1,0 +1,33 @@
+/**
+ * Express middleware: rate-limits each request through quotad, answering
+ * as the Rust `RateLimitLayer` does (429 with `Retry-After` and the
+ * `RateLimit` fields; 400 without a key; 503 when quotad is unavailable
+ * and the client fails closed or errors).
+ *
+ * ```ts
+ * import { rateLimit } from "@quotad/client/express";
+ * app.use("/api", rateLimit({ client, policy: "api", key: { header: "x-api-key" }, windowSecs: 60 }));
+ * ```
+ */
+import type { NextFunction, Request, RequestHandler, Response } from "express";
+import { Limiter, type RateLimitOptions } from "./http.js";
+
+export type { RateLimitOptions } from "./http.js";
+export { retryAfterSecs, rateLimitHeaders } from "./http.js";
+
+/** Middleware checking every request it sees under `options.policy`. */
+export function rateLimit(options: RateLimitOptions<Request>): RequestHandler {
+  const limiter = new Limiter<Request>(options);
+  return (req: Request, res: Response, next: NextFunction): void => {
+    limiter
+      .decide({ peer: req.socket.remoteAddress, rawHeaders: req.rawHeaders }, req)
+      .then((outcome) => {
+        for (const [name, value] of outcome.headers) res.setHeader(name, value);
+        if (outcome.pass) {
+          next();
+        } else {
+          res.status(outcome.status).send(outcome.body);
+        }
+      }, next);
+  };
+}
