@@ -17,14 +17,14 @@ export { retryAfterSecs, rateLimitHeaders } from "./http.js";
 /** An `onRequest` hook checking every request it sees under `options.policy`. */
 export function rateLimit(options: RateLimitOptions<FastifyRequest>): onRequestAsyncHookHandler {
   const limiter = new Limiter<FastifyRequest>(options);
-  return async function quotadRateLimit(request: FastifyRequest, reply: FastifyReply): Promise<void> {
+  return async function quotadRateLimit(request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
     const outcome = await limiter.decide(
       { peer: request.raw.socket.remoteAddress, rawHeaders: request.raw.rawHeaders },
       request,
     );
     for (const [name, value] of outcome.headers) reply.header(name, value);
-    if (!outcome.pass) {
-      await reply.code(outcome.status).send(outcome.body);
-    }
+    if (outcome.pass) return undefined;
+    // An async hook that answers returns the reply, so Fastify stops there.
+    return reply.code(outcome.status).send(outcome.body);
   };
 }
