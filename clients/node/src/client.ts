@@ -7,6 +7,7 @@ import { DenyCache, DEFAULT_DENY_CACHE_CAPACITY } from "./denyCache.js";
 import { QuotadError } from "./errors.js";
 import { services, type WireDecision } from "./grpc.js";
 import { policyFields, policyLabel } from "./policy.js";
+import { Lessee, type LeaseOptions, type LeaseStats, type LeaseTerms } from "./lease.js";
 import type {
   BatchMode,
   CallOptions,
@@ -49,6 +50,8 @@ export interface ClientOptions {
   denyCache?: number;
   /** TLS settings for an `https://` address. */
   tls?: TlsOptions;
+  /** Leases for policies that allow them; off by default. */
+  leases?: LeaseOptions;
   /** Receives `quotad unavailable` warnings (at most one per 10 s). */
   logger?: Logger;
   /** Extra `@grpc/grpc-js` channel options. */
@@ -63,6 +66,8 @@ export interface ClientStats {
   checkCalls: number;
   /** `CheckBatch` calls sent. */
   batchCalls: number;
+  /** `Lease` calls sent. */
+  leaseCalls: number;
   /** Checks answered from the deny cache, without a call. */
   localDenials: number;
   /** Calls answered by the failure policy (or failed with `error`), by outcome. */
@@ -86,6 +91,7 @@ export interface Shared {
   logger: Logger | undefined;
   lastLogMs: number | undefined;
   quiet: number;
+  lessee: Lessee | undefined;
 }
 
 /** A gRPC call that ended before an answer: the status, or the caller's abort. */
@@ -258,15 +264,28 @@ export class Client {
       stats: {
         checkCalls: 0,
         batchCalls: 0,
+        leaseCalls: 0,
         localDenials: 0,
         unavailable: { fail_open: 0, fail_closed: 0, error: 0 },
       },
       logger: options.logger,
       lastLogMs: undefined,
       quiet: 0,
+      lessee: undefined,
     };
     this.deadlineMs = deadlineMs;
     this.onUnavailable = onUnavailable;
+    if (options.leases !== undefined) {
+      const stats = this.shared.stats;
+      this.shared.lessee = new Lessee(
+        options.leases,
+        leases,
+        (stub, method, request, o) => this.unary(stub, method, request, o),
+        clock,
+        deadlineMs,
+        () => (stats.leaseCalls += 1),
+      );
+    }
   }
 
   /** A handle sharing this one's connection and cache, whose calls take at most `deadlineMs`. */
@@ -285,15 +304,27 @@ export class Client {
     return { ...s, unavailable: { ...s.unavailable } };
   }
 
+  /** What this client's leases have done (all zero with leases off). */
+  leaseStats(): LeaseStats {
+    return this.shared.lessee?.stats() ?? Lessee.emptyStats();
+  }
+
   /**
    * Decides and consumes one request. A check that a cached
-   * `limit_exceeded` denial covers is answered without a call.
+   * `limit_exceeded` denial covers is answered without a call; with leases
+   * on, one that a held lease covers is admitted locally (reason
+   * `within_limit`, `remaining` the units left in the lease).
    *
    * @throws {QuotadError} `rejected` for bad input or an unknown policy;
    *   `unavailable` when quotad cannot be reached and the failure policy is `error`.
    */
-  async check(check: CheckRequest, options?: CallOptions): Promise<Decision> {
+  async check(check: CheckRequest & { leaseTerms?: LeaseTerms }, options?: CallOptions): Promise<Decision> {
     const shared = this.shared;
+    const lessee = shared.lessee;
+    if (lessee !== undefined) {
+      const local = lessee.spend(check, this.deadlineMs);
+      if (local !== undefined) return local;
+    }
     const cache = shared.cache;
     if (cache !== undefined) {
       const local = cache.lookup(check, shared.clock());
@@ -381,9 +412,12 @@ export class Client {
   }
 
   /**
-   * Closes the connection. Calls after it fail.
+   * Returns every lease held (so its unspent units go back at once, after
+   * lease calls in flight, within the deadline), then closes the
+   * connection. Calls after it fail.
    */
-  close(): void {
+  async close(): Promise<void> {
+    await this.shared.lessee?.shutdown();
     this.shared.leases.close();
     this.shared.quota.close();
   }

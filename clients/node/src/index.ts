@@ -29,3 +29,5 @@ export type {
   PolicyRef,
   Reason,
 } from "./types.js";
+export { NOT_LEASABLE_RECHECK_MS } from "./lease.js";
+export type { LeaseOptions, LeaseStats, LeaseTerms } from "./lease.js";
