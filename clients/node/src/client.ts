@@ -6,8 +6,8 @@ import * as grpc from "@grpc/grpc-js";
 import { DenyCache, DEFAULT_DENY_CACHE_CAPACITY } from "./denyCache.js";
 import { QuotadError } from "./errors.js";
 import { services, type WireDecision } from "./grpc.js";
-import { policyFields, policyLabel } from "./policy.js";
-import { Lessee, type LeaseOptions, type LeaseStats, type LeaseTerms } from "./lease.js";
+import { keyText, policyFields, policyLabel, units } from "./policy.js";
+import { Lessee, type LeaseOptions, type LeaseStats } from "./lease.js";
 import type {
   BatchMode,
   CallOptions,
@@ -192,8 +192,12 @@ export function fromWire(d: WireDecision | null | undefined): Decision {
 }
 
 /** The wire form of a check. */
-export function checkToWire(check: CheckRequest): Record<string, unknown> {
-  return { key: check.key, cost: check.cost ?? 1, ...policyFields(check.policy) };
+export function checkToWire(check: CheckRequest, prefix = ""): Record<string, unknown> {
+  return {
+    key: keyText(check.key, `${prefix}key`),
+    cost: units(check.cost ?? 1, `${prefix}cost`),
+    ...policyFields(check.policy, prefix),
+  };
 }
 
 /**
@@ -318,7 +322,14 @@ export class Client {
    * @throws {QuotadError} `rejected` for bad input or an unknown policy;
    *   `unavailable` when quotad cannot be reached and the failure policy is `error`.
    */
-  async check(check: CheckRequest & { leaseTerms?: LeaseTerms }, options?: CallOptions): Promise<Decision> {
+  async check(check: CheckRequest, options?: CallOptions): Promise<Decision> {
+    // Bad input is refused before any local answer, as quotad would refuse it.
+    const wire = checkToWire(check);
+    if (check.leaseTerms !== undefined && typeof check.policy !== "string") {
+      units(check.leaseTerms.maxUnits, "inline_terms.max_units");
+      units(check.leaseTerms.minUnits, "inline_terms.min_units");
+      units(check.leaseTerms.maxTtlMs, "inline_terms.max_ttl_ms");
+    }
     const shared = this.shared;
     const lessee = shared.lessee;
     if (lessee !== undefined) {
@@ -337,7 +348,7 @@ export class Client {
     shared.stats.checkCalls += 1;
     let answer: { decision: WireDecision | null };
     try {
-      answer = (await this.unary(shared.quota, "Check", checkToWire(check), options)) as typeof answer;
+      answer = (await this.unary(shared.quota, "Check", wire, options)) as typeof answer;
     } catch (error) {
       return this.unavailable(error, 1)[0]!;
     }
@@ -358,7 +369,7 @@ export class Client {
   ): Promise<Decision[]> {
     const mode = options?.mode ?? "independent";
     const request = {
-      items: checks.map(checkToWire),
+      items: checks.map((c, i) => checkToWire(c, `items[${i}].`)),
       mode: mode === "all_or_nothing" ? "BATCH_MODE_ALL_OR_NOTHING" : "BATCH_MODE_INDEPENDENT",
     };
     this.shared.stats.batchCalls += 1;
@@ -384,9 +395,10 @@ export class Client {
    * @throws {QuotadError} as {@link Client.check}.
    */
   async peek(check: CheckRequest, options?: CallOptions): Promise<Decision> {
+    const wire = checkToWire(check);
     let answer: { decision: WireDecision | null };
     try {
-      answer = (await this.unary(this.shared.quota, "Peek", checkToWire(check), options)) as typeof answer;
+      answer = (await this.unary(this.shared.quota, "Peek", wire, options)) as typeof answer;
     } catch (error) {
       return this.unavailable(error, 1)[0]!;
     }
@@ -400,8 +412,9 @@ export class Client {
    * @throws {QuotadError} `rejected` or `unavailable`.
    */
   async reset(request: { key: string; policy: PolicyRef }, options?: CallOptions): Promise<void> {
+    const wire = { key: keyText(request.key, "key"), ...policyFields(request.policy) };
     try {
-      await this.unary(this.shared.quota, "Reset", { key: request.key, ...policyFields(request.policy) }, options);
+      await this.unary(this.shared.quota, "Reset", wire, options);
     } catch (error) {
       if (error instanceof Aborted) throw error.reason;
       throw classify(error);

@@ -17,7 +17,9 @@
 //   stopped one is settled again with the next call.
 import * as grpc from "@grpc/grpc-js";
 import { policyFields, policyId } from "./policy.js";
-import type { CheckRequest, Decision, PolicyRef } from "./types.js";
+import type { CheckRequest, Decision, LeaseTerms, PolicyRef } from "./types.js";
+
+export type { LeaseTerms } from "./types.js";
 
 /** How long a policy quotad refused to lease is checked call by call before the client asks again. */
 export const NOT_LEASABLE_RECHECK_MS = 60_000;
@@ -34,12 +36,6 @@ export interface LeaseOptions {
   maxKeys?: number;
 }
 
-/** The lease terms of an inline policy (a named policy's are quotad's). */
-export interface LeaseTerms {
-  maxUnits: number;
-  minUnits: number;
-  maxTtlMs: number;
-}
 
 /** What a client's leases have done. */
 export interface LeaseStats {
@@ -184,7 +180,7 @@ export class Lessee {
   }
 
   /** A local admission from a held lease, or undefined (then the check goes to quotad, and a lease call may start). */
-  spend(check: CheckRequest & { leaseTerms?: LeaseTerms }, _deadlineMs: number): Decision | undefined {
+  spend(check: CheckRequest, _deadlineMs: number): Decision | undefined {
     if (this.closed) return undefined;
     const terms = typeof check.policy === "string" ? undefined : check.leaseTerms;
     // An inline policy without terms has nothing to lease with.
@@ -231,7 +227,12 @@ export class Lessee {
   private start(slot: Slot): void {
     slot.calling = true;
     this.inFlight += 1;
-    this.renew(slot).finally(() => {
+    this.renew(slot)
+      .catch(() => {
+        // Never expected (renew catches its calls' failures); counted, never unhandled.
+        this.counts.failed += 1;
+      })
+      .finally(() => {
       slot.calling = false;
       this.inFlight -= 1;
       if (this.inFlight === 0) for (const wake of this.idle.splice(0)) wake();

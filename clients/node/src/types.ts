@@ -26,6 +26,15 @@ export interface CheckRequest {
   policy: PolicyRef;
   /** Units this request spends; 1 when absent. */
   cost?: number;
+  /** How quotad may lease an inline policy's budget to a client with leases on (ignored for a named policy). */
+  leaseTerms?: LeaseTerms;
+}
+
+/** The lease terms of an inline policy (a named policy's are quotad's). */
+export interface LeaseTerms {
+  maxUnits: number;
+  minUnits: number;
+  maxTtlMs: number;
 }
 
 /** Why a decision came out the way it did (`quota.proto`'s `Reason`, as the Rust client spells it). */

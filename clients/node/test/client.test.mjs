@@ -140,6 +140,21 @@ describe("refusals", () => {
       "INVALID_ARGUMENT",
     );
     assert.equal(item.field, "items[1].cost");
+    // A number the wire would truncate or wrap is refused here, naming the field, before any call.
+    const calls = client.stats().checkCalls;
+    for (const [bad, field] of [
+      [{ policy: "login", key, cost: 1.5 }, "cost"],
+      [{ policy: "login", key, cost: -1 }, "cost"],
+      [{ policy: "login", key, cost: 2 ** 53 }, "cost"],
+      [{ policy: { algorithm: "token_bucket", limit: 2.5, windowMs: 1_000 }, key }, "inline_policy.limit"],
+      [{ policy: "login", key: 42 }, "key"],
+    ]) {
+      const e = await rejects(client.check(bad), "rejected", "INVALID_ARGUMENT");
+      assert.equal(e.field, field);
+    }
+    const batch = await rejects(client.checkBatch([{ policy: "login", key }, { policy: "login", key, cost: 0.5 }]), "rejected", "INVALID_ARGUMENT");
+    assert.equal(batch.field, "items[1].cost");
+    assert.equal(client.stats().checkCalls, calls, "nothing sent");
     assert.equal((await client.peek({ policy: "login", key })).remaining, 3, "nothing consumed");
     client.close();
   });
