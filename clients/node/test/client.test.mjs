@@ -244,6 +244,32 @@ describe("failure policy", () => {
   });
 });
 
+describe("reconnecting", () => {
+  test("after quotad restarts on the same address, the client connects again by itself", async () => {
+    const first = await startQuotad({ config: CONFIG });
+    const client = new Client(first.url, { onUnavailable: "fail_closed" });
+    const key = fresh();
+    assert.equal((await client.check({ policy: "login", key })).reason, "within_limit");
+    await first.stop();
+    assert.equal((await client.check({ policy: "login", key })).reason, "fail_closed", "quotad is down");
+    const second = await startQuotad({ config: CONFIG, grpcAddr: first.addr });
+    try {
+      // Bounded by grpc-js's reconnect back-off, capped at 2 s (plus its jitter).
+      const end = Date.now() + 10_000;
+      let d;
+      do {
+        d = await client.check({ policy: "login", key });
+        if (d.reason === "fail_closed") await new Promise((r) => setTimeout(r, 50));
+      } while (d.reason === "fail_closed" && Date.now() < end);
+      assert.equal(d.reason, "within_limit", "connected again");
+      assert.equal(d.remaining, 2, "a fresh memory store");
+    } finally {
+      client.close();
+      await second.stop();
+    }
+  });
+});
+
 describe("AbortSignal", () => {
   test("aborting a call rejects with the signal's reason at once, not with the failure policy", async () => {
     const client = new Client(stalled.url, { deadlineMs: 5_000, onUnavailable: "fail_open" });

@@ -23,8 +23,8 @@ export function quotadBinary() {
  * Starts quotad on 127.0.0.1:0 (and its admin port on another free port)
  * and resolves once it serves, with the address it bound.
  */
-export function startQuotad({ config, args = [] } = {}) {
-  const argv = ["serve", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--config-poll-interval", "0s"];
+export function startQuotad({ config, args = [], grpcAddr = "127.0.0.1:0" } = {}) {
+  const argv = ["serve", "--grpc-addr", grpcAddr, "--admin-addr", "127.0.0.1:0", "--config-poll-interval", "0s"];
   if (config !== undefined) argv.push("--config", config);
   argv.push(...args);
   const child = spawn(quotadBinary(), argv, { stdio: ["ignore", "ignore", "pipe"] });
