@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, before, describe, test } from "node:test";
+import { before, describe, test } from "node:test";
 import express from "express";
 import Fastify from "fastify";
 import { Client, QuotadError } from "../dist/index.js";
@@ -53,11 +53,45 @@ function policyOf(p) {
   return { algorithm: i.algorithm, limit: i.limit, windowMs: i.window_ms, burst: i.burst ?? null };
 }
 
+/** Fails on a field this driver does not know: a case it cannot run must fail it, never be skipped. */
+function known(object, fields, what) {
+  for (const field of Object.keys(object ?? {})) {
+    assert.ok(fields.includes(field), `${what}: unknown field ${JSON.stringify(field)} (this driver knows ${fields.join(", ")})`);
+  }
+}
+
+function checkFields(c) {
+  known(c, ["name", "server", "client", "steps", "http"], c.name);
+  known(c.client, ["deadline_ms", "on_unavailable", "deny_cache", "leases", "lease_want"], `${c.name}: client`);
+  for (const [i, step] of (c.steps ?? []).entries()) {
+    const at = `${c.name}: step ${i}`;
+    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect"], at);
+    known(step.policy, ["name", "inline"], `${at}: policy`);
+    known(step.policy?.inline, ["algorithm", "limit", "window_ms", "burst"], `${at}: policy.inline`);
+    for (const item of step.items ?? []) known(item, ["key", "cost", "policy"], `${at}: item`);
+    const decision = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "reason"];
+    known(step.expect, [...decision, "decisions", "ok", "error", "within_ms"], `${at}: expect`);
+    for (const d of step.expect?.decisions ?? []) known(d, decision, `${at}: expect.decisions`);
+    known(step.expect?.error, ["code", "message_contains"], `${at}: expect.error`);
+    if (step.via !== undefined) assert.equal(step.via, "other", `${at}: via`);
+  }
+  if (c.http !== undefined) {
+    known(c.http, ["policy", "key", "cost", "requests", "window_secs"], `${c.name}: http`);
+    known(c.http.key, ["header", "peer_ip", "forwarded_for"], `${c.name}: http.key`);
+    for (const r of c.http.requests) {
+      known(r, ["path", "headers", "expect_status", "expect_headers"], `${c.name}: http request`);
+      for (const [name, e] of Object.entries(r.expect_headers ?? {})) {
+        if (typeof e === "object") known(e, ["prefix", "min", "max"], `${c.name}: expect_headers.${name}`);
+      }
+    }
+  }
+}
+
 function clientFor(target, c) {
   return new Client(target.url, {
     deadlineMs: c.deadline_ms,
     onUnavailable: c.on_unavailable,
-    denyCache: c.deny_cache ? undefined : 0,
+    denyCache: c.deny_cache === false ? 0 : undefined,
     // quotad bounds a lease by the policy's own settings; `lease_want` if a case names it.
     ...(c.leases ? { leases: { want: c.lease_want ?? 100 } } : {}),
   });
@@ -192,31 +226,23 @@ describe(
   "conformance (tests/clients/cases.json)",
   { skip: present ? false : `no ${DIR}: the shared conformance suite is not in this tree` },
   () => {
-    const servers = {};
-    before(async () => {
-      assert.equal(file.version, 1, "cases.json version");
-      const config = join(DIR, "quotad.toml");
-      [servers.express, servers.fastify, servers.closed, servers.stalled] = await Promise.all([
-        startQuotad({ config }),
-        startQuotad({ config }),
-        closedPort(),
-        stalledServer(),
-      ]);
-    });
-    after(async () => {
-      await Promise.all(Object.values(servers).map((s) => s.stop()));
-    });
+    const config = join(DIR, "quotad.toml");
+    before(() => assert.equal(file.version, 1, "cases.json version"));
 
     file.cases.forEach((c, index) => {
       for (const framework of c.http !== undefined ? ["express", "fastify"] : ["express"]) {
         const name = c.http !== undefined ? `${c.name} [${framework}]` : c.name;
         test(name, async () => {
-          const target = c.server === "real" ? servers[framework] : servers[c.server];
-          assert.ok(target !== undefined, `unknown server ${c.server}`);
+          checkFields(c);
+          // One server per case, as the other drivers do: no state is shared between cases.
+          const servers = { real: () => startQuotad({ config }), closed: closedPort, stalled: stalledServer };
+          assert.ok(c.server in servers, `${c.name}: unknown server ${c.server}`);
+          const target = await servers[c.server]();
           const ctx = {
             prefix: `${run}${index}-`,
-            client: clientFor(target, c.client),
-            other: new Client(target.url, { deadlineMs: c.client.deadline_ms, denyCache: 0 }),
+            client: clientFor(target, c.client ?? {}),
+            // A change made elsewhere: a second client, 2 s deadline, no deny cache.
+            other: new Client(target.url, { deadlineMs: 2_000, denyCache: 0 }),
           };
           try {
             for (const [i, step] of c.steps.entries()) {
@@ -227,6 +253,7 @@ describe(
             if (c.http !== undefined) await runHttp(c.http, ctx, framework, c.name);
           } finally {
             await Promise.all([ctx.client.close(), ctx.other.close()]);
+            await target.stop();
           }
         });
       }
