@@ -11,12 +11,23 @@
  */
 import type { NextFunction, Request, RequestHandler, Response } from "express";
 import { Limiter, type RateLimitOptions } from "./http.js";
+import type { Decision } from "./types.js";
+
+/** The Express middleware's options: the shared ones, and a handler for the 429. */
+export interface ExpressRateLimitOptions extends RateLimitOptions<Request> {
+  /**
+   * Answers a denied request instead of the plain `429 too many requests`
+   * (the rate-limit headers, and `Retry-After` when there is a wait, are
+   * already set), as express-rate-limit's `handler`.
+   */
+  handler?: (req: Request, res: Response, next: NextFunction, decision: Decision) => void;
+}
 
 export type { RateLimitOptions } from "./http.js";
 export { retryAfterSecs, rateLimitHeaders } from "./http.js";
 
 /** Middleware checking every request it sees under `options.policy`. */
-export function rateLimit(options: RateLimitOptions<Request>): RequestHandler {
+export function rateLimit(options: ExpressRateLimitOptions): RequestHandler {
   const limiter = new Limiter<Request>(options);
   return (req: Request, res: Response, next: NextFunction): void => {
     limiter
@@ -25,6 +36,9 @@ export function rateLimit(options: RateLimitOptions<Request>): RequestHandler {
         for (const [name, value] of outcome.headers) res.setHeader(name, value);
         if (outcome.pass) {
           next();
+        } else if (outcome.status === 429 && options.handler !== undefined && outcome.decision !== undefined) {
+          res.removeHeader("content-type");
+          options.handler(req, res.status(429), next, outcome.decision);
         } else {
           res.status(outcome.status).send(outcome.body);
         }

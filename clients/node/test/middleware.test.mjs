@@ -109,6 +109,26 @@ for (const [framework, serve] of Object.entries(apps)) {
       }
     });
 
+    test("a handler answers the 429 instead, with the headers already set", async () => {
+      const handler =
+        framework === "express"
+          ? (_req, res, _next, d) => res.json({ denied: d.reason, wait: d.retryAfterMs > 0 })
+          : (_req, reply, d) => reply.send({ denied: d.reason, wait: d.retryAfterMs > 0 });
+      const app = await serve({ client, policy: "login", key: { header: "x-api-key" }, handler });
+      const key = fresh();
+      try {
+        for (let i = 0; i < 3; i++) assert.equal((await httpGet(app.port, "/x", { "x-api-key": key })).status, 200);
+        const denied = await httpGet(app.port, "/x", { "x-api-key": key });
+        assert.equal(denied.status, 429);
+        assert.deepEqual(JSON.parse(denied.body), { denied: "limit_exceeded", wait: true });
+        assert.match(denied.headers["content-type"], /^application\/json/);
+        assert.ok(denied.headers["retry-after"] !== undefined);
+        assert.equal(denied.headers["x-ratelimit-remaining"], "0");
+      } finally {
+        await app.stop();
+      }
+    });
+
     test("a trusted proxy's X-Forwarded-For keys each client apart", async () => {
       const app = await serve({ client, policy: "login", key: { forwardedFor: { trusted: ["127.0.0.0/8"] } } });
       const a = `198.18.${n % 250}.1`;
