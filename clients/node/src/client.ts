@@ -323,8 +323,10 @@ export class Client {
    *   `unavailable` when quotad cannot be reached and the failure policy is `error`.
    */
   async check(check: CheckRequest, options?: CallOptions): Promise<Decision> {
-    // Bad input is refused before any local answer, as quotad would refuse it.
+    // Bad input is refused before any local answer, as quotad would refuse it;
+    // so is a call whose caller has already stopped waiting.
     const wire = checkToWire(check);
+    if (options?.signal?.aborted) throw options.signal.reason;
     if (check.leaseTerms !== undefined && typeof check.policy !== "string") {
       units(check.leaseTerms.maxUnits, "inline_terms.max_units");
       units(check.leaseTerms.minUnits, "inline_terms.min_units");

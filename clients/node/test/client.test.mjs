@@ -284,6 +284,7 @@ describe("AbortSignal", () => {
       (e) => e.name === "AbortError",
     );
     assert.deepEqual(client.stats().unavailable, { fail_open: 0, fail_closed: 0, error: 0 });
+    assert.equal(client.stats().checkCalls, 1, "a signal aborted before the call sends nothing");
     client.close();
   });
 
