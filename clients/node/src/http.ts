@@ -2,7 +2,7 @@
 // statuses, headers and rules as the Rust `RateLimitLayer`
 // (crates/quotad-client/src/layer/mod.rs). The Express and Fastify
 // adapters only read the request and write what this decides.
-import { grpc } from "./grpcStatus.js";
+import { status as grpc } from "@grpc/grpc-js";
 import type { Client } from "./client.js";
 import { QuotadError } from "./errors.js";
 import { IpPrefixes, KeyExtractor, type KeySource, type RequestHead } from "./keys.js";
