@@ -25,3 +25,14 @@ fi
 cargo test --workspace --all-targets
 # Doctests are not part of --all-targets.
 cargo test --workspace --doc
+
+# --- Node: the TypeScript client (clients/node: its unit tests, its tests
+# against a real quotad, and the conformance cases of tests/clients/) and the
+# Express example, each with `node --test` against target/debug/quotad.
+if ! command -v npm >/dev/null 2>&1; then
+  echo "npm not found: the Node client's tests need Node.js 20 or later with npm" >&2
+  exit 1
+fi
+cargo build --bin quotad
+(cd clients/node && npm ci --no-audit --no-fund && npm run build && npm test)
+(cd examples/express && npm ci --no-audit --no-fund && npm test)

@@ -1,0 +1,115 @@
+// Real servers for the tests: a quotad binary on a free loopback port, a
+// port with nothing listening, and a listener that accepts and never answers.
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { createServer } from "node:net";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+/** The repository's root (clients/node/test/../../..). */
+export const REPO = resolve(here, "..", "..", "..");
+
+/** The quotad binary: $QUOTAD_BIN, else the workspace's debug build. */
+export function quotadBinary() {
+  const bin = process.env.QUOTAD_BIN ?? join(REPO, "target", "debug", "quotad");
+  if (!existsSync(bin)) {
+    throw new Error(`quotad binary not found at ${bin}: run \`cargo build --bin quotad\` or set QUOTAD_BIN`);
+  }
+  return bin;
+}
+
+/**
+ * Starts quotad on 127.0.0.1:0 (and its admin port on another free port)
+ * and resolves once it serves, with the address it bound.
+ */
+export function startQuotad({ config, args = [], grpcAddr = "127.0.0.1:0" } = {}) {
+  const argv = ["serve", "--grpc-addr", grpcAddr, "--admin-addr", "127.0.0.1:0", "--config-poll-interval", "0s"];
+  if (config !== undefined) argv.push("--config", config);
+  argv.push(...args);
+  const child = spawn(quotadBinary(), argv, { stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  return new Promise((resolvePromise, reject) => {
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL");
+      reject(new Error(`quotad did not start within 30 s:\n${log}`));
+    }, 30_000);
+    child.stderr.setEncoding("utf8");
+    child.stderr.on("data", (chunk) => {
+      log += chunk;
+      // eslint-disable-next-line no-control-regex
+      const m = /quotad serving grpc_addr=(?:\x1b\[[0-9;]*m)*([0-9.]+:\d+)/.exec(log.replace(/\x1b\[[0-9;]*m/g, ""));
+      if (m !== null) {
+        clearTimeout(timer);
+        resolvePromise({
+          addr: m[1],
+          url: `http://${m[1]}`,
+          pid: child.pid,
+          log: () => log,
+          stop: () =>
+            new Promise((done) => {
+              if (child.exitCode !== null) return done();
+              child.once("exit", () => done());
+              child.kill("SIGTERM");
+            }),
+        });
+      }
+    });
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`quotad exited with ${code} before serving:\n${log}`));
+    });
+  });
+}
+
+/** A loopback port with nothing listening on it. */
+export async function closedPort() {
+  const server = createServer();
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address();
+  await new Promise((r) => server.close(r));
+  return { addr: `127.0.0.1:${port}`, url: `http://127.0.0.1:${port}`, stop: async () => {} };
+}
+
+/** A loopback listener that accepts connections and never answers (not even the HTTP/2 preface). */
+export async function stalledServer() {
+  const sockets = new Set();
+  const server = createServer((socket) => {
+    sockets.add(socket);
+    socket.on("close", () => sockets.delete(socket));
+    socket.on("error", () => {});
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address();
+  return {
+    addr: `127.0.0.1:${port}`,
+    url: `http://127.0.0.1:${port}`,
+    stop: () =>
+      new Promise((r) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => r());
+      }),
+  };
+}
+
+/** One HTTP request to a local server: status, headers and body. */
+export async function httpGet(port, path, headers = {}) {
+  const { request } = await import("node:http");
+  return new Promise((resolvePromise, reject) => {
+    const req = request({ host: "127.0.0.1", port, path, headers, agent: false }, (res) => {
+      let body = "";
+      res.setEncoding("utf8");
+      res.on("data", (c) => (body += c));
+      res.on("end", () => resolvePromise({ status: res.statusCode, headers: res.headers, body }));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+/** Listens on a free loopback port; resolves with the port. */
+export function listen(server) {
+  return new Promise((r) => {
+    const s = server.listen(0, "127.0.0.1", () => r(s.address().port));
+  });
+}
