@@ -29,6 +29,9 @@ pub struct RedisSettings {
     /// Cluster makes its whole connection again for a silent primary). The
     /// connection's `TCP_USER_TIMEOUT` is that silence, at least 2 s.
     pub reconnect_after_timeouts: u32,
+    /// `store.redis.required_at_start`: refuse to start without Redis
+    /// rather than connect in the background.
+    pub required_at_start: bool,
     /// The first part of every key quotad writes.
     pub key_prefix: String,
     /// The most items of an all-or-nothing batch, one script, a sliding log
@@ -47,6 +50,7 @@ impl RedisSettings {
             target,
             timeout,
             reconnect_after_timeouts: DEFAULT_RECONNECT_AFTER_TIMEOUTS,
+            required_at_start: false,
             key_prefix: "quotad".to_owned(),
             max_atomic_items: DEFAULT_MAX_ATOMIC_ITEMS,
             tls: RedisTls::default(),

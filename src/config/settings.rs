@@ -434,6 +434,14 @@ section! {
         reconnect_after_timeouts: u32 = Int("3"), Restart;
         /// The first part of every key quotad writes in Redis
         key_prefix: String = Str("quotad"), Restart;
+        /// Whether quotad refuses to start (exit 1) when Redis cannot be reached
+        ///
+        /// false: quotad starts and serves, each check answering its
+        /// policy's on_error, reports not ready while
+        /// server.readiness_follows_store is on, and connects in the
+        /// background, the way Kubernetes and Compose start services
+        /// together.
+        required_at_start: bool = Bool("false"), Restart;
         /// Most items an ALL_OR_NOTHING batch may hold on Redis, a sliding log counting as 4; larger ones are refused
         ///
         /// Such a batch is one atomic script, and Redis serves no other

@@ -259,6 +259,7 @@ fn redis_settings(
     }
     let mut settings = RedisSettings::new(target, section.timeout);
     settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
+    settings.required_at_start = section.required_at_start;
     settings.key_prefix = section.key_prefix;
     settings.max_atomic_items = section.max_atomic_items as usize;
     settings.tls = redis_tls(section.tls_ca, section.tls_cert, section.tls_key, base_dir)?;

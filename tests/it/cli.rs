@@ -143,7 +143,7 @@ fn a_redis_that_refuses_connections_at_start_is_printed_once_and_exits_one() {
     let path = write(
         dir.path(),
         "redis.toml",
-        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://app:hunter2@127.0.0.1:1/0\"\ntimeout = \"2s\"\n",
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://app:hunter2@127.0.0.1:1/0\"\ntimeout = \"2s\"\nrequired_at_start = true\n",
     );
     let output = run(&[
         "serve",

@@ -9,6 +9,7 @@ mod faults;
 mod leases;
 mod readiness;
 mod rollouts;
+mod start;
 mod tls;
 
 use std::sync::Arc;

@@ -621,6 +621,9 @@ struct Inner {
     failed_at: Mutex<Option<Instant>>,
     late_waits: AtomicUsize,
     counts: Arc<Counts>,
+    /// Whether an outage has been logged and not yet its end: a failed
+    /// attempt is logged once per outage, at `warn`, the rest at `debug`.
+    outage_logged: std::sync::atomic::AtomicBool,
 }
 
 pub(super) struct Connections {
@@ -683,8 +686,48 @@ pub(super) fn local_ms() -> u64 {
     ceil_ms(Instant::now())
 }
 
+/// First wait of [`connect_in_background`], doubled after each failure.
+const BACKGROUND_CONNECT_FIRST: Duration = Duration::from_millis(100);
+/// Longest wait of [`connect_in_background`].
+const BACKGROUND_CONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// Connects to a Redis that could not be reached at start, with back-off
+/// (from [`BACKGROUND_CONNECT_FIRST`] doubling up to
+/// [`BACKGROUND_CONNECT_MAX`]), until a connection is up or the backend is
+/// dropped. Calls meanwhile join the running attempt or fail at once, as
+/// during any outage.
+async fn connect_in_background(inner: std::sync::Weak<Inner>) {
+    let mut wait = BACKGROUND_CONNECT_FIRST;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if matches!(
+            &*inner.state.lock().unwrap_or_else(|p| p.into_inner()),
+            State::Up(_)
+        ) {
+            return;
+        }
+        let attempt = {
+            let mut running = inner.attempt.lock().unwrap_or_else(|p| p.into_inner());
+            match &*running {
+                Some(attempt) => attempt.clone(),
+                None => Arc::clone(&inner).start_attempt(&mut running),
+            }
+        };
+        drop(inner);
+        if attempt.await.is_ok() {
+            return;
+        }
+        wait = wait.saturating_mul(2).min(BACKGROUND_CONNECT_MAX);
+    }
+}
+
 impl Connections {
-    /// Connects and reads the time of every primary.
+    /// Connects and reads the time of every primary; without
+    /// `required_at_start`, a Redis that cannot be reached yet is connected
+    /// to in the background instead ([`connect_in_background`]).
     pub(super) async fn connect(settings: &RedisSettings) -> Result<Self, BackendError> {
         let timeout = settings.timeout;
         let target = match &settings.target {
@@ -746,9 +789,15 @@ impl Connections {
             failed_at: Mutex::new(None),
             late_waits: AtomicUsize::new(0),
             counts: Arc::clone(&counts),
+            outage_logged: std::sync::atomic::AtomicBool::new(false),
         });
-        let first = Arc::clone(&inner).attempt_now().await?;
-        drop(first);
+        match Arc::clone(&inner).attempt_now().await {
+            Ok(_) => {}
+            Err(error) if settings.required_at_start => return Err(error),
+            Err(_) => {
+                tokio::spawn(connect_in_background(Arc::downgrade(&inner)));
+            }
+        }
         Ok(Connections { inner, counts })
     }
 
@@ -1065,12 +1114,26 @@ impl Inner {
         match &result {
             Ok(link) => {
                 self.counts.connected.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(generation = link.generation, "connected to redis");
+                if self.outage_logged.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        generation = link.generation,
+                        "connected to redis: the outage is over"
+                    );
+                } else {
+                    tracing::info!(generation = link.generation, "connected to redis");
+                }
                 *state = State::Up(Arc::clone(link));
             }
             Err(error) => {
                 self.counts.connect_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, "cannot connect to redis");
+                if self.outage_logged.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%error, "cannot connect to redis");
+                } else {
+                    tracing::warn!(
+                        %error,
+                        "cannot connect to redis: checks answer their policy's on_error until it answers (logged once, until it does)"
+                    );
+                }
                 match self.target {
                     Target::Standalone { .. } => {
                         *state = State::Down {

@@ -49,13 +49,21 @@ impl Server {
 
     /// Waits for the "serving" log line and returns (gRPC, admin) addresses.
     pub(crate) fn addresses(&self) -> (SocketAddr, SocketAddr) {
+        self.addresses_and_log().0
+    }
+
+    /// As [`Server::addresses`], with the log lines up to the "serving"
+    /// one (included).
+    pub(crate) fn addresses_and_log(&self) -> ((SocketAddr, SocketAddr), Vec<String>) {
         let deadline = Instant::now() + Duration::from_secs(10);
+        let mut log = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = self
                 .lines
                 .recv_timeout(left)
                 .expect("quotad logs that it is serving");
+            log.push(line.clone());
             if line.contains("quotad serving") {
                 let field = |name: &str| {
                     line.split_whitespace()
@@ -63,7 +71,7 @@ impl Server {
                         .and_then(|a| a.parse().ok())
                         .unwrap_or_else(|| panic!("no {name} in {line:?}"))
                 };
-                return (field("grpc_addr="), field("admin_addr="));
+                return ((field("grpc_addr="), field("admin_addr=")), log);
             }
         }
     }

@@ -51,6 +51,17 @@ impl RedisServer {
         Self::spawn(free_port(false), false, &[])
     }
 
+    /// A loopback port free now, for a server started later with
+    /// [`RedisServer::start_on`].
+    pub(crate) fn free_port() -> u16 {
+        free_port(false)
+    }
+
+    /// Starts a standalone server with no persistence on `port`.
+    pub(crate) fn start_on(port: u16) -> RedisServer {
+        Self::spawn(port, false, &[])
+    }
+
     /// Starts a standalone server that requires `password`.
     pub(crate) fn start_with_password(password: &str) -> RedisServer {
         let mut server =

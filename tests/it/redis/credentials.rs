@@ -47,8 +47,12 @@ fn a_password_in_a_redis_url_never_reaches_errors_or_logs() {
         .build()
         .expect("a runtime");
     let url = |password: &str| format!("redis://:{password}@127.0.0.1:{}/", redis.port);
-    let settings =
-        |url: String| RedisSettings::new(RedisTarget::Standalone(url), Duration::from_secs(2));
+    let settings = |url: String| {
+        let mut settings = RedisSettings::new(RedisTarget::Standalone(url), Duration::from_secs(2));
+        // Refused at start, rather than retried in the background.
+        settings.required_at_start = true;
+        settings
+    };
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let error = RedisBackend::connect(&settings(url(WRONG)))
