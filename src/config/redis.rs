@@ -58,13 +58,23 @@ impl RedisSettings {
     }
 }
 
-/// A standalone Redis or a Redis Cluster.
+/// A standalone Redis, a Redis Cluster, or a master found through Redis
+/// Sentinel.
 #[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
     /// One server (or a proxy) at this URL.
     Standalone(String),
     /// A Cluster, found through these seed node URLs.
     Cluster(Vec<String>),
+    /// A master found through Redis Sentinel: `master` is the URL whose
+    /// host names the master set and which carries the master's
+    /// credentials and database; `sentinels` are the sentinels' URLs.
+    Sentinel {
+        /// `store.redis.url`.
+        master: String,
+        /// `store.redis.sentinel_nodes`.
+        sentinels: Vec<String>,
+    },
 }
 
 /// Where Redis is, passwords left out: the URL, or the Cluster's seed
@@ -76,6 +86,15 @@ impl std::fmt::Display for RedisTarget {
             RedisTarget::Cluster(nodes) => {
                 let nodes: Vec<String> = nodes.iter().map(|n| redact(n)).collect();
                 write!(f, "the Redis Cluster of {}", nodes.join(", "))
+            }
+            RedisTarget::Sentinel { master, sentinels } => {
+                let sentinels: Vec<String> = sentinels.iter().map(|n| redact(n)).collect();
+                write!(
+                    f,
+                    "{} through the Redis Sentinels {}",
+                    redact(master),
+                    sentinels.join(", ")
+                )
             }
         }
     }
@@ -91,6 +110,14 @@ impl std::fmt::Debug for RedisTarget {
             RedisTarget::Cluster(nodes) => f
                 .debug_tuple("Cluster")
                 .field(&nodes.iter().map(|n| redact(n)).collect::<Vec<_>>())
+                .finish(),
+            RedisTarget::Sentinel { master, sentinels } => f
+                .debug_struct("Sentinel")
+                .field("master", &redact(master))
+                .field(
+                    "sentinels",
+                    &sentinels.iter().map(|n| redact(n)).collect::<Vec<_>>(),
+                )
                 .finish(),
         }
     }

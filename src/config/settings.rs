@@ -427,6 +427,13 @@ section! {
         url: Option<String> = Str, Restart;
         /// Redis Cluster seed nodes for backend redis, comma-separated URLs
         cluster_nodes: Option<Vec<String>> = List, Restart;
+        /// Redis Sentinel addresses, comma-separated URLs: the master is the one they name
+        ///
+        /// With them, `url` names the master set by its host and carries the
+        /// master's password and database (`redis://:secret@mymaster/0`);
+        /// a user and password in these URLs authenticate to the sentinels.
+        /// rediss:// URLs use TLS (store.redis.tls_* apply to both).
+        sentinel_nodes: Option<Vec<String>> = List, Restart;
         /// Longest time one Redis call may take
         #[serde(deserialize_with = "human_duration")]
         timeout: Duration = Str("100ms"), Restart;

@@ -197,33 +197,61 @@ fn redis_settings(
             .map(|_| ())
             .map_err(|e| invalid(&["store", "redis", field], bad_url(url, &e)))
     };
-    let target = match (section.url, section.cluster_nodes) {
-        (Some(url), None) => {
+    let target = match (section.url, section.cluster_nodes, section.sentinel_nodes) {
+        (Some(url), None, Some(sentinels)) => {
+            check_url(&url, "url")?;
+            if sentinels.is_empty() {
+                return Err(invalid(
+                    &["store", "redis", "sentinel_nodes"],
+                    "must name at least one sentinel",
+                ));
+            }
+            for node in &sentinels {
+                check_url(node, "sentinel_nodes")?;
+            }
+            RedisTarget::Sentinel {
+                master: url,
+                sentinels,
+            }
+        }
+        (None, None, Some(_)) => {
+            return Err(invalid(
+                &["store", "redis", "url"],
+                "with sentinel_nodes, url names the master set by its host and carries its password and database, e.g. redis://:secret@mymaster/0",
+            ));
+        }
+        (_, Some(_), Some(_)) => {
+            return Err(invalid(
+                &["store", "redis"],
+                "set cluster_nodes or sentinel_nodes, not both",
+            ));
+        }
+        (Some(url), None, None) => {
             check_url(&url, "url")?;
             RedisTarget::Standalone(url)
         }
-        (None, Some(nodes)) if !nodes.is_empty() => {
+        (None, Some(nodes), None) if !nodes.is_empty() => {
             for node in &nodes {
                 check_url(node, "cluster_nodes")?;
             }
             RedisTarget::Cluster(nodes)
         }
-        (None, Some(_)) => {
+        (None, Some(_), None) => {
             return Err(invalid(
                 &["store", "redis", "cluster_nodes"],
                 "must name at least one node",
             ));
         }
-        (Some(_), Some(_)) => {
+        (Some(_), Some(_), None) => {
             return Err(invalid(
                 &["store", "redis"],
                 "set url or cluster_nodes, not both",
             ));
         }
-        (None, None) => {
+        (None, None, None) => {
             return Err(invalid(
                 &["store", "redis"],
-                "set url (standalone) or cluster_nodes (Redis Cluster)",
+                "set url (standalone), cluster_nodes (Redis Cluster), or url and sentinel_nodes (Redis Sentinel)",
             ));
         }
     };
@@ -269,6 +297,16 @@ fn redis_settings(
             .iter()
             .any(|n| !n.starts_with("rediss://"))
             .then_some("cluster_nodes"),
+        RedisTarget::Sentinel { master, sentinels } => {
+            if !master.starts_with("rediss://") {
+                Some("url")
+            } else {
+                sentinels
+                    .iter()
+                    .any(|n| !n.starts_with("rediss://"))
+                    .then_some("sentinel_nodes")
+            }
+        }
     };
     if let (true, Some(field)) = (settings.tls.is_set(), plain) {
         return Err(invalid(

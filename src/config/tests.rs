@@ -1,5 +1,6 @@
 //! The configuration's rules, one test each.
 
+use super::redis::RedisTarget;
 use quotad_core::OnFull;
 
 use super::*;
@@ -627,4 +628,45 @@ fn the_example_configs_values_are_the_defaults() {
         checked += 1;
     }
     assert!(checked > 40, "only {checked} values checked");
+}
+
+#[test]
+fn sentinel_needs_the_masters_url_and_excludes_a_cluster() {
+    let redis = |body: &str| format!("[store]\nbackend = \"redis\"\n\n[store.redis]\n{body}\n");
+    let config = Config::from_toml(&redis(
+        "url = \"redis://:pw@quotad-main/2\"\nsentinel_nodes = [\"redis://127.0.0.1:26379\", \"redis://127.0.0.1:26380\"]",
+    ))
+    .expect("valid sentinel config");
+    let BackendSettings::Redis(settings) = &config.store().backend else {
+        panic!("redis")
+    };
+    assert!(matches!(
+        &settings.target,
+        RedisTarget::Sentinel { master, sentinels } if master == "redis://:pw@quotad-main/2" && sentinels.len() == 2
+    ));
+    assert!(
+        !settings.target.to_string().contains("pw@"),
+        "{}",
+        settings.target
+    );
+    assert!(
+        error(&redis("sentinel_nodes = [\"redis://127.0.0.1:26379\"]"))
+            .contains("store.redis.url: with sentinel_nodes, url names the master set"),
+    );
+    assert!(
+        error(&redis("url = \"redis://m/0\"\nsentinel_nodes = []"))
+            .contains("store.redis.sentinel_nodes: must name at least one sentinel"),
+    );
+    assert!(
+        error(&redis(
+            "cluster_nodes = [\"redis://a:1\"]\nsentinel_nodes = [\"redis://127.0.0.1:26379\"]"
+        ))
+        .contains("set cluster_nodes or sentinel_nodes, not both"),
+    );
+    assert!(
+        error(&redis(
+            "url = \"redis://m/0\"\nsentinel_nodes = [\"http://x\"]"
+        ))
+        .contains("store.redis.sentinel_nodes"),
+    );
 }

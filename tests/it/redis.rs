@@ -9,6 +9,7 @@ mod faults;
 mod leases;
 mod readiness;
 mod rollouts;
+mod sentinel;
 mod start;
 mod tls;
 

@@ -599,11 +599,30 @@ enum State {
 }
 
 enum Target {
+    /// One connection to one server: a fixed one, or the master the
+    /// sentinels name at each connection attempt.
     Standalone {
-        client: redis::Client,
+        client: Source,
         config: AsyncConnectionConfig,
     },
     Cluster(ClusterClient),
+}
+
+/// Where a standalone connection goes.
+enum Source {
+    Fixed(redis::Client),
+    /// Asked of the sentinels at every attempt, so that a failover is
+    /// followed by the next connection.
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+}
+
+impl Source {
+    async fn client(&self) -> Result<redis::Client, RedisError> {
+        match self {
+            Source::Fixed(client) => Ok(client.clone()),
+            Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await,
+        }
+    }
 }
 
 struct Inner {
@@ -662,6 +681,76 @@ fn silence(settings: &RedisSettings) -> Duration {
     settings
         .timeout
         .saturating_mul(settings.reconnect_after_timeouts.max(1))
+}
+
+/// A standalone connection's settings: connecting bounded by `timeout`,
+/// each call by quotad's own bound.
+fn standalone_config(timeout: Duration) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(None)
+        .set_pipeline_buffer_size(1024)
+}
+
+/// The Sentinel client that finds the master named by `master`'s host,
+/// with `master`'s credentials and database, through `sentinels` (with
+/// theirs); TLS where the URLs say rediss://, with `store.redis.tls_*`.
+fn sentinel_client(
+    master: &str,
+    sentinels: &[String],
+    settings: &RedisSettings,
+) -> Result<redis::sentinel::SentinelClient, BackendError> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    let master_info = master.into_connection_info().map_err(|e| unavailable(&e))?;
+    let name = match master_info.addr() {
+        redis::ConnectionAddr::Tcp(host, _) | redis::ConnectionAddr::TcpTls { host, .. } => {
+            host.clone()
+        }
+        other => {
+            return Err(BackendError::Unavailable(format!(
+                "store.redis.url: with sentinel_nodes, its host names the master set, not {other}"
+            )));
+        }
+    };
+    let mut sentinel_info = Vec::with_capacity(sentinels.len());
+    for url in sentinels {
+        sentinel_info.push(
+            url.as_str()
+                .into_connection_info()
+                .map_err(|e| unavailable(&e))?,
+        );
+    }
+    let addrs = sentinel_info.iter().map(|info| info.addr().clone());
+    let mut builder = SentinelClientBuilder::new(addrs, &name, SentinelServerType::Master)
+        .map_err(|e| unavailable(&e))?
+        .set_client_to_redis_db(master_info.redis_settings().db())
+        .set_client_to_redis_tcp_settings(tcp_settings(settings))
+        .set_client_to_sentinel_tcp_settings(tcp_settings(settings));
+    if let Some(user) = master_info.redis_settings().username() {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = master_info.redis_settings().password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    // One set of sentinel credentials: the first URL's.
+    if let Some(first) = sentinel_info.first() {
+        if let Some(user) = first.redis_settings().username() {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = first.redis_settings().password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+    }
+    if master.starts_with("rediss://") {
+        builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+    }
+    if sentinels.iter().any(|url| url.starts_with("rediss://")) {
+        builder = builder.set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+    }
+    if settings.tls.is_set() {
+        builder = builder.set_client_to_redis_certificates(super::tls::load(&settings.tls)?);
+    }
+    builder.build().map_err(|e| unavailable(&e))
 }
 
 fn tcp_settings(settings: &RedisSettings) -> TcpSettings {
@@ -743,12 +832,17 @@ impl Connections {
                     redis::Client::open(info)
                 }
                 .map_err(|e| unavailable(&e))?;
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(None)
-                    .set_pipeline_buffer_size(1024);
-                Target::Standalone { client, config }
+                Target::Standalone {
+                    client: Source::Fixed(client),
+                    config: standalone_config(timeout),
+                }
             }
+            RedisTarget::Sentinel { master, sentinels } => Target::Standalone {
+                client: Source::Sentinel(tokio::sync::Mutex::new(sentinel_client(
+                    master, sentinels, settings,
+                )?)),
+                config: standalone_config(timeout),
+            },
             RedisTarget::Cluster(nodes) => {
                 // The library's own bound on a request outlives the silence
                 // that replaces a node by one timeout, so that a silent
@@ -1159,6 +1253,9 @@ impl Inner {
         match &self.target {
             Target::Standalone { client, config } => {
                 let mut conn = client
+                    .client()
+                    .await
+                    .map_err(error)?
                     .get_multiplexed_async_connection_with_config(config)
                     .await
                     .map_err(error)?;

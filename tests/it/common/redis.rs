@@ -62,6 +62,16 @@ impl RedisServer {
         Self::spawn(port, false, &[])
     }
 
+    /// Starts a replica of the server on `primary`.
+    pub(crate) fn start_replica_of(primary: u16) -> RedisServer {
+        let primary = primary.to_string();
+        Self::spawn(
+            free_port(false),
+            false,
+            &["--replicaof", "127.0.0.1", &primary],
+        )
+    }
+
     /// Starts a standalone server that requires `password`.
     pub(crate) fn start_with_password(password: &str) -> RedisServer {
         let mut server =
