@@ -505,12 +505,20 @@ async fn a_redis_outage_answers_per_on_error_and_quotad_recovers_without_a_resta
     assert_eq!(d.remaining, 999);
 }
 
+/// [`FAULT_CONFIG`] on `url`, refusing to start without Redis.
+fn required_at_start(url: &str) -> String {
+    FAULT_CONFIG.replace(
+        "url = \"REDIS_URL\"",
+        &format!("url = \"{url}\"\nrequired_at_start = true"),
+    )
+}
+
 #[tokio::test]
-async fn a_redis_that_cannot_be_reached_at_start_stops_the_server_with_a_clear_error() {
+async fn a_redis_required_at_start_that_cannot_be_reached_stops_the_server_with_a_clear_error() {
     let redis = RedisServer::start();
     let url = redis.url();
     drop(redis);
-    let config = Config::from_toml(&FAULT_CONFIG.replace("REDIS_URL", &url)).expect("valid");
+    let config = Config::from_toml(&required_at_start(&url)).expect("valid");
     let mut server = TestServer::start(config).await;
     let error = server.join().await.expect_err("no Redis, no server");
     assert!(error.to_string().contains("redis"), "{error}");
@@ -518,8 +526,7 @@ async fn a_redis_that_cannot_be_reached_at_start_stops_the_server_with_a_clear_e
 
 #[tokio::test]
 async fn a_redis_that_refuses_connections_at_start_is_an_error_that_says_its_cause_once() {
-    let config = Config::from_toml(&FAULT_CONFIG.replace("REDIS_URL", "redis://127.0.0.1:1/0"))
-        .expect("valid");
+    let config = Config::from_toml(&required_at_start("redis://127.0.0.1:1/0")).expect("valid");
     let mut server = TestServer::start(config).await;
     let error = server.join().await.expect_err("no Redis, no server");
     // As an error chain printer writes it: every cause, each once.

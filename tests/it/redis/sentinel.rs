@@ -159,7 +159,7 @@ async fn quotad_follows_a_sentinel_failover_after_the_primary_is_killed_and_coun
     }
     let peeked = client.peek(&check).await.expect("peek");
     let counted = 1_000_000 - peeked.remaining;
-    println!(
+    eprintln!(
         "sentinel failover: decided again {back:?} after SIGKILL ({failed} checks failed meanwhile); admitted {admitted}, counted {counted}"
     );
     assert!(

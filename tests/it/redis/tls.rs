@@ -68,11 +68,13 @@ async fn a_redis_that_requires_client_certificates_takes_quotads() {
     let d = check(&mut client, named("bob", "api", None)).await;
     assert_eq!(d.reason(), pb::Reason::WithinLimit);
 
-    // Without a client certificate the handshake is refused: no server.
-    let without = format!("tls_ca = {:?}", pki.ca());
+    // Without a client certificate the handshake is refused: a quotad
+    // that requires Redis at start does not start.
+    let without = format!("tls_ca = {:?}\nrequired_at_start = true", pki.ca());
     let mut refused = TestServer::start(config(&url, &without).expect("valid")).await;
     let error = refused.join().await.expect_err("no certificate, no Redis");
-    assert!(error.to_string().contains("CertificateRequired"), "{error}");
+    let error = quotad::Causes(&error).to_string();
+    assert!(error.contains("CertificateRequired"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,13 +85,17 @@ async fn a_server_certificate_from_another_ca_is_refused() {
     let (cert, key) = pki.server();
     let (_redis, tls_port) = RedisServer::start_tls(&cert, &key, None);
     let url = format!("rediss://localhost:{tls_port}/");
-    let tls = format!("tls_ca = {:?}", other.ca());
+    let tls = format!("tls_ca = {:?}\nrequired_at_start = true", other.ca());
     let mut server = TestServer::start(config(&url, &tls).expect("valid")).await;
     let error = server
         .join()
         .await
         .expect_err("an unknown CA is not trusted");
-    assert!(error.to_string().contains("redis"), "{error}");
+    let error = quotad::Causes(&error).to_string();
+    assert!(
+        error.contains("redis") && error.contains("certificate"),
+        "{error}"
+    );
 }
 
 #[test]
