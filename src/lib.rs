@@ -95,6 +95,7 @@ pub use config::{
 };
 pub use listen::GrpcListener;
 pub use log::{Causes, init_tool_logs};
+pub use services::RegisterError;
 
 use crate::admin::AdminState;
 use crate::backend::Backend;
@@ -320,14 +321,17 @@ async fn serve<B: Backend>(
     let routes = routes.routes();
     let grpc_addr = listeners.grpc.describe();
     let admin_addr = display_addr(listeners.admin.local_addr());
-    let limit = |port| {
-        ConnectionLimit::new(transport.max_connections, port)
+    let limit = |max, port| {
+        ConnectionLimit::new(max, port)
             .counting(metrics.connections_rejected(port))
             .silent_for(transport.handshake_timeout)
     };
     let (grpc_limit, admin_limit) = (
-        limit("grpc").until_bytes(HTTP2_PREFACE_BYTES),
-        limit("admin"),
+        limit(transport.max_connections, "grpc").until_bytes(HTTP2_PREFACE_BYTES),
+        limit(
+            transport.max_connections.min(listen::ADMIN_MAX_CONNECTIONS),
+            "admin",
+        ),
     );
     let mut grpc = grpc::spawn(
         listeners.grpc,

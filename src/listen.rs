@@ -21,6 +21,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
+/// The most connections the admin port holds open, whatever
+/// `transport.max_connections` says: its clients are a few scrapers and
+/// probes, and its sockets come out of the same open-files limit as the
+/// gRPC port's.
+pub const ADMIN_MAX_CONNECTIONS: usize = 1_024;
+
 /// The cap on the open connections of one port, and how long a new one may
 /// stay silent. Clones share the count.
 #[derive(Clone, Debug)]

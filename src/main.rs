@@ -81,9 +81,10 @@ struct ServeArgs {
 
 #[derive(Debug, clap::Args)]
 struct ValidateArgs {
-    /// The TOML file to check (the same as --config); without one, the
-    /// defaults with the flags and environment variables given.
-    #[arg(value_name = "FILE", conflicts_with = "config")]
+    /// The TOML file to check, in place of --config or QUOTAD_CONFIG;
+    /// without either, the defaults with the flags and environment
+    /// variables given.
+    #[arg(value_name = "FILE")]
     file: Option<PathBuf>,
     #[command(flatten)]
     serve: ServeArgs,
@@ -222,9 +223,9 @@ fn serve_config(config: Config) -> anyhow::Result<()> {
 /// a file (the common soft limit of 1,024 is below the default cap of
 /// 10,000 gRPC connections). Warns when even the hard limit leaves too
 /// little room, since accept then fails (EMFILE) before the cap is
-/// reached: the gRPC port's `max_connections`, plus [`OTHER_FILES`] for the
-/// admin port's few clients (Prometheus, probes), the store's connections,
-/// logs and snapshots.
+/// reached: the gRPC port's `max_connections`, the admin port's (at most
+/// [`quotad::listen::ADMIN_MAX_CONNECTIONS`]), and [`OTHER_FILES`] for the
+/// store's connections, logs and snapshots.
 fn raise_open_files_limit(max_connections: usize) {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
@@ -240,19 +241,22 @@ fn raise_open_files_limit(max_connections: usize) {
         tracing::warn!(
             open_files,
             needed,
-            "the open files limit leaves no room for transport.max_connections gRPC connections and {OTHER_FILES} other files: raise it (ulimit -n) or lower the cap"
+            "the open files limit is below what transport.max_connections on both ports and {OTHER_FILES} other files need: raise it (ulimit -n) or lower the cap"
         );
     }
 }
 
-/// Files quotad may hold besides gRPC connections: admin connections,
-/// the store's, logs, snapshots.
-const OTHER_FILES: u64 = 1_024;
+/// Files quotad may hold besides connections: the store's, logs,
+/// snapshots.
+const OTHER_FILES: u64 = 64;
 
 /// The files needed when `open_files` is below them; `None` when it is
 /// enough.
 fn open_files_short(open_files: u64, max_connections: usize) -> Option<u64> {
-    let needed = (max_connections as u64).saturating_add(OTHER_FILES);
+    let admin = max_connections.min(quotad::listen::ADMIN_MAX_CONNECTIONS);
+    let needed = (max_connections as u64)
+        .saturating_add(admin as u64)
+        .saturating_add(OTHER_FILES);
     (open_files < needed).then_some(needed)
 }
 
@@ -339,13 +343,16 @@ mod tests {
     }
 
     #[test]
-    fn the_open_files_warning_comes_only_when_the_grpc_cap_cannot_be_reached() {
+    fn the_open_files_warning_comes_only_when_the_caps_cannot_be_reached() {
         // The default cap on a machine whose limit is 20,000, or 1M: enough.
         assert_eq!(open_files_short(20_000, 10_000), None);
         assert_eq!(open_files_short(1 << 20, 10_000), None);
-        assert_eq!(open_files_short(11_024, 10_000), None);
+        assert_eq!(open_files_short(11_088, 10_000), None);
         // A hard limit of 4,096 cannot hold 10,000 connections.
-        assert_eq!(open_files_short(4_096, 10_000), Some(11_024));
-        assert_eq!(open_files_short(11_023, 10_000), Some(11_024));
+        assert_eq!(open_files_short(4_096, 10_000), Some(11_088));
+        assert_eq!(open_files_short(11_087, 10_000), Some(11_088));
+        // A small cap: both ports' connections at most.
+        assert_eq!(open_files_short(263, 100), Some(264));
+        assert_eq!(open_files_short(264, 100), None);
     }
 }

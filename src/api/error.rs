@@ -37,7 +37,7 @@ pub(crate) enum ServiceError {
     /// client certificate) while `limits.allow_reset = "local"`:
     /// PERMISSION_DENIED.
     #[error(
-        "Reset is allowed only to callers on this machine and mTLS clients (limits.allow_reset = \"local\"); this call came from {from}: call from the quotad host, use mTLS, or set limits.allow_reset = \"anyone\""
+        "Reset is allowed only to callers over loopback or the unix socket and to mTLS clients (limits.allow_reset = \"local\"); this call came from {from}: call over loopback, use mTLS, or set limits.allow_reset = \"anyone\""
     )]
     ResetNotLocal { from: String },
     /// The backend failed: UNAVAILABLE when it is down or slow (and the

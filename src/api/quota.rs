@@ -337,7 +337,10 @@ impl<S: Backend> QuotaService<S> {
         match (set.limits().allow_reset, origin) {
             (ResetAccess::Nobody, _) => return Err(ServiceError::ResetDisabled),
             (ResetAccess::Local, Origin::Remote(from)) => {
-                let from = from.map_or_else(|| "an unknown address".to_owned(), |a| a.to_string());
+                let from = from.map_or_else(
+                    || "an unknown address".to_owned(),
+                    |a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()).to_string(),
+                );
                 return Err(ServiceError::ResetNotLocal { from });
             }
             (ResetAccess::Local, Origin::Local | Origin::Authenticated)

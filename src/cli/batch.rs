@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use quotad_client::{BatchMode, Check, PolicyRef};
+use quotad_client::{BatchMode, Check};
 use quotad_core::{Algorithm, Policy};
 use serde::Deserialize;
 use serde_json::json;
@@ -53,7 +53,7 @@ fn one() -> u64 {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, deny_unknown_fields)]
 enum ItemPolicy {
     Named(String),
     Inline {
@@ -104,28 +104,31 @@ impl BatchArgs {
     }
 }
 
-/// `POLICY:KEY` or `POLICY:KEY:COST`; the key may hold colons when a cost
-/// ends the item.
+/// `POLICY:KEY` or `POLICY*COST:KEY`: the key is everything after the
+/// first colon (keys such as `user:42` stay whole), since a policy name
+/// has neither `:` nor `*`.
 fn from_argument(item: &str) -> Result<Check, String> {
-    let (policy, rest) = item
+    let (head, key) = item
         .split_once(':')
-        .ok_or("write POLICY:KEY or POLICY:KEY:COST")?;
-    let (key, cost) = match rest.rsplit_once(':') {
-        Some((key, cost)) if cost.parse::<u64>().is_ok() => (key, cost.parse::<u64>().unwrap_or(1)),
-        _ => (rest, 1),
+        .ok_or("write POLICY:KEY or POLICY*COST:KEY")?;
+    let (policy, cost) = match head.split_once('*') {
+        Some((policy, cost)) => (policy, cost_of(cost)?),
+        None => (head, 1),
     };
     if policy.is_empty() || key.is_empty() {
         return Err("the policy and the key are not empty".to_owned());
     }
-    if cost == 0 {
-        return Err("the cost is at least 1".to_owned());
-    }
     Ok(Check::named(policy, key).cost(cost))
+}
+
+/// A cost as written: a whole number of at least 1.
+fn cost_of(text: &str) -> Result<u64, String> {
+    super::check::at_least_one(text).map_err(|e| format!("cost {text:?}: {e}"))
 }
 
 fn from_file(item: Item) -> Result<Check, String> {
     if item.cost == 0 {
-        return Err("cost: at least 1".to_owned());
+        return Err("cost: must be at least 1".to_owned());
     }
     let check = match item.policy {
         ItemPolicy::Named(name) => Check::named(name, item.key),
@@ -172,10 +175,7 @@ pub(crate) async fn batch(args: BatchArgs, mut out: impl Write) -> Result<(), Fa
         .map_err(|error| failure(&uri, error))?;
     let width = checks.len().to_string().len();
     for (n, (check, decision)) in checks.iter().zip(&decisions).enumerate() {
-        let label = || match check.policy() {
-            PolicyRef::Named(name) => name.clone(),
-            inline => policy_label(inline),
-        };
+        let label = || policy_label(check.policy());
         output.line(
             &mut out,
             || {
@@ -207,7 +207,7 @@ pub(crate) async fn batch(args: BatchArgs, mut out: impl Write) -> Result<(), Fa
                 if args.all_or_nothing { " (all or nothing)" } else { "" }
             )
         },
-        || json!({"items": decisions.len(), "allowed": allowed, "denied": decisions.len() - allowed}),
+        || json!({"total": {"items": decisions.len(), "allowed": allowed, "denied": decisions.len() - allowed, "all_or_nothing": args.all_or_nothing}}),
     )?;
     Ok(())
 }

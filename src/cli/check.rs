@@ -7,7 +7,7 @@ use clap::builder::NonEmptyStringValueParser;
 use quotad_client::{Check, Decision, LeaseOptions, MAX_LEASE_WANT, PolicyRef, Reason};
 use serde_json::json;
 
-use super::args::{Connected, Connection, Output, PolicyArgs};
+use super::args::{Connected, Connection, Output, PolicyArgs, policy_label};
 use super::{Failure, failure, human};
 
 /// What to ask: a key under a policy, at a quotad.
@@ -59,7 +59,7 @@ impl Target {
 const MAX_COUNT: u64 = 100_000;
 
 /// A whole number of at least 1.
-fn at_least_one(value: &str) -> Result<u64, String> {
+pub(crate) fn at_least_one(value: &str) -> Result<u64, String> {
     match value.parse::<u64>() {
         Ok(0) => Err("must be at least 1".to_owned()),
         Ok(n) => Ok(n),
@@ -199,6 +199,8 @@ impl Run {
             };
             let json = || {
                 let mut object = decision_json(&decision);
+                object["key"] = json!(request.key());
+                object["policy"] = json!(policy_label(request.policy()));
                 object["n"] = json!(n);
                 object["at_ms"] = json!(u64::try_from(at_ms).unwrap_or(u64::MAX));
                 object["from_lease"] = json!(from_lease);
@@ -251,7 +253,12 @@ pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Fail
     output.line(
         &mut out,
         || format!("peek  {}", describe(&decision, cost, Verb::Peeked)),
-        || decision_json(&decision),
+        || {
+            let mut object = decision_json(&decision);
+            object["key"] = json!(check.key());
+            object["policy"] = json!(policy_label(check.policy()));
+            object
+        },
     )?;
     Ok(())
 }

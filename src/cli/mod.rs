@@ -1,4 +1,5 @@
-//! The client commands of the `quotad` binary: `check`, `peek` and `demo`.
+//! The client commands of the `quotad` binary: `check`, `peek`, `reset`,
+//! `batch` and `demo`.
 //! They talk to a quotad through `quotad-client`, like any application
 //! would, and print each decision on one line. `simulate` runs the
 //! algorithms in-process instead, with no server.
@@ -28,7 +29,7 @@ pub(crate) use check::{CheckArgs, PeekArgs, ResetArgs, check, peek, reset};
 pub(crate) use demo::{DemoArgs, demo};
 pub(crate) use simulate::{SimulateArgs, simulate};
 
-/// Where `check`, `peek` and `demo --addr` look for quotad by default.
+/// Where the client commands (and `demo --addr`) look for quotad by default.
 pub(crate) const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
 
 /// Bad input on the command line: exit code 2, as clap uses.

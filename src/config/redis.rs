@@ -162,6 +162,34 @@ pub fn redact(text: &str) -> String {
         rest = &tail[end..];
     }
     out.push_str(rest);
+    redact_query(&out)
+}
+
+/// `text` with the values of `pass=` and `password=` query parameters
+/// (`redis+unix:///run/redis.sock?pass=secret`) replaced by `***`.
+fn redact_query(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(['?', '&']) {
+        let (head, tail) = rest.split_at(at + 1);
+        out.push_str(head);
+        let key = ["pass=", "password="]
+            .into_iter()
+            .find(|k| tail.len() >= k.len() && tail[..k.len()].eq_ignore_ascii_case(k));
+        match key {
+            Some(key) => {
+                out.push_str(&tail[..key.len()]);
+                out.push_str("***");
+                let value = &tail[key.len()..];
+                let end = value
+                    .find(|c: char| c == '&' || c == '"' || c.is_whitespace())
+                    .unwrap_or(value.len());
+                rest = &value[end..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
     out
 }
 

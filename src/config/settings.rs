@@ -203,8 +203,8 @@ section! {
         /// accepted them; past it the connection is closed (HTTP/2 reset
         /// flood)
         max_pending_reset_streams: usize = Int("20"), Restart;
-        /// Most open connections on each port, gRPC and admin; a connection
-        /// past it is closed at once
+        /// Most open connections on the gRPC port (and on the admin port, up
+        /// to 1,024 there); a connection past it is closed at once
         max_connections: usize = Int("10000"), Restart;
         /// Longest time a gRPC call may run; past it the call ends with
         /// CANCELLED

@@ -602,20 +602,30 @@ fn the_example_configs_values_are_the_defaults() {
     let mut checked = 0;
     for line in example.lines() {
         let line = line.trim_start_matches('#').trim();
-        if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+        let header = line.split(" #").next().unwrap_or(line).trim();
+        if let Some(header) = header.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             section = header.to_owned();
             continue;
         }
-        let Some((key, rest)) = line.split_once(" = ") else {
+        let Some((key, rest)) = line.split_once('=') else {
             continue;
         };
-        if !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') || key.is_empty() {
+        let key = key.trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
             continue;
         }
-        let shown = rest.split(" #").next().unwrap_or(rest).trim();
-        let Some(setting) = settings::find(&format!("{section}.{key}")) else {
+        // A settings section (not [policies.NAME] or a prose line): every
+        // key it shows is a setting.
+        let in_settings = settings::find(&section).is_some_and(|s| s.kind == Kind::Table);
+        let path = format!("{section}.{key}");
+        let Some(setting) = settings::find(&path) else {
+            assert!(
+                !in_settings || rest.trim().is_empty(),
+                "the example shows {path}, which is no setting"
+            );
             continue;
         };
+        let shown = rest.split(" #").next().unwrap_or(rest).trim();
         let Some(default) = setting.default else {
             continue;
         };

@@ -132,9 +132,20 @@ fn validate_config_without_a_file_checks_the_defaults_and_an_rls_folder_alone() 
         "{}",
         stderr(&output)
     );
+}
 
-    let output = run(&["validate-config", "a.toml", "--config", "b.toml"]);
-    assert_exit(&output, 2, "cannot be used with");
+#[test]
+fn validate_config_checks_the_file_it_is_given_where_quotad_config_is_set() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let running = write(dir.path(), "running.toml", "");
+    let new = write(dir.path(), "new.toml", BAD_LIMIT);
+    // As in a container whose environment names the running config.
+    let output = quotad(&["validate-config", &new])
+        .env("QUOTAD_CONFIG", &running)
+        .output()
+        .expect("run quotad");
+    assert_exit(&output, 2, "policies.login.limit");
+    assert!(stderr(&output).contains("new.toml"), "{}", stderr(&output));
 }
 
 #[test]

@@ -514,9 +514,9 @@ async fn batch_sends_items_from_arguments_or_a_file_all_or_nothing_taking_nothin
         "--addr",
         &addr,
         "--item",
-        "api:b:2",
+        "api*2:b",
         "--item",
-        "api:b:2",
+        "api*2:b",
         "--all-or-nothing",
     ])
     .await;
@@ -559,12 +559,31 @@ async fn batch_sends_items_from_arguments_or_a_file_all_or_nothing_taking_nothin
     assert_eq!(lines[1]["policy"], "inline token_bucket 5/1s");
     assert_eq!(
         lines[2],
-        serde_json::json!({"items": 2, "allowed": 2, "denied": 0})
+        serde_json::json!({"total": {"items": 2, "allowed": 2, "denied": 0, "all_or_nothing": false}})
+    );
+    // A key may hold colons: everything after the first one is the key.
+    let out = quotad(&[
+        "batch",
+        "--addr",
+        &addr,
+        "--item",
+        "api:user:42",
+        "--output",
+        "json",
+    ])
+    .await;
+    assert_exit(&out, 0);
+    let first: serde_json::Value =
+        serde_json::from_str(out.stdout.lines().next().expect("a line")).expect("JSON");
+    assert_eq!(
+        (first["key"].clone(), first["remaining"].clone()),
+        ("user:42".into(), 2.into())
     );
 
     for (args, says) in [
         (&["--item", "api"][..], "POLICY:KEY"),
-        (&["--item", "api:k:0"][..], "at least 1"),
+        (&["--item", "api*0:k"][..], "at least 1"),
+        (&["--item", "api*x:k"][..], "not a whole number"),
         (
             &["--file", "/nonexistent.json"][..],
             "--file /nonexistent.json",

@@ -310,12 +310,6 @@ pub(crate) fn write(store: &MemoryStore, path: &Path, header: &[u8]) -> std::io:
     Ok(exported)
 }
 
-/// Writes a snapshot now, off the async threads, with the policies in
-/// force in its header, recording it in the metrics and the log.
-///
-/// # Errors
-///
-/// [`WriteError`] when it could not be written; the old snapshot stays.
 /// When a snapshot is written: the writes at start and shutdown are
 /// logged at `info`, the periodic ones at `debug`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -325,6 +319,12 @@ pub(crate) enum When {
     Shutdown,
 }
 
+/// Writes a snapshot now, off the async threads, with the policies in
+/// force in its header, recording it in the metrics and the log.
+///
+/// # Errors
+///
+/// [`WriteError`] when it could not be written; the old snapshot stays.
 pub(crate) async fn write_now(
     store: &Arc<MemoryStore>,
     path: &Path,

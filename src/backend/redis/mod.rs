@@ -1045,6 +1045,17 @@ mod tests {
         }
         let target = RedisTarget::Cluster(vec!["redis://:p4ss@a:1".to_owned()]);
         assert!(!format!("{target:?}").contains("p4ss"));
+        // A password in the query, as redis+unix:// URLs take it.
+        assert_eq!(
+            redact("at redis+unix:///run/redis.sock?db=1&pass=s3cret refused"),
+            "at redis+unix:///run/redis.sock?db=1&pass=*** refused"
+        );
+        assert_eq!(
+            redact("redis+unix:///s?PASSWORD=s3cret&user=u"),
+            "redis+unix:///s?PASSWORD=***&user=u"
+        );
+        let target = RedisTarget::Standalone("redis+unix:///s?pass=s3cret".to_owned());
+        assert!(!target.to_string().contains("s3cret"), "{target}");
     }
 
     #[test]
