@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from importlib.metadata import version
 from pathlib import Path
 
 from setuptools import setup
@@ -58,6 +59,16 @@ def generate(out: Path) -> None:
     )
 
 
+def requirements() -> list[str]:
+    """grpcio and protobuf at least as new as the build's grpcio-tools and protobuf:
+    the stubs check at import that their runtime is not older than their generator,
+    and protobuf's generated code needs the same major version."""
+    tools = version("grpcio-tools")
+    protobuf = version("protobuf")
+    major = int(protobuf.split(".")[0])
+    return [f"grpcio>={tools}", f"protobuf>={protobuf},<{major + 1}"]
+
+
 class BuildWithStubs(build_py):
     def run(self) -> None:
         super().run()
@@ -74,4 +85,7 @@ class SdistWithProtos(sdist):
             shutil.copyfile(root / p, target)
 
 
-setup(cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProtos})
+setup(
+    install_requires=requirements(),
+    cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProtos},
+)
