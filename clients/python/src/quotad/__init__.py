@@ -16,6 +16,7 @@ repository's ``tests/clients/``.
 """
 
 from ._deny_cache import DEFAULT_DENY_CACHE_CAPACITY
+from ._lease import LeaseOptions, LeaseStats
 from ._settings import DEFAULT_DEADLINE
 from ._types import (
     Algorithm,
@@ -51,6 +52,8 @@ __all__ = [
     "Decision",
     "FailurePolicy",
     "InvalidAddressError",
+    "LeaseOptions",
+    "LeaseStats",
     "Policy",
     "PolicyLike",
     "QuotadError",

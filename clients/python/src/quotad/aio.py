@@ -9,6 +9,8 @@ import grpc
 import grpc.aio
 
 from . import _wire
+from ._lease import LeaseOptions, LeaseStats, LeaseTable
+from ._lessee import AsyncLessee
 from ._settings import DEFAULT_DEADLINE, Settings, cache_key, now_ms, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
 from .errors import BadResponseError
@@ -30,7 +32,10 @@ class AsyncClient:
     ``deny_cache``: the most keys the local deny cache holds (``True``:
     10,000, the default; ``0`` or ``False``: off): a ``LIMIT_EXCEEDED``
     denial of cost ``c`` answers later checks of that key and policy for a
-    cost of ``c`` or more locally until its retry time.
+    cost of ``c`` or more locally until its retry time. ``leases``: a
+    :class:`~quotad.LeaseOptions` turns leases on for named policies whose
+    quotad settings allow them (see ``quotad._lease`` for the rules);
+    :meth:`close` returns what is unspent.
 
     The client connects on first use and reconnects by itself.
 
@@ -46,6 +51,7 @@ class AsyncClient:
         on_unavailable: FailurePolicy | str = FailurePolicy.ERROR,
         tls: TLS | None = None,
         deny_cache: int | bool = True,
+        leases: LeaseOptions | None = None,
     ) -> None:
         target = parse_address(address, tls)
         self._settings = Settings(deadline, on_unavailable, deny_cache)
@@ -56,6 +62,17 @@ class AsyncClient:
                 target.target, target.tls.credentials(), options=target.options
             )
         self._stub = quota_pb2_grpc.QuotaStub(self._channel)
+        self._lessee = (
+            None
+            if leases is None
+            else AsyncLessee(LeaseTable(leases), self._channel, self._settings.deadline)
+        )
+
+    def lease_stats(self) -> LeaseStats:
+        """What this client's leases have done (all zero with leases off)."""
+        if self._lessee is None:
+            return LeaseStats()
+        return self._lessee.table.stats(now_ms())
 
     @property
     def deadline(self) -> float:
@@ -78,6 +95,12 @@ class AsyncClient:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
+        if self._lessee is not None:
+            spent = self._lessee.table.spend(policy, key, cost, now_ms())
+            if spent.call is not None:
+                self._lessee.start(spent.call)
+            if spent.decision is not None:
+                return spent.decision
         cache = self._settings.cache
         ckey = cache_key(policy, key)
         if cache is not None:
@@ -141,7 +164,9 @@ class AsyncClient:
                 self._settings.cache.forget(cache_key(policy, key))
 
     async def close(self) -> None:
-        """Closes the connection."""
+        """Returns every lease held (with leases on), then closes the connection."""
+        if self._lessee is not None:
+            await self._lessee.shutdown()
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:
