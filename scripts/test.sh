@@ -28,8 +28,9 @@ cargo test --workspace --doc
 
 # --- The Python client (clients/python) and the FastAPI example: a venv
 # under target/ (never committed), the package and its test extras from
-# PyPI, then ruff and pytest against the quotad binary built above (the
-# tests start it on free loopback ports; QUOTAD_BIN names another).
+# PyPI, then ruff, mypy (strict) and pytest against the quotad binary
+# built here (the tests start it on free loopback ports; QUOTAD_BIN names
+# another).
 cargo build --bin quotad
 PY_VENV=target/pyenv
 if [ ! -x "$PY_VENV/bin/python" ]; then
@@ -46,4 +47,5 @@ fi
 "$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check "./clients/python[test]"
 "$PY_VENV/bin/ruff" check clients/python examples/fastapi
 "$PY_VENV/bin/ruff" format --check clients/python examples/fastapi
+(cd clients/python && "../../$PY_VENV/bin/python" -m mypy src/quotad)
 "$PY_VENV/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests examples/fastapi

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._deny_cache import DEFAULT_DENY_CACHE_CAPACITY, DenyCache
-from ._types import FailurePolicy, PolicyLike, Reason
+from ._types import Decision, FailurePolicy, PolicyLike, Reason
 from ._wire import failure_decision
 from .errors import InvalidAddressError, QuotadError, UnavailableError
 from .tls import TLS
@@ -82,7 +82,7 @@ class Settings:
             deny_cache = DEFAULT_DENY_CACHE_CAPACITY
         self.cache = DenyCache(int(deny_cache)) if deny_cache else None
 
-    def failed(self, error: QuotadError, count: int) -> list:
+    def failed(self, error: QuotadError, count: int) -> list[Decision]:
         """The failure policy: ``count`` decisions, or the error raised again."""
         if not isinstance(error, UnavailableError):
             raise error
