@@ -1,11 +1,13 @@
 """The Python client's cost per check above a bare generated stub, same server.
 
-Starts quotad (``$QUOTAD_BIN``, else ``target/debug/quotad``) on a loopback port
-with a policy that never denies, then times sequential checks three ways on one
-connection each: the generated ``QuotaStub.Check`` with a 5 s timeout, as the clients' deadline (the floor any
-Python caller pays), ``quotad.Client.check`` and ``quotad.AsyncClient.check``
-(with a bare ``grpc.aio`` stub as its floor). Rounds alternate so drift in the
-machine hits every variant alike; the figure is the median of the rounds' means.
+Starts quotad (``$QUOTAD_BIN``, else ``target/debug/quotad``) on a loopback
+port with a policy that never denies, then times sequential checks on one
+connection each: the generated ``QuotaStub.Check`` with a 5 s timeout, the
+clients' deadline here (the floor any Python caller pays), then
+``quotad.Client.check``; and a bare ``grpc.aio`` stub, then
+``quotad.AsyncClient.check``. Rounds alternate so drift in the machine hits
+every variant alike; each figure is the median of the rounds' means. Last,
+the client's own work around a call, timed without the network.
 
     python clients/python/bench/overhead.py [--calls 2000] [--rounds 7]
 """
