@@ -325,3 +325,51 @@ def test_case(case: dict[str, Any], flavour: str) -> None:
 def test_the_case_file_names_every_case_once() -> None:
     names = [c["name"] for c in CASE_LIST]
     assert len(names) == len(set(names)), "case names must be unique"
+
+
+KNOWN = {
+    "case": {"name", "server", "client", "steps", "http"},
+    "client": {"deadline_ms", "on_unavailable", "deny_cache", "leases"},
+    "step": {"call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect"},
+    "item": {"key", "cost", "policy"},
+    "expect": {
+        "allowed",
+        "limit",
+        "remaining",
+        "retry_after_ms",
+        "reset_after_ms",
+        "reason",
+        "error",
+        "decisions",
+        "ok",
+        "within_ms",
+    },
+    "http": {"policy", "key", "cost", "requests"},
+    "request": {"path", "headers", "expect_status", "expect_headers"},
+}
+
+
+def test_the_case_file_uses_only_fields_this_driver_knows() -> None:
+    """A field added to the format must fail a driver that does not know it."""
+
+    def check(kind: str, obj: dict[str, Any], where: str) -> None:
+        unknown = set(obj) - KNOWN[kind]
+        assert not unknown, f"{where}: fields this driver does not know: {sorted(unknown)}"
+
+    for case in CASE_LIST:
+        name = case["name"]
+        check("case", case, name)
+        check("client", case.get("client", {}), name)
+        assert not case.get("client", {}).get("leases"), f"{name}: lease cases are not run yet"
+        for i, step in enumerate(case["steps"]):
+            check("step", step, f"{name}, step {i}")
+            for item in step.get("items", []):
+                check("item", item, f"{name}, step {i}")
+            if "expect" in step:
+                check("expect", step["expect"], f"{name}, step {i}")
+                for d in step["expect"].get("decisions", []):
+                    check("expect", d, f"{name}, step {i}")
+        if "http" in case:
+            check("http", case["http"], name)
+            for r in case["http"]["requests"]:
+                check("request", r, name)

@@ -557,7 +557,86 @@ async fn run_http(case: &Value, address: &str, prefix: &str) -> Result<(), Strin
     Ok(())
 }
 
+/// The fields this driver knows, by where they appear; a field added to the
+/// format fails the driver until it is taught it.
+const KNOWN: &[(&str, &[&str])] = &[
+    ("case", &["name", "server", "client", "steps", "http"]),
+    (
+        "client",
+        &["deadline_ms", "on_unavailable", "deny_cache", "leases"],
+    ),
+    (
+        "step",
+        &[
+            "call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect",
+        ],
+    ),
+    ("item", &["key", "cost", "policy"]),
+    (
+        "expect",
+        &[
+            "allowed",
+            "limit",
+            "remaining",
+            "retry_after_ms",
+            "reset_after_ms",
+            "reason",
+            "error",
+            "decisions",
+            "ok",
+            "within_ms",
+        ],
+    ),
+    ("http", &["policy", "key", "cost", "requests"]),
+    (
+        "request",
+        &["path", "headers", "expect_status", "expect_headers"],
+    ),
+];
+
+fn known_fields(kind: &str, value: &Value) -> Result<(), String> {
+    let (_, fields) = KNOWN
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .expect("a kind of object");
+    let unknown: Vec<&String> = value
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(name, _)| name)
+        .filter(|name| !fields.contains(&name.as_str()))
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{kind} fields this driver does not know: {unknown:?}"
+        ))
+    }
+}
+
+fn only_known_fields(case: &Value) -> Result<(), String> {
+    known_fields("case", case)?;
+    known_fields("client", &case["client"])?;
+    for step in case["steps"].as_array().into_iter().flatten() {
+        known_fields("step", step)?;
+        for item in step["items"].as_array().into_iter().flatten() {
+            known_fields("item", item)?;
+        }
+        known_fields("expect", &step["expect"])?;
+        for d in step["expect"]["decisions"].as_array().into_iter().flatten() {
+            known_fields("expect", d)?;
+        }
+    }
+    known_fields("http", &case["http"])?;
+    for request in case["http"]["requests"].as_array().into_iter().flatten() {
+        known_fields("request", request)?;
+    }
+    Ok(())
+}
+
 async fn run_case(case: &Value, run: usize) -> Result<(), String> {
+    only_known_fields(case)?;
     let server = Server::start(case["server"].as_str().expect("a server kind")).await;
     let address = server.address();
     let prefix = format!("rs-{}-{run}:", std::process::id());
