@@ -260,3 +260,20 @@ def test_mtls_admits_only_a_client_certificate_from_the_trusted_ca(pki: dict[str
         for cert, key in ((None, None), ("stranger_cert", "stranger_key")):
             with client(cert, key) as c, pytest.raises(quotad.UnavailableError):
                 c.check(fresh("mtls"), "login")
+
+
+def test_threads_sharing_the_deny_cache_admit_exactly_the_limit_and_deny_with_retry(
+    server: str,
+) -> None:
+    with quotad.Client(server, deadline=5) as client:
+        for _ in range(5):
+            key = fresh("cache-threads")
+            with ThreadPoolExecutor(8) as pool:
+                decisions = list(pool.map(lambda _i, k=key: client.check(k, "api"), range(40)))
+            assert sum(d.allowed for d in decisions) == 5
+            for d in decisions:
+                if not d.allowed:
+                    assert d.reason is quotad.Reason.LIMIT_EXCEEDED
+                    # From quotad or from the cache: never shorter than quotad's
+                    # wait, at most one window plus the cache's margin.
+                    assert 3_500_000 <= d.retry_after_ms <= 3_600_000 + 3_601
