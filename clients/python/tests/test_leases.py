@@ -222,3 +222,15 @@ def test_want_must_be_from_one_to_two_to_the_fifty_third() -> None:
     LeaseOptions(1 << 53)
     with pytest.raises(ValueError, match="leases.want"):
         LeaseOptions((1 << 53) + 1)
+
+
+def test_a_lease_that_arrives_too_late_to_spend_goes_straight_back() -> None:
+    # A 6 ms lease ends (send + 6 - 1 - 5 ms) before its answer can arrive.
+    fake = Fake(units=10, ttl_ms=6)
+    with fake_quotad(fake) as address, leased_client(address) as client:
+        client.check("k", "api")
+        eventually("returned", lambda: client.lease_stats().returned == 1)
+        acquire, give_back = fake.lease_calls()
+        assert acquire.want == 10
+        assert (give_back.want, give_back.settle.lease_id, give_back.settle.spent) == (0, "L1", 0)
+        assert client.lease_stats().held == 0 and client.lease_stats().acquired == 0
