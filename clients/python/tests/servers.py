@@ -33,11 +33,13 @@ def quotad_binary() -> Path:
 class Quotad:
     """A running ``quotad serve`` on a free loopback port."""
 
-    def __init__(self, config: Path = CONFIG, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, config: Path = CONFIG, extra: list[str] | None = None, grpc_addr: str = "127.0.0.1:0"
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAD_")}
         env["RUST_LOG"] = "info"
         args = [str(quotad_binary()), "serve", "-c", str(config)]
-        args += ["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", *(extra or [])]
+        args += ["--grpc-addr", grpc_addr, "--admin-addr", "127.0.0.1:0", *(extra or [])]
         self.process = subprocess.Popen(
             args, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
@@ -65,7 +67,8 @@ class Quotad:
             if "quotad serving" in line:
                 fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
                 self.grpc_addr = fields["grpc_addr"]
-                self.address = f"http://{self.grpc_addr}"
+                unix = self.grpc_addr.startswith("unix:")
+                self.address = self.grpc_addr if unix else f"http://{self.grpc_addr}"
                 return
 
     def stop(self) -> None:
@@ -79,8 +82,10 @@ class Quotad:
 
 
 @contextmanager
-def real_quotad(config: Path = CONFIG, extra: list[str] | None = None) -> Iterator[Quotad]:
-    server = Quotad(config, extra)
+def real_quotad(
+    config: Path = CONFIG, extra: list[str] | None = None, grpc_addr: str = "127.0.0.1:0"
+) -> Iterator[Quotad]:
+    server = Quotad(config, extra, grpc_addr)
     try:
         yield server
     finally:

@@ -277,3 +277,17 @@ def test_threads_sharing_the_deny_cache_admit_exactly_the_limit_and_deny_with_re
                     # From quotad or from the cache: never shorter than quotad's
                     # wait, at most one window plus the cache's margin.
                     assert 3_500_000 <= d.retry_after_ms <= 3_600_000 + 3_601
+
+
+def test_a_unix_socket_address_reaches_quotad(tmp_path: Path) -> None:
+    sock = tmp_path / "quotad.sock"
+    with real_quotad(grpc_addr=f"unix://{sock}") as q:
+        with quotad.Client(f"unix://{sock}", deadline=2) as client:
+            assert client.check(fresh("unix"), "login").remaining == 2
+
+        async def go() -> quotad.Decision:
+            async with quotad.AsyncClient(f"unix://{sock}", deadline=2) as client:
+                return await client.peek(fresh("unix"), "login")
+
+        assert asyncio.run(go()).remaining == 3
+        assert q.address.startswith("unix:")

@@ -43,6 +43,9 @@ def parse_address(address: str, tls: TLS | None) -> Target:
     if address.startswith("unix:"):
         if tls is not None:
             raise InvalidAddressError("tls: not for a unix:// address")
+        # gRPC's core would send the socket's path as the HTTP/2 authority,
+        # which quotad's HTTP/2 server refuses as malformed.
+        options.append(("grpc.default_authority", "localhost"))
         return Target(address, None, options)
     scheme, sep, rest = address.partition("://")
     if not sep:
