@@ -126,12 +126,19 @@ def test_a_policy_quotad_will_not_lease_is_remembered_for_every_key() -> None:
         assert len(fake.lease_calls()) == 1 and fake.checks == 4
 
 
-def test_inline_policies_are_never_leased() -> None:
+def test_inline_policies_with_terms_ask_for_leases_and_without_terms_never_do() -> None:
     fake = Fake()
     with fake_quotad(fake) as address, leased_client(address) as client:
         for _ in range(3):
             client.check("k", quotad.Policy("token_bucket", 10, 1000))
         assert fake.lease_calls() == [] and fake.checks == 3
+        terms = quotad.LeaseTerms(max_units=5, min_units=1, max_ttl_ms=10_000)
+        client.check("k", quotad.Policy("token_bucket", 10, 1000, lease=terms))
+        eventually("a lease", lambda: client.lease_stats().held == 1)
+        [call] = fake.lease_calls()
+        assert call.WhichOneof("policy") == "inline_policy"
+        assert call.inline_policy.limit == 10 and call.inline_policy.window_ms == 1000
+        assert (call.inline_terms.max_units, call.inline_terms.max_ttl_ms) == (5, 10_000)
 
 
 def test_closing_returns_the_unspent_units_with_what_was_spent() -> None:
@@ -194,6 +201,25 @@ def test_with_leases_two_real_clients_admit_exactly_the_limit() -> None:
             b.close()
             assert admitted == 10
             assert a.lease_stats().local_admissions + b.lease_stats().local_admissions > 0
+
+
+def test_an_inline_policy_with_terms_is_leased_by_a_real_quotad_and_admits_exactly_its_limit() -> (
+    None
+):
+    terms = quotad.LeaseTerms(max_units=4, min_units=1, max_ttl_ms=10_000)
+    policy = quotad.Policy("token_bucket", 12, 3_600_000, lease=terms)
+    with real_quotad() as q:
+        for _ in range(3):
+            key = f"inline-lease-{uuid.uuid4().hex[:8]}"
+            client = leased_client(q.address, 4)
+            admitted = 0
+            for _ in range(40):
+                admitted += client.check(key, policy).allowed
+                time.sleep(0.002)
+            client.close()
+            assert admitted == 12
+            assert client.lease_stats().acquired >= 1
+            assert client.lease_stats().local_admissions > 0
 
 
 def test_the_async_client_leases_as_the_sync_one() -> None:

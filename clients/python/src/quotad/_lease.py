@@ -16,8 +16,9 @@ budget) sends the key's checks one by one for a back-off; a policy quotad
 will not lease is not asked again for a minute. Closing the client returns
 what is unspent.
 
-Inline policies are never leased by this client (the Rust client leases them
-only when given lease terms).
+An inline policy is leased only when it carries lease terms
+(``Policy(..., lease=LeaseTerms(...))``), as the Rust client's
+``Check::lease_terms``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ._types import Decision, Policy, PolicyLike, Reason
+from ._wire import policy_proto
 from .v1 import lease_pb2
 
 MAX_LEASE_WANT = 1 << 53
@@ -186,7 +188,7 @@ class LeaseTable:
             self.counts[name] += n
 
     def spend(self, policy: PolicyLike, key: str, cost: int, now_ms: int) -> Spent:
-        if isinstance(policy, Policy) or self.closed:
+        if self.closed or (isinstance(policy, Policy) and policy.lease is None):
             return Spent(None, None)
         with self._lock:
             slot = self._slots.get((policy, key))
@@ -241,8 +243,15 @@ class LeaseTable:
 
 def lease_request(slot: Slot, want: int, settle: Taken | None) -> lease_pb2.LeaseRequest:
     request = lease_pb2.LeaseRequest(key=slot.key, want=want)
-    assert isinstance(slot.policy, str), "only named policies are leased"
-    request.policy_name = slot.policy
+    if isinstance(slot.policy, Policy):
+        assert slot.policy.lease is not None, "only inline policies with terms are leased"
+        request.inline_policy.CopyFrom(policy_proto(slot.policy))
+        terms = slot.policy.lease
+        request.inline_terms.max_units = terms.max_units
+        request.inline_terms.min_units = terms.min_units
+        request.inline_terms.max_ttl_ms = terms.max_ttl_ms
+    else:
+        request.policy_name = slot.policy
     if settle is not None:
         request.settle.lease_id = settle.id
         request.settle.spent = settle.spent

@@ -76,17 +76,30 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class LeaseTerms:
+    """How quotad may lease budget of an inline policy to a client with leases on
+    (``inline_terms`` of ``Leases.Lease``; the server bounds them by its
+    ``[limits]``). An inline policy without them is never leased."""
+
+    max_units: int
+    min_units: int
+    max_ttl_ms: int
+
+
+@dataclass(frozen=True)
 class Policy:
     """A policy given with the request instead of a name in quotad's config.
 
     quotad validates it and answers ``INVALID_ARGUMENT`` naming the field
-    (``inline_policy.limit``, ...) when a rule is broken.
+    (``inline_policy.limit``, ...) when a rule is broken. ``lease``: the
+    terms a client with leases on asks quotad to lease it under.
     """
 
     algorithm: Algorithm
     limit: int
     window_ms: int
     burst: int | None = None
+    lease: LeaseTerms | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))

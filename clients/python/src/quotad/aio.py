@@ -34,7 +34,8 @@ class AsyncClient:
     denial of cost ``c`` answers later checks of that key and policy for a
     cost of ``c`` or more locally until its retry time. ``leases``: a
     :class:`~quotad.LeaseOptions` turns leases on for named policies whose
-    quotad settings allow them (see ``quotad._lease`` for the rules);
+    quotad settings allow them, and inline ones given ``lease`` terms (see
+    ``quotad._lease`` for the rules);
     :meth:`close` returns what is unspent.
 
     The client connects on first use and reconnects by itself.
