@@ -7,6 +7,8 @@ from pathlib import Path
 
 import grpc
 
+from .errors import InvalidAddressError
+
 
 @dataclass(frozen=True)
 class TLS:
@@ -26,8 +28,6 @@ class TLS:
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
-            from .errors import InvalidAddressError
-
             raise InvalidAddressError("tls.cert and tls.key: give both for mTLS, or neither")
 
     @classmethod
