@@ -291,3 +291,33 @@ def test_a_unix_socket_address_reaches_quotad(tmp_path: Path) -> None:
 
         assert asyncio.run(go()).remaining == 3
         assert q.address.startswith("unix:")
+
+
+def test_a_cost_the_wire_cannot_carry_is_refused_naming_the_field_before_anything_is_sent() -> None:
+    # Nothing listens: a refusal here was made locally.
+    with closed_port() as address, quotad.Client(address, on_unavailable="fail_open") as client:
+        for cost in (-1, 1 << 64):
+            with pytest.raises(quotad.RejectedError) as raised:
+                client.check("k", "login", cost=cost)
+            assert raised.value.code is grpc.StatusCode.INVALID_ARGUMENT
+            assert raised.value.field == "cost"
+        with pytest.raises(quotad.RejectedError) as raised:
+            client.check_batch([quotad.Check("k", "login"), quotad.Check("k", "login", -2)])
+        assert raised.value.field == "items[1].cost"
+
+
+def test_a_negative_cost_never_adds_to_a_lease() -> None:
+    from fake_quotad import Fake, fake_quotad
+
+    fake = Fake(units=10)
+    with fake_quotad(fake) as address:
+        client = quotad.Client(address, deadline=2, leases=quotad.LeaseOptions(10))
+        client.check("k", "api")
+        deadline = time.monotonic() + 5
+        while client.lease_stats().held == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        with pytest.raises(quotad.RejectedError):
+            client.check("k", "api", cost=-5)
+        assert client.check("k", "api").remaining == 9
+        client.close()

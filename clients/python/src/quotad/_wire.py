@@ -50,6 +50,20 @@ def policy_proto(policy: Policy) -> pb.Policy:
     return message
 
 
+MAX_UINT64 = (1 << 64) - 1
+
+
+def valid_cost(cost: int, field: str = "cost") -> int:
+    """A cost the wire can carry; quotad itself answers for 0 and above 2^53.
+    A negative cost (which a u64 cannot be) is refused here, naming the field,
+    before anything is sent or spent."""
+    if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= MAX_UINT64:
+        raise RejectedError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"{field}: must be from 1 to 2^53 (got {cost!r})"
+        )
+    return cost
+
+
 def check_request(key: str, policy: PolicyLike, cost: int) -> pb.CheckRequest:
     if isinstance(policy, Policy):
         return pb.CheckRequest(key=key, cost=cost, inline_policy=policy_proto(policy))
@@ -62,6 +76,8 @@ def batch_request(items: Sequence[Check], mode: BatchMode) -> pb.CheckBatchReque
         if BatchMode(mode) is BatchMode.ALL_OR_NOTHING
         else pb.BATCH_MODE_INDEPENDENT
     )
+    for i, c in enumerate(items):
+        valid_cost(c.cost, f"items[{i}].cost")
     return pb.CheckBatchRequest(
         items=[check_request(c.key, c.policy, c.cost) for c in items], mode=wire_mode
     )

@@ -96,6 +96,7 @@ class AsyncClient:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
+        _wire.valid_cost(cost)
         if self._lessee is not None:
             spent = self._lessee.table.spend(policy, key, cost, now_ms())
             if spent.call is not None:
@@ -142,6 +143,7 @@ class AsyncClient:
         self, key: str, policy: PolicyLike, *, cost: int = 1, deadline: float | None = None
     ) -> Decision:
         """What :meth:`check` would answer now, consuming nothing. Always asks quotad."""
+        _wire.valid_cost(cost)
         try:
             answer = await self._stub.Peek(
                 _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)

@@ -94,6 +94,7 @@ class Client:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
+        _wire.valid_cost(cost)
         if self._lessee is not None:
             spent = self._lessee.table.spend(policy, key, cost, now_ms())
             if spent.call is not None:
@@ -140,6 +141,7 @@ class Client:
         self, key: str, policy: PolicyLike, *, cost: int = 1, deadline: float | None = None
     ) -> Decision:
         """What :meth:`check` would answer now, consuming nothing. Always asks quotad."""
+        _wire.valid_cost(cost)
         try:
             answer = self._stub.Peek(
                 _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
