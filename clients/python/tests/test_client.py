@@ -306,7 +306,7 @@ def test_a_cost_the_wire_cannot_carry_is_refused_naming_the_field_before_anythin
         assert raised.value.field == "items[1].cost"
 
 
-def test_a_negative_cost_never_adds_to_a_lease() -> None:
+def test_a_negative_or_zero_cost_is_never_spent_from_a_lease() -> None:
     from fake_quotad import Fake, fake_quotad
 
     fake = Fake(units=10)
@@ -320,4 +320,10 @@ def test_a_negative_cost_never_adds_to_a_lease() -> None:
         with pytest.raises(quotad.RejectedError):
             client.check("k", "api", cost=-5)
         assert client.check("k", "api").remaining == 9
+        # Cost 0 is quotad's to refuse (the fake admits anything it is sent),
+        # never a local admission from the lease.
+        checks = fake.checks
+        client.check("k", "api", cost=0)
+        assert fake.checks == checks + 1
+        assert client.check("k", "api").remaining == 8
         client.close()

@@ -190,6 +190,10 @@ class LeaseTable:
     def spend(self, policy: PolicyLike, key: str, cost: int, now_ms: int) -> Spent:
         if self.closed or (isinstance(policy, Policy) and policy.lease is None):
             return Spent(None, None)
+        if cost < 1:
+            # quotad's to refuse (INVALID_ARGUMENT naming the cost), never a
+            # free local admission.
+            return Spent(None, None)
         with self._lock:
             slot = self._slots.get((policy, key))
             if slot is None:
