@@ -36,3 +36,26 @@ fi
 cargo build --bin quotad
 (cd clients/node && npm ci --no-audit --no-fund && npm run build && npm test)
 (cd examples/express && npm ci --no-audit --no-fund && npm test)
+
+# --- The Python client (clients/python) and the FastAPI example: a venv
+# under target/ (never committed), the package and its test extras from
+# PyPI, then ruff, mypy (strict) and pytest against the quotad binary
+# built here (the tests start it on free loopback ports; QUOTAD_BIN names
+# another).
+PY_VENV=target/pyenv
+if [ ! -x "$PY_VENV/bin/python" ]; then
+  if ! python3 -m venv "$PY_VENV" 2>/dev/null; then
+    echo "python3 -m venv failed: installing python3-venv with apt-get" >&2
+    rm -rf "$PY_VENV"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$PY_VENV"
+  fi
+fi
+"$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check "./clients/python[test]"
+"$PY_VENV/bin/ruff" check clients/python examples/fastapi
+"$PY_VENV/bin/ruff" format --check clients/python examples/fastapi
+(cd clients/python && "../../$PY_VENV/bin/python" -m mypy src/quotad)
+"$PY_VENV/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests examples/fastapi

@@ -1,0 +1,91 @@
+"""Generates the gRPC stubs from quotad's protos while the package is built.
+
+The protos are read from ``proto/`` beside this file when it exists (an
+sdist carries them there), else from the repository's
+``crates/quotad-proto/proto/``, or from the folder named by
+``QUOTAD_PROTO_DIR``. The stubs land in ``quotad/v1/`` of the build, with
+``.pyi`` type stubs; nothing generated is written into the source tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from importlib.metadata import version
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+HERE = Path(__file__).resolve().parent
+PROTOS = ("quotad/v1/quota.proto", "quotad/v1/lease.proto")
+
+
+def proto_root() -> Path:
+    candidates = []
+    if os.environ.get("QUOTAD_PROTO_DIR"):
+        candidates.append(Path(os.environ["QUOTAD_PROTO_DIR"]))
+    candidates += [HERE / "proto", HERE.parent.parent / "crates" / "quotad-proto" / "proto"]
+    for root in candidates:
+        if all((root / p).is_file() for p in PROTOS):
+            return root
+    raise RuntimeError(
+        "quotad's protos not found: looked in "
+        + ", ".join(str(c) for c in candidates)
+        + " (set QUOTAD_PROTO_DIR to the folder holding quotad/v1/*.proto)"
+    )
+
+
+def generate(out: Path) -> None:
+    from grpc_tools import protoc  # a build requirement (pyproject.toml)
+
+    root = proto_root()
+    include = Path(protoc.__file__).resolve().parent / "_proto"
+    out.mkdir(parents=True, exist_ok=True)
+    args = [
+        "grpc_tools.protoc",
+        f"-I{root}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--pyi_out={out}",
+        f"--grpc_python_out={out}",
+        *PROTOS,
+    ]
+    if protoc.main(args) != 0:
+        raise RuntimeError(f"protoc failed on {', '.join(PROTOS)} in {root}")
+    (out / "quotad" / "v1" / "__init__.py").write_text(
+        '"""gRPC stubs generated from quotad\'s protos when the package was built."""\n'
+    )
+
+
+def requirements() -> list[str]:
+    """grpcio and protobuf at least as new as the build's grpcio-tools and protobuf:
+    the stubs check at import that their runtime is not older than their generator,
+    and protobuf's generated code needs the same major version."""
+    tools = version("grpcio-tools")
+    protobuf = version("protobuf")
+    major = int(protobuf.split(".")[0])
+    return [f"grpcio>={tools}", f"protobuf>={protobuf},<{major + 1}"]
+
+
+class BuildWithStubs(build_py):
+    def run(self) -> None:
+        super().run()
+        generate(Path(self.build_lib))
+
+
+class SdistWithProtos(sdist):
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        root = proto_root()
+        for p in PROTOS:
+            target = Path(base_dir) / "proto" / p
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / p, target)
+
+
+setup(
+    install_requires=requirements(),
+    cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProtos},
+)

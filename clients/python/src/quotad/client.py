@@ -1,0 +1,183 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+import grpc
+
+from . import _wire
+from ._lease import LeaseOptions, LeaseStats, LeaseTable
+from ._lessee import Lessee
+from ._settings import DEFAULT_DEADLINE, Settings, cache_key, now_ms, parse_address
+from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
+from .errors import BadResponseError
+from .tls import TLS
+from .v1 import quota_pb2_grpc
+
+
+class Client:
+    """A client of quotad, safe to share between threads.
+
+    ``address``: ``http://host:port``, ``https://host:port`` (TLS; give
+    ``tls`` for a private CA or mTLS), ``unix:///path/to.sock``, or
+    ``host:port``. ``deadline``: the longest one call may take, connecting
+    included, in seconds (default 0.25, the Rust client's); past it the
+    failure policy applies. ``on_unavailable``: what a call answers when
+    quotad cannot be reached in time (``"error"`` by default: raise
+    :class:`~quotad.UnavailableError`; ``"fail_open"``; ``"fail_closed"``).
+    ``deny_cache``: the most keys the local deny cache holds (``True``:
+    10,000, the default; ``0`` or ``False``: off): a ``LIMIT_EXCEEDED``
+    denial of cost ``c`` answers later checks of that key and policy for a
+    cost of ``c`` or more locally until its retry time. ``leases``: a
+    :class:`~quotad.LeaseOptions` turns leases on for named policies whose
+    quotad settings allow them, and inline ones given ``lease`` terms (see
+    ``quotad._lease`` for the rules);
+    :meth:`close` returns what is unspent.
+
+    The client connects on first use and reconnects by itself.
+
+    >>> with quotad.Client("http://127.0.0.1:50051") as client:   # doctest: +SKIP
+    ...     decision = client.check("user-42", "api")
+    """
+
+    def __init__(
+        self,
+        address: str = "http://127.0.0.1:50051",
+        *,
+        deadline: float = DEFAULT_DEADLINE,
+        on_unavailable: FailurePolicy | str = FailurePolicy.ERROR,
+        tls: TLS | None = None,
+        deny_cache: int | bool = True,
+        leases: LeaseOptions | None = None,
+    ) -> None:
+        target = parse_address(address, tls)
+        self._settings = Settings(deadline, on_unavailable, deny_cache)
+        if target.tls is None:
+            self._channel = grpc.insecure_channel(target.target, options=target.options)
+        else:
+            self._channel = grpc.secure_channel(
+                target.target, target.tls.credentials(), options=target.options
+            )
+        self._stub = quota_pb2_grpc.QuotaStub(self._channel)
+        self._lessee = (
+            None
+            if leases is None
+            else Lessee(LeaseTable(leases), self._channel, self._settings.deadline)
+        )
+
+    def lease_stats(self) -> LeaseStats:
+        """What this client's leases have done (all zero with leases off)."""
+        if self._lessee is None:
+            return LeaseStats()
+        return self._lessee.table.stats(now_ms())
+
+    @property
+    def deadline(self) -> float:
+        """The deadline of a call, in seconds."""
+        return self._settings.deadline
+
+    @property
+    def on_unavailable(self) -> FailurePolicy:
+        """What a call answers when quotad cannot be reached."""
+        return self._settings.on_unavailable
+
+    def check(
+        self, key: str, policy: PolicyLike, *, cost: int = 1, deadline: float | None = None
+    ) -> Decision:
+        """Decides and consumes ``cost`` units of ``key`` under ``policy`` (a name or a
+        :class:`~quotad.Policy`).
+
+        Raises :class:`~quotad.RejectedError` for bad input or an unknown
+        policy (``code`` and ``field`` say which), and
+        :class:`~quotad.UnavailableError` when quotad cannot be reached and
+        the failure policy is ``"error"``.
+        """
+        _wire.valid_cost(cost)
+        if self._lessee is not None:
+            spent = self._lessee.table.spend(policy, key, cost, now_ms())
+            if spent.call is not None:
+                self._lessee.start(spent.call)
+            if spent.decision is not None:
+                return spent.decision
+        cache = self._settings.cache
+        ckey = cache_key(policy, key)
+        if cache is not None:
+            local = cache.lookup(ckey, cost, now_ms())
+            if local is not None:
+                return local
+        sent = cache.sent(now_ms()) if cache is not None else None
+        try:
+            answer = self._stub.Check(
+                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
+            )
+        except grpc.RpcError as error:
+            return self._settings.failed(_wire.classify(error), 1)[0]
+        decision = _wire.decision(answer.decision)
+        if cache is not None and sent is not None:
+            cache.record(ckey, cost, decision, sent, now_ms())
+        return decision
+
+    def check_batch(
+        self,
+        items: Sequence[Check],
+        *,
+        mode: BatchMode | str = BatchMode.INDEPENDENT,
+        deadline: float | None = None,
+    ) -> list[Decision]:
+        """Decides at most 1,000 items in one round trip, one decision per item in order.
+        Not answered from the deny cache: the mode decides how items affect each other."""
+        request = _wire.batch_request(items, BatchMode(mode))
+        try:
+            answer = self._stub.CheckBatch(request, timeout=self._timeout(deadline))
+        except grpc.RpcError as error:
+            return self._settings.failed(_wire.classify(error), len(items))
+        if len(answer.decisions) != len(items):
+            raise BadResponseError("the number of decisions differs from the number of checks")
+        return [_wire.decision(d) for d in answer.decisions]
+
+    def peek(
+        self, key: str, policy: PolicyLike, *, cost: int = 1, deadline: float | None = None
+    ) -> Decision:
+        """What :meth:`check` would answer now, consuming nothing. Always asks quotad."""
+        _wire.valid_cost(cost)
+        try:
+            answer = self._stub.Peek(
+                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
+            )
+        except grpc.RpcError as error:
+            return self._settings.failed(_wire.classify(error), 1)[0]
+        return _wire.decision(answer.decision)
+
+    def reset(self, key: str, policy: PolicyLike, *, deadline: float | None = None) -> None:
+        """Forgets the state of ``key`` under ``policy``; drops this client's cached denial.
+        Not subject to the failure policy: raises when quotad cannot be reached."""
+        try:
+            self._stub.Reset(_wire.reset_request(key, policy), timeout=self._timeout(deadline))
+        except grpc.RpcError as error:
+            raise _wire.classify(error) from None
+        finally:
+            # Even a reset that timed out may have happened.
+            if self._settings.cache is not None:
+                self._settings.cache.forget(cache_key(policy, key))
+
+    def close(self) -> None:
+        """Returns every lease held (with leases on), then closes the connection."""
+        if self._lessee is not None:
+            self._lessee.shutdown()
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _timeout(self, deadline: float | None) -> float:
+        return self._settings.deadline if deadline is None else deadline

@@ -1,0 +1,375 @@
+"""The shared conformance cases (tests/clients/cases.json) run through the Python
+client: every case with the sync Client and with the AsyncClient, and every HTTP
+case through the ASGI middleware (on the AsyncClient) and the WSGI middleware (on
+the sync Client). A case answered differently fails naming the case and step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from servers import CASES, server_for
+
+import quotad
+from quotad.middleware import KeyExtractor, RateLimitMiddleware, WSGIRateLimitMiddleware
+
+SUITE = json.loads(CASES.read_text())
+assert SUITE["version"] == 1
+CASE_LIST: list[dict[str, Any]] = SUITE["cases"]
+
+
+def _policy(spec: dict[str, Any]) -> quotad.PolicyLike:
+    if "name" in spec:
+        return spec["name"]
+    inline = spec["inline"]
+    return quotad.Policy(
+        inline["algorithm"], inline["limit"], inline["window_ms"], inline.get("burst")
+    )
+
+
+def _client_kwargs(case: dict[str, Any]) -> dict[str, Any]:
+    c = case.get("client", {})
+    kwargs: dict[str, Any] = {}
+    if "deadline_ms" in c:
+        kwargs["deadline"] = c["deadline_ms"] / 1000
+    if "on_unavailable" in c:
+        kwargs["on_unavailable"] = c["on_unavailable"]
+    if "deny_cache" in c:
+        kwargs["deny_cache"] = bool(c["deny_cache"])
+    return kwargs
+
+
+class Runner:
+    """Runs one case's steps against one client flavour, collecting mismatches."""
+
+    def __init__(self, case: dict[str, Any], prefix: str) -> None:
+        self.case = case
+        self.prefix = prefix
+
+    def key(self, key: str) -> str:
+        # An empty key stays empty: the case is about quotad refusing it.
+        return f"{self.prefix}{key}" if key else key
+
+    def fail(self, where: str, what: str) -> None:
+        pytest.fail(f"case {self.case['name']!r}, {where}: {what}", pytrace=False)
+
+    def compare(self, where: str, expect: dict[str, Any], got: Any, elapsed_ms: float) -> None:
+        if "within_ms" in expect and elapsed_ms > expect["within_ms"]:
+            self.fail(
+                where, f"answered in {elapsed_ms:.0f} ms, expected within {expect['within_ms']}"
+            )
+        if "error" in expect:
+            want = expect["error"]
+            if not isinstance(got, quotad.QuotadError):
+                self.fail(where, f"expected error {want}, got {got!r}")
+            code = "UNAVAILABLE" if isinstance(got, quotad.UnavailableError) else got.code.name
+            if code != want["code"]:
+                self.fail(where, f"expected error code {want['code']}, got {got!r}")
+            if want.get("message_contains", "") not in got.message:
+                self.fail(
+                    where,
+                    f"expected the message to contain {want['message_contains']!r}, got {got!r}",
+                )
+            return
+        if isinstance(got, Exception):
+            self.fail(where, f"expected {expect}, got the error {got!r}")
+        if "decisions" in expect:
+            if len(got) != len(expect["decisions"]):
+                self.fail(where, f"expected {len(expect['decisions'])} decisions, got {got}")
+            for i, (e, d) in enumerate(zip(expect["decisions"], got, strict=True)):
+                self.compare_decision(f"{where}, decision {i}", e, d)
+            return
+        if expect.get("ok"):
+            if got is not None:
+                self.fail(where, f"expected success, got {got!r}")
+            return
+        self.compare_decision(where, expect, got)
+
+    def compare_decision(self, where: str, expect: dict[str, Any], d: quotad.Decision) -> None:
+        for name in ("allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "reason"):
+            if name not in expect:
+                continue
+            want = expect[name]
+            value = getattr(d, name)
+            if name == "reason":
+                value = value.name
+            if isinstance(want, dict):
+                ok = want["min"] <= value <= want["max"]
+            else:
+                ok = value == want
+            if not ok:
+                self.fail(where, f"{name} is {value!r}, expected {want!r} (decision {d})")
+
+    def items(self, step: dict[str, Any]) -> list[quotad.Check]:
+        return [
+            quotad.Check(self.key(i["key"]), _policy(i["policy"]), i.get("cost", 1))
+            for i in step["items"]
+        ]
+
+
+def _sync_step(
+    runner: Runner, client: quotad.Client, other: quotad.Client, step: dict[str, Any]
+) -> Any:
+    target = other if step.get("via") == "other" else client
+    call = step["call"]
+    if call == "check":
+        return target.check(
+            runner.key(step["key"]), _policy(step["policy"]), cost=step.get("cost", 1)
+        )
+    if call == "peek":
+        return target.peek(
+            runner.key(step["key"]), _policy(step["policy"]), cost=step.get("cost", 1)
+        )
+    if call == "reset":
+        return target.reset(runner.key(step["key"]), _policy(step["policy"]))
+    if call == "check_batch":
+        return target.check_batch(runner.items(step), mode=step.get("mode", "independent"))
+    raise ValueError(f"unknown call {call!r}")
+
+
+async def _async_step(
+    runner: Runner, client: quotad.AsyncClient, other: quotad.AsyncClient, step: dict[str, Any]
+) -> Any:
+    target = other if step.get("via") == "other" else client
+    call = step["call"]
+    if call == "check":
+        return await target.check(
+            runner.key(step["key"]), _policy(step["policy"]), cost=step.get("cost", 1)
+        )
+    if call == "peek":
+        return await target.peek(
+            runner.key(step["key"]), _policy(step["policy"]), cost=step.get("cost", 1)
+        )
+    if call == "reset":
+        return await target.reset(runner.key(step["key"]), _policy(step["policy"]))
+    if call == "check_batch":
+        return await target.check_batch(runner.items(step), mode=step.get("mode", "independent"))
+    raise ValueError(f"unknown call {call!r}")
+
+
+def _steps(case: dict[str, Any]):
+    for index, step in enumerate(case["steps"]):
+        for n in range(step.get("repeat", 1)):
+            yield f"step {index} ({step['call']}, repeat {n + 1})", step
+
+
+def run_sync(case: dict[str, Any], address: str) -> None:
+    runner = Runner(case, f"py-sync-{uuid.uuid4().hex[:8]}:")
+    with (
+        quotad.Client(address, **_client_kwargs(case)) as client,
+        quotad.Client(address, deadline=2, deny_cache=False) as other,
+    ):
+        for where, step in _steps(case):
+            if step["call"] == "sleep":
+                time.sleep(step["ms"] / 1000)
+                continue
+            start = time.monotonic()
+            try:
+                got = _sync_step(runner, client, other, step)
+            except quotad.QuotadError as error:
+                got = error
+            runner.compare(where, step["expect"], got, (time.monotonic() - start) * 1000)
+
+
+async def run_async(case: dict[str, Any], address: str) -> None:
+    runner = Runner(case, f"py-async-{uuid.uuid4().hex[:8]}:")
+    async with (
+        quotad.AsyncClient(address, **_client_kwargs(case)) as client,
+        quotad.AsyncClient(address, deadline=2, deny_cache=False) as other,
+    ):
+        for where, step in _steps(case):
+            if step["call"] == "sleep":
+                await asyncio.sleep(step["ms"] / 1000)
+                continue
+            start = time.monotonic()
+            try:
+                got = await _async_step(runner, client, other, step)
+            except quotad.QuotadError as error:
+                got = error
+            runner.compare(where, step["expect"], got, (time.monotonic() - start) * 1000)
+
+
+def _key_extractor(spec: dict[str, Any]) -> KeyExtractor:
+    if "header" in spec:
+        return KeyExtractor.header(spec["header"])
+    if spec.get("peer_ip"):
+        return KeyExtractor.peer_ip()
+    if "forwarded_for" in spec:
+        return KeyExtractor.forwarded_for(spec["forwarded_for"]["trusted"])
+    raise ValueError(f"unknown key spec {spec}")
+
+
+async def _hello(scope: Any, receive: Any, send: Any) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/plain")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"hello\n"})
+
+
+def _wsgi_hello(environ: Any, start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("content-type", "text/plain")])
+    return [b"hello\n"]
+
+
+def _check_response(
+    runner: Runner, where: str, want: dict[str, Any], response: httpx.Response
+) -> None:
+    if response.status_code != want["expect_status"]:
+        runner.fail(
+            where,
+            f"status {response.status_code}, expected {want['expect_status']} "
+            f"(headers {dict(response.headers)}, body {response.text!r})",
+        )
+    for name, spec in want.get("expect_headers", {}).items():
+        value = response.headers.get(name)
+        if spec == "absent":
+            ok = value is None
+        elif spec == "present":
+            ok = value is not None
+        elif isinstance(spec, str):
+            ok = value == spec
+        elif "prefix" in spec:
+            ok = value is not None and value.startswith(spec["prefix"])
+        else:
+            ok = value is not None and value.isdigit() and spec["min"] <= int(value) <= spec["max"]
+        if not ok:
+            runner.fail(where, f"header {name} is {value!r}, expected {spec!r}")
+
+
+def _http_requests(runner: Runner, case: dict[str, Any]):
+    http = case["http"]
+    key_header = http["key"].get("header")
+    for i, request in enumerate(http["requests"]):
+        headers = dict(request.get("headers", {}))
+        if key_header and headers.get(key_header):
+            headers[key_header] = runner.key(headers[key_header])
+        yield f"request {i}", request, headers
+
+
+def run_asgi(case: dict[str, Any], address: str) -> None:
+    http = case["http"]
+    runner = Runner(case, f"py-asgi-{uuid.uuid4().hex[:8]}:")
+
+    async def go() -> None:
+        client = quotad.AsyncClient(address, **_client_kwargs(case))
+        app = RateLimitMiddleware(
+            _hello,
+            client=client,
+            policy=http["policy"],
+            key=_key_extractor(http["key"]),
+            cost=(lambda _r: http["cost"]) if "cost" in http else None,
+        )
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as web:
+            for where, request, headers in _http_requests(runner, case):
+                response = await web.get(request["path"], headers=headers)
+                _check_response(runner, where, request, response)
+        await client.close()
+
+    asyncio.run(go())
+
+
+def run_wsgi(case: dict[str, Any], address: str) -> None:
+    http = case["http"]
+    runner = Runner(case, f"py-wsgi-{uuid.uuid4().hex[:8]}:")
+    with quotad.Client(address, **_client_kwargs(case)) as client:
+        app = WSGIRateLimitMiddleware(
+            _wsgi_hello,
+            client=client,
+            policy=http["policy"],
+            key=_key_extractor(http["key"]),
+            cost=(lambda _r: http["cost"]) if "cost" in http else None,
+        )
+        transport = httpx.WSGITransport(app=app, remote_addr="127.0.0.1")
+        with httpx.Client(transport=transport, base_url="http://app") as web:
+            for where, request, headers in _http_requests(runner, case):
+                response = web.get(request["path"], headers=headers)
+                _check_response(runner, where, request, response)
+
+
+PARAMS = []
+for case in CASE_LIST:
+    flavours = ["sync", "async"]
+    if "http" in case:
+        flavours = ["asgi", "wsgi"] + (flavours if case["steps"] else [])
+    for flavour in flavours:
+        PARAMS.append(pytest.param(case, flavour, id=f"{flavour}: {case['name']}"))
+
+
+@pytest.mark.parametrize(("case", "flavour"), PARAMS)
+def test_case(case: dict[str, Any], flavour: str) -> None:
+    # A server of its own for every case and flavour: IP-keyed HTTP cases
+    # cannot be prefixed, and nothing leaks between cases.
+    with server_for(case["server"]) as address:
+        if flavour == "sync":
+            run_sync(case, address)
+        elif flavour == "async":
+            asyncio.run(run_async(case, address))
+        elif flavour == "asgi":
+            run_asgi(case, address)
+        elif flavour == "wsgi":
+            run_wsgi(case, address)
+        else:
+            raise ValueError(f"unknown flavour {flavour!r}")
+
+
+def test_the_case_file_names_every_case_once() -> None:
+    names = [c["name"] for c in CASE_LIST]
+    assert len(names) == len(set(names)), "case names must be unique"
+
+
+KNOWN = {
+    "case": {"name", "server", "client", "steps", "http"},
+    "client": {"deadline_ms", "on_unavailable", "deny_cache", "leases"},
+    "step": {"call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect"},
+    "item": {"key", "cost", "policy"},
+    "expect": {
+        "allowed",
+        "limit",
+        "remaining",
+        "retry_after_ms",
+        "reset_after_ms",
+        "reason",
+        "error",
+        "decisions",
+        "ok",
+        "within_ms",
+    },
+    "http": {"policy", "key", "cost", "requests"},
+    "request": {"path", "headers", "expect_status", "expect_headers"},
+}
+
+
+def test_the_case_file_uses_only_fields_this_driver_knows() -> None:
+    """A field added to the format must fail a driver that does not know it."""
+
+    def check(kind: str, obj: dict[str, Any], where: str) -> None:
+        unknown = set(obj) - KNOWN[kind]
+        assert not unknown, f"{where}: fields this driver does not know: {sorted(unknown)}"
+
+    for case in CASE_LIST:
+        name = case["name"]
+        check("case", case, name)
+        check("client", case.get("client", {}), name)
+        assert not case.get("client", {}).get("leases"), f"{name}: lease cases are not run yet"
+        for i, step in enumerate(case["steps"]):
+            check("step", step, f"{name}, step {i}")
+            for item in step.get("items", []):
+                check("item", item, f"{name}, step {i}")
+            if "expect" in step:
+                check("expect", step["expect"], f"{name}, step {i}")
+                for d in step["expect"].get("decisions", []):
+                    check("expect", d, f"{name}, step {i}")
+        if "http" in case:
+            check("http", case["http"], name)
+            for r in case["http"]["requests"]:
+                check("request", r, name)
