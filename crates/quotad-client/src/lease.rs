@@ -463,6 +463,11 @@ impl LeaseTable {
     /// The local answer to `check` at `now_ms`, or a miss; either may come
     /// with a slot whose lease call the caller must start.
     pub(crate) fn spend(&self, check: &Check, now_ms: u64) -> Spent {
+        if check.cost_units() == 0 {
+            // Not a check quotad would decide: it goes there, to be refused
+            // with INVALID_ARGUMENT, rather than admitted for nothing here.
+            return Spent::Miss(None);
+        }
         if matches!(check.policy(), PolicyRef::Inline(_)) && check.inline_terms().is_none() {
             // An inline policy without terms has nothing to lease with.
             return Spent::Miss(None);

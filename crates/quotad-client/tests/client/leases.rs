@@ -413,3 +413,17 @@ async fn inline_policies_with_terms_ask_for_leases_and_without_terms_never_do() 
         .await;
     until("asked", || fake.leases().len() == 1).await;
 }
+
+#[tokio::test]
+async fn a_check_of_cost_zero_goes_to_quotad_even_with_a_lease_held() {
+    let fake = Fake::leasing(1_000, MINUTE, terms(100, 1, Duration::from_secs(10)));
+    let client = client(&fake, 10).await;
+    acquire(&fake, &client, "k").await;
+    let checks = fake.checks();
+    let admitted = client.lease_stats().local_admissions;
+    // quotad refuses a cost of 0 (INVALID_ARGUMENT); a lease must not
+    // admit it for nothing.
+    let _ = client.check(&Check::named("api", "k").cost(0)).await;
+    assert_eq!(fake.checks(), checks + 1, "the check went to quotad");
+    assert_eq!(client.lease_stats().local_admissions, admitted);
+}
