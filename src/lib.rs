@@ -193,6 +193,9 @@ pub enum Error {
     /// The RLS rules could not be loaded at start.
     #[error("RLS rules")]
     Rls(#[from] policy::rls::RlsConfigError),
+    /// The RLQS bucket rules (`rlqs.rules`) cannot be used.
+    #[error(transparent)]
+    Rlqs(#[from] policy::rlqs::RlqsConfigError),
 }
 
 /// Installs ring as the process-wide rustls crypto provider, unless one is

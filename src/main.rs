@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use quotad::config::{LogFormat, LogSettings};
+use quotad::policy::rlqs::BucketRules;
 use quotad::{Causes, Config, ConfigError, FlagValues, Listeners};
 use tracing_subscriber::EnvFilter;
 
@@ -120,10 +121,29 @@ fn validate_config(file: &Path, rls_config: Option<&Path>) -> ExitCode {
                 ),
                 _ => String::new(),
             };
+            let rlqs = match config.rlqs().rules.as_deref() {
+                None => String::new(),
+                Some(path) => {
+                    let rules = BucketRules::read(path).and_then(|text| {
+                        BucketRules::parse(path, &text, |p| config.policies().contains_key(p))
+                    });
+                    match rules {
+                        Ok(rules) => format!(
+                            ", {} RLQS bucket rules from {}",
+                            rules.rules().len(),
+                            path.display()
+                        ),
+                        Err(error) => {
+                            eprintln!("{}: invalid RLQS bucket rules: {error}", file.display());
+                            return ExitCode::from(EXIT_INVALID_CONFIG);
+                        }
+                    }
+                }
+            };
             // A closed stdout is no reason to fail a valid config.
             let _ = writeln!(
                 out,
-                "{}: ok ({} named policies{rls})",
+                "{}: ok ({} named policies{rls}{rlqs})",
                 file.display(),
                 config.policies().len()
             );

@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
+use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use quotad_proto::v1::leases_server::LeasesServer;
 use quotad_proto::v1::quota_server::QuotaServer;
 use tonic::service::RoutesBuilder;
 
-use crate::api::{LeaseService, QuotaService, RequestLimits, RlsOptions, RlsService};
+use crate::api::{LeaseService, QuotaService, RequestLimits, RlqsService, RlsOptions, RlsService};
 use crate::backend::Backend;
 use crate::methods::Service;
 use crate::metrics::Metrics;
@@ -97,6 +98,19 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
                 );
                 self.routes.add_service(
                     RateLimitServiceServer::new(rls).max_decoding_message_size(max_message_bytes),
+                );
+            }
+            Service::Rlqs => {
+                let rules = policy::rlqs::start(self.config, &self.registry, self.tasks)?;
+                let rlqs = RlqsService::new(
+                    Arc::clone(&self.backend),
+                    Arc::clone(&self.registry),
+                    rules,
+                    limits,
+                );
+                self.routes.add_service(
+                    RateLimitQuotaServiceServer::new(rlqs)
+                        .max_decoding_message_size(max_message_bytes),
                 );
             }
         }

@@ -25,6 +25,7 @@
 //! Inline policies are not affected: their state is namespaced by all of
 //! their parameters, so a changed inline policy is a different state.
 
+pub mod rlqs;
 pub mod rls;
 
 mod registry;
