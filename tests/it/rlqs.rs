@@ -132,9 +132,9 @@ async fn three_envoys_on_two_replicas_on_redis_stay_within_every_window_as_deman
             drive(&e1, &pairs, 250, phase).await;
             drive(&e1, &pairs, 20, phase).await;
         },
-        drive(&e2, &pairs, 40, phase * 2),
+        drive(&e2, &pairs, 20, phase * 2),
         async {
-            drive(&e3, &pairs, 20, phase).await;
+            drive(&e3, &pairs, 10, phase).await;
             e3.break_stream();
             drive(&e3, &pairs, 250, Duration::from_millis(700)).await;
             e3.open().await;
@@ -144,6 +144,7 @@ async fn three_envoys_on_two_replicas_on_redis_stay_within_every_window_as_deman
     let mut all: Vec<u64> = [e1.admitted(), e2.admitted(), e3.admitted()].concat();
     all.sort_unstable();
     let windows = per_window(&all, FLEET_WINDOW_MS);
+    eprintln!("admitted per {FLEET_WINDOW_MS} ms window (limit {FLEET_LIMIT}): {windows:?}");
     for (window, admitted) in &windows {
         assert!(
             *admitted <= FLEET_LIMIT,
@@ -163,18 +164,15 @@ async fn three_envoys_on_two_replicas_on_redis_stay_within_every_window_as_deman
             "the fleet should use a good part of each window's budget: {windows:?}"
         );
     }
-    // Demand shifted, and so did the shares: e3 admitted more in its busy
-    // phase than e1 did in its quiet one, and the other way round.
+    // Demand shifted, and so did the shares: each Envoy admitted more in
+    // its busy phase than in its quiet one.
     let split = started + u64::try_from(phase.as_micros()).expect("fits");
     let count = |v: &[u64], before: bool| v.iter().filter(|t| (**t < split) == before).count();
-    assert!(
-        count(&e1.admitted(), true) > count(&e3.admitted(), true),
-        "e1 busy first"
-    );
-    assert!(
-        count(&e3.admitted(), false) > count(&e1.admitted(), false),
-        "e3 busy later"
-    );
+    let (e1_busy, e1_quiet) = (count(&e1.admitted(), true), count(&e1.admitted(), false));
+    let (e3_quiet, e3_busy) = (count(&e3.admitted(), true), count(&e3.admitted(), false));
+    eprintln!("e1 {e1_busy} busy, {e1_quiet} quiet; e3 {e3_quiet} quiet, {e3_busy} busy");
+    assert!(e1_busy > e1_quiet, "e1: {e1_busy} busy, {e1_quiet} quiet");
+    assert!(e3_busy > e3_quiet, "e3: {e3_busy} busy, {e3_quiet} quiet");
     // Every token bucket quotad sent is whole seconds and at least one token.
     for envoy in [&e1, &e2, &e3] {
         for (_, seen) in envoy.seen() {

@@ -161,6 +161,31 @@ pub struct EnvoyBucket {
 }
 
 impl EnvoyBucket {
+    /// This bucket, or, when it equals `previous`, one a token smaller
+    /// (burst first, then rate): Envoy keeps its current bucket, tokens and
+    /// all, when an identical one arrives, so a renewal that came out the
+    /// same would give the holder nothing of its new lease. Smaller never
+    /// admits more; a bucket of one token and one per fill cannot shrink
+    /// and is kept as it is.
+    #[must_use]
+    pub fn unlike(self, previous: Option<&EnvoyBucket>) -> EnvoyBucket {
+        let same = |p: &EnvoyBucket| {
+            (p.max_tokens, p.tokens_per_fill, p.fill_interval_s)
+                == (self.max_tokens, self.tokens_per_fill, self.fill_interval_s)
+        };
+        match previous {
+            Some(p) if same(p) && self.max_tokens > 1 => EnvoyBucket {
+                max_tokens: self.max_tokens - 1,
+                ..self
+            },
+            Some(p) if same(p) && self.tokens_per_fill > 1 => EnvoyBucket {
+                tokens_per_fill: self.tokens_per_fill - 1,
+                ..self
+            },
+            _ => self,
+        }
+    }
+
     /// The most Envoy admits with this bucket within `ms` of receiving it,
     /// starting full: the burst and the continuous refill, rounded down.
     pub fn most_admitted_within(&self, ms: u64) -> u64 {
@@ -237,6 +262,31 @@ mod tests {
         let few = terms.bucket(3, 2_500).expect("valid");
         assert_eq!((few.max_tokens, few.tokens_per_fill), (3, 1));
         assert!(few.fill_interval_s * 1_000 > 2_500);
+    }
+
+    #[test]
+    fn a_renewal_that_came_out_the_same_is_a_token_smaller() {
+        let terms = AssignmentTerms::try_new(2, 500, 10_000).expect("valid");
+        let bucket = terms.bucket(350, 2_500).expect("valid");
+        let next = terms
+            .bucket(350, 2_500)
+            .expect("valid")
+            .unlike(Some(&bucket));
+        assert_eq!((next.max_tokens, next.tokens_per_fill), (99, 100));
+        // The one after differs from that one, and is whole again.
+        assert_eq!(bucket.unlike(Some(&next)), bucket);
+        let one = EnvoyBucket {
+            max_tokens: 1,
+            tokens_per_fill: 3,
+            fill_interval_s: 1,
+            ttl_s: 1,
+        };
+        assert_eq!(one.unlike(Some(&one)).tokens_per_fill, 2);
+        let least = EnvoyBucket {
+            tokens_per_fill: 1,
+            ..one
+        };
+        assert_eq!(least.unlike(Some(&least)), least);
     }
 
     proptest! {

@@ -29,7 +29,7 @@ use pb::rate_limit_quota_response::BucketAction;
 use pb::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Act, QuotaAssignmentAction,
 };
-use quotad_core::{AssignmentTerms, LeaseAnswer, LeaseAsk, LeaseTerms, Settle};
+use quotad_core::{AssignmentTerms, EnvoyBucket, LeaseAnswer, LeaseAsk, LeaseTerms, Settle};
 use quotad_proto::envoy::service::rate_limit_quota::v3 as pb;
 use quotad_proto::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
 use rand::Rng as _;
@@ -138,6 +138,8 @@ struct Bucket {
     refresh_at: Instant,
     /// When Envoy's assignment ends, by quotad's clock (from the send).
     live_until: Instant,
+    /// The token bucket last sent, if the last assignment was one.
+    last: Option<EnvoyBucket>,
 }
 
 struct Session<S> {
@@ -310,6 +312,7 @@ impl<S: Backend> Session<S> {
                             idle: 0,
                             refresh_at: now,
                             live_until: now,
+                            last: None,
                         },
                     );
                     fresh.push(key);
@@ -377,15 +380,17 @@ impl<S: Backend> Session<S> {
         let pairs: BTreeMap<&str, &str> =
             key.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let rules = self.shared.rules.snapshot();
-        let (strategy, ttl_s, renew_after) = match rules.find(&domain, &pairs).action {
+        let (strategy, ttl_s, renew_after, sent) = match rules.find(&domain, &pairs).action {
             Action::AllowAll { ttl_s } => (
                 blanket(rate_limit_strategy::BlanketRule::AllowAll),
                 *ttl_s,
+                None,
                 None,
             ),
             Action::DenyAll { ttl_s } => (
                 blanket(rate_limit_strategy::BlanketRule::DenyAll),
                 *ttl_s,
+                None,
                 None,
             ),
             Action::Policy {
@@ -394,14 +399,25 @@ impl<S: Backend> Session<S> {
                 terms,
             } => {
                 let key = template.key(&pairs);
-                self.lease(policy, &key, terms, bucket.demand).await
+                self.lease(policy, &key, terms, bucket.demand, bucket.last.as_ref())
+                    .await
             }
         };
         let now = Instant::now();
+        let bucket = self.buckets.get_mut(key)?;
+        if let Some(retry) = renew_after
+            && bucket.live_until > now
+        {
+            // (`last` stays: it is what Envoy still holds.)
+            // Nothing could be leased, but Envoy's assignment has not ended:
+            // it keeps it (charged when granted) while quotad asks again.
+            bucket.refresh_at = now + retry.min(bucket.live_until - now);
+            return None;
+        }
         let ttl = Duration::from_secs(ttl_s);
         let renew_after = renew_after.unwrap_or_else(|| ttl - (ttl / 4).min(RENEW_LEAD));
-        let bucket = self.buckets.get_mut(key)?;
         bucket.refresh_at = now + renew_after;
+        bucket.last = sent;
         bucket.live_until = now + ttl;
         Some(BucketAction {
             bucket_id: Some(bucket.id.clone()),
@@ -415,20 +431,27 @@ impl<S: Backend> Session<S> {
         })
     }
 
-    /// A lease of `key` under `policy`, as a token bucket; deny-all (and a
-    /// renewal within a second) when nothing can be leased.
+    /// A lease of `key` under `policy`, as a token bucket; deny-all and
+    /// when to ask again (`Some`) when nothing can be leased.
     async fn lease(
         &self,
         policy: &str,
         key: &str,
         terms: &AssignmentTerms,
         (demanded, elapsed): (u64, u64),
-    ) -> (RateLimitStrategy, u64, Option<Duration>) {
+        last: Option<&EnvoyBucket>,
+    ) -> (
+        RateLimitStrategy,
+        u64,
+        Option<Duration>,
+        Option<EnvoyBucket>,
+    ) {
         let deny = |retry: Duration| {
             (
                 blanket(rate_limit_strategy::BlanketRule::DenyAll),
                 RETRY_TTL_S,
                 Some(retry),
+                None,
             )
         };
         let retry = Duration::from_millis(500);
@@ -474,7 +497,7 @@ impl<S: Backend> Session<S> {
             }
         };
         let lease_ms = grant.ends_at.saturating_sub(grant.granted_at);
-        match terms.bucket(grant.units, lease_ms) {
+        match terms.bucket(grant.units, lease_ms).map(|b| b.unlike(last)) {
             Some(bucket) => (
                 RateLimitStrategy {
                     strategy: Some(rate_limit_strategy::Strategy::TokenBucket(TokenBucket {
@@ -490,6 +513,7 @@ impl<S: Backend> Session<S> {
                 },
                 bucket.ttl_s,
                 None,
+                Some(bucket),
             ),
             None => {
                 // Under a second of the window is left after the margin:
