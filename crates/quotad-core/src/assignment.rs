@@ -116,6 +116,26 @@ impl AssignmentTerms {
             .clamp(1, self.max_units)
     }
 
+    /// A bucket of all of a lease's `units` that does not refill within
+    /// its life: for the window algorithms, whose leases end with their
+    /// window (when in the window a leased unit is spent does not matter,
+    /// so nothing is held back for a refill). `None` as for
+    /// [`AssignmentTerms::bucket`].
+    pub fn window_bucket(&self, units: u64, lease_ms: u64) -> Option<EnvoyBucket> {
+        let ttl_s = (lease_ms.saturating_sub(self.margin_ms) / 1_000).min(self.ttl_s);
+        if ttl_s == 0 || units == 0 {
+            return None;
+        }
+        let units = units.min(MAX_ASSIGNMENT_UNITS);
+        let life = ttl_s * 1_000 + self.margin_ms;
+        Some(EnvoyBucket {
+            max_tokens: u32::try_from(units).expect("units <= u32::MAX"),
+            tokens_per_fill: 1,
+            fill_interval_s: life / 1_000 + 1,
+            ttl_s,
+        })
+    }
+
     /// The Envoy token bucket for a lease of `units` that the store counts
     /// for `lease_ms` (less than [`AssignmentTerms::lease_ms`] when the
     /// lease ends with a window): `None` when what is left of it after the
@@ -321,6 +341,15 @@ mod tests {
                         used + rate * (2 + margin_ms.div_ceil(1_000)) + 2 >= units,
                         "used {} of {}", used, units
                     );
+                }
+            }
+            match terms.window_bucket(units, lease_ms) {
+                None => prop_assert!(lease_ms < margin_ms + 1_000),
+                Some(bucket) => {
+                    let life = bucket.ttl_s * 1_000 + margin_ms;
+                    prop_assert!(bucket.ttl_s * 1_000 + margin_ms <= lease_ms);
+                    prop_assert_eq!(bucket.most_admitted_within(life), units);
+                    prop_assert!(bucket.max_tokens >= 1 && bucket.fill_interval_s >= 1);
                 }
             }
         }

@@ -29,7 +29,9 @@ use pb::rate_limit_quota_response::BucketAction;
 use pb::rate_limit_quota_response::bucket_action::{
     AbandonAction, BucketAction as Act, QuotaAssignmentAction,
 };
-use quotad_core::{AssignmentTerms, EnvoyBucket, LeaseAnswer, LeaseAsk, LeaseTerms, Settle};
+use quotad_core::{
+    Algorithm, AssignmentTerms, EnvoyBucket, LeaseAnswer, LeaseAsk, LeaseTerms, Settle,
+};
 use quotad_proto::envoy::service::rate_limit_quota::v3 as pb;
 use quotad_proto::envoy::r#type::v3::{RateLimitStrategy, TokenBucket, rate_limit_strategy};
 use rand::Rng as _;
@@ -405,7 +407,7 @@ impl<S: Backend> Session<S> {
         };
         let now = Instant::now();
         let bucket = self.buckets.get_mut(key)?;
-        if let Some(retry) = renew_after
+        if let (Some(retry), None) = (renew_after, &sent)
             && bucket.live_until > now
         {
             // (`last` stays: it is what Envoy still holds.)
@@ -415,7 +417,14 @@ impl<S: Backend> Session<S> {
             return None;
         }
         let ttl = Duration::from_secs(ttl_s);
-        let renew_after = renew_after.unwrap_or_else(|| ttl - (ttl / 4).min(RENEW_LEAD));
+        let regular = ttl - (ttl / 4).min(RENEW_LEAD);
+        let renew_after = match (renew_after, &sent) {
+            // A lease that ends with its window: renewed no later than the
+            // last moment a renewal still gets a whole second of it.
+            (Some(latest), Some(_)) => regular.min(latest),
+            (Some(retry), None) => retry,
+            (None, _) => regular,
+        };
         bucket.refresh_at = now + renew_after;
         bucket.last = sent;
         bucket.live_until = now + ttl;
@@ -497,7 +506,13 @@ impl<S: Backend> Session<S> {
             }
         };
         let lease_ms = grant.ends_at.saturating_sub(grant.granted_at);
-        match terms.bucket(grant.units, lease_ms).map(|b| b.unlike(last)) {
+        // The buckets' leases are shares of a rate: Envoy spreads them over
+        // their life. Any other algorithm's lease is all there at once.
+        let cut = match named.settings.policy.algorithm() {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => terms.bucket(grant.units, lease_ms),
+            _ => terms.window_bucket(grant.units, lease_ms),
+        };
+        match cut.map(|b| b.unlike(last)) {
             Some(bucket) => (
                 RateLimitStrategy {
                     strategy: Some(rate_limit_strategy::Strategy::TokenBucket(TokenBucket {
@@ -512,7 +527,12 @@ impl<S: Backend> Session<S> {
                     })),
                 },
                 bucket.ttl_s,
-                None,
+                // Cut short by its window's end: a renewal after this
+                // would leave under a second of the window, and none.
+                (lease_ms < terms.lease_ms())
+                    .then(|| lease_ms.checked_sub(terms.margin_ms() + 1_000))
+                    .flatten()
+                    .map(Duration::from_millis),
                 Some(bucket),
             ),
             None => {
