@@ -224,6 +224,7 @@ async fn three_envoys_on_a_token_bucket_stay_within_its_burst_and_rate_in_every_
     );
     let mut all: Vec<u64> = envoys.iter().flat_map(SimEnvoy::admitted).collect();
     all.sort_unstable();
+    eprintln!("token bucket: {} admitted in 4 s", all.len());
     assert!(
         all.len() as u64 > LIMIT,
         "the fleet admitted only {}",

@@ -18,7 +18,9 @@
 //! keep every key within its policy: `docs/leases.md`).
 //!
 //! What is lost: the refill budgeted over the margin, and the rounding of
-//! `C` into `U` and `r` (under-admission, never over).
+//! `C` into `U` and `r` (under-admission, never over). The window
+//! algorithms' leases are cut without a refill
+//! ([`AssignmentTerms::window_bucket`]): all `C` units at once.
 
 use thiserror::Error;
 
