@@ -475,6 +475,43 @@ async fn a_closed_streams_assignments_keep_counting_until_they_end() {
 }
 
 #[tokio::test]
+async fn an_idle_bucket_is_abandoned_only_once_its_assignment_has_ended() {
+    let files = files(MATCH_CONFIG, MATCH_RULES);
+    let server = start(&files.config).await;
+    // Reports every 100 ms: six idle reports take 0.6 s, under the 2 s TTL.
+    let envoy = SimEnvoy::start(server.channel().await, "edge", Duration::from_millis(100)).await;
+    let pairs = [("name", "api"), ("tenant", "idle")];
+    envoy.request(&pairs).await;
+    eventually(Duration::from_secs(10), "abandoned", || async {
+        envoy.seen().iter().any(|(_, s)| *s == Seen::Abandon)
+    })
+    .await;
+    let (seen, at) = (envoy.seen(), envoy.seen_at());
+    let abandon = seen
+        .iter()
+        .position(|(_, s)| *s == Seen::Abandon)
+        .expect("abandoned");
+    let Seen::Bucket { ttl_s, .. } = seen[abandon - 1].1 else {
+        panic!("a lease before the abandon: {seen:?}")
+    };
+    let ttl_s = u64::try_from(ttl_s).expect("not negative");
+    // quotad times the TTL from its send; the two messages' transit times
+    // differ by well under 20 ms on loopback.
+    assert!(
+        at[abandon] + Duration::from_millis(20) >= at[abandon - 1] + Duration::from_secs(ttl_s),
+        "abandoned {:?} after its last assignment of {ttl_s} s",
+        at[abandon] - at[abandon - 1]
+    );
+    // Envoy forgot it: its next request starts it afresh.
+    assert!(!envoy.request(&pairs).await);
+    eventually(Duration::from_secs(5), "answered afresh", || async {
+        envoy.seen().len() > abandon + 1
+    })
+    .await;
+    assert!(envoy.request(&pairs).await, "{:?}", envoy.seen());
+}
+
+#[tokio::test]
 async fn a_reloaded_rules_file_applies_to_the_next_assignment_and_a_broken_one_is_refused() {
     let config = format!("[server]\nconfig_poll_interval = \"20ms\"\n{MATCH_CONFIG}");
     let files = files(&config, MATCH_RULES);

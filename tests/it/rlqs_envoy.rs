@@ -97,6 +97,8 @@ struct State {
     /// Wall-clock microseconds of every admitted request.
     admitted: Vec<u64>,
     seen: Vec<(BTreeMap<String, String>, Seen)>,
+    /// When each of `seen` arrived.
+    seen_at: Vec<Instant>,
     /// The status the stream ended with, if the server ended it.
     closed: Option<tonic::Status>,
 }
@@ -274,6 +276,11 @@ impl SimEnvoy {
         self.state.lock().expect("state").seen.clone()
     }
 
+    /// When each of [`SimEnvoy::seen`] arrived.
+    pub(crate) fn seen_at(&self) -> Vec<Instant> {
+        self.state.lock().expect("state").seen_at.clone()
+    }
+
     /// The status the server closed the stream with, if it did.
     pub(crate) fn closed(&self) -> Option<tonic::Status> {
         self.state.lock().expect("state").closed.clone()
@@ -333,6 +340,7 @@ fn apply(state: &Mutex<State>, response: pb::RateLimitQuotaResponse) {
             Some(Act::AbandonAction(_)) => {
                 state.buckets.remove(&key);
                 state.seen.push((pairs, Seen::Abandon));
+                state.seen_at.push(now);
             }
             Some(Act::QuotaAssignmentAction(assignment)) => {
                 let ttl_s = assignment.assignment_time_to_live.map_or(0, |d| d.seconds);
@@ -395,6 +403,7 @@ fn apply(state: &Mutex<State>, response: pb::RateLimitQuotaResponse) {
                     rule,
                 });
                 state.seen.push((pairs, seen));
+                state.seen_at.push(now);
             }
             None => {}
         }

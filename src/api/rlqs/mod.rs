@@ -304,6 +304,14 @@ impl<S: Backend> Session<S> {
                     bucket.demand = (demanded, elapsed);
                     bucket.idle = if demanded == 0 { bucket.idle + 1 } else { 0 };
                 }
+                // A bucket quotad does not track, reported with no request:
+                // a report Envoy sent before it received the bucket's
+                // abandon (or an idle bucket after a reconnect). Tracking it
+                // would lease for a bucket Envoy may have forgotten, and
+                // would leave unanswered the first report with which Envoy
+                // starts it again; Envoy's next report with a request in it
+                // starts it here.
+                None if demanded == 0 => {}
                 None => {
                     let now = Instant::now();
                     self.buckets.insert(
