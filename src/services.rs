@@ -104,6 +104,7 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
                 let rules = policy::rlqs::start(self.config, &self.registry, self.tasks)?;
                 let rlqs = RlqsService::new(
                     Arc::clone(&self.backend),
+                    Arc::clone(&self.metrics),
                     Arc::clone(&self.registry),
                     rules,
                     limits,

@@ -432,6 +432,18 @@ async fn a_bad_report_closes_only_its_stream_and_grants_nothing() {
             .remaining,
         10
     );
+    // Each refusal is counted by method and code.
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.value(
+            "quotad_request_errors_total",
+            &[
+                ("method", "stream_rate_limit_quotas"),
+                ("code", "InvalidArgument")
+            ]
+        ),
+        5.0
+    );
     // The other stream on the same connection goes on being answered.
     assert!(!good.request(&[("name", "api"), ("tenant", "ok")]).await);
     eventually(

@@ -43,6 +43,7 @@ use super::RequestLimits;
 use super::answer::store_failed;
 use super::error::{ServiceError, to_status};
 use crate::backend::{Backend, Deadline, LeaseItem};
+use crate::metrics::{Method, Metrics};
 use crate::policy::PolicyRegistry;
 use crate::policy::rlqs::{Action, RlqsRegistry};
 
@@ -73,6 +74,7 @@ pub(crate) struct RlqsService<S> {
 #[derive(Debug)]
 struct Shared<S> {
     backend: Arc<S>,
+    metrics: Arc<Metrics>,
     policies: Arc<PolicyRegistry>,
     rules: Arc<RlqsRegistry>,
     limits: RequestLimits,
@@ -81,6 +83,7 @@ struct Shared<S> {
 impl<S: Backend> RlqsService<S> {
     pub(crate) fn new(
         backend: Arc<S>,
+        metrics: Arc<Metrics>,
         policies: Arc<PolicyRegistry>,
         rules: Arc<RlqsRegistry>,
         limits: RequestLimits,
@@ -88,6 +91,7 @@ impl<S: Backend> RlqsService<S> {
         RlqsService {
             shared: Arc::new(Shared {
                 backend,
+                metrics,
                 policies,
                 rules,
                 limits,
@@ -172,7 +176,11 @@ impl<S: Backend> Session<S> {
                             Ok(checked) => checked,
                             Err(error) => {
                                 tracing::debug!(%error, "RLQS report refused; closing its stream");
-                                let _ = self.tx.send(Err(to_status(&error))).await;
+                                let status = to_status(&error);
+                                self.shared
+                                    .metrics
+                                    .request_error(Method::StreamRateLimitQuotas, status.code());
+                                let _ = self.tx.send(Err(status)).await;
                                 return;
                             }
                         };
