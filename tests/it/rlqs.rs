@@ -193,21 +193,45 @@ async fn three_envoys_on_two_replicas_on_redis_stay_within_every_window_as_deman
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_envoys_on_a_token_bucket_stay_within_its_burst_and_rate_in_every_interval() {
+    token_bucket_fleet("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_envoys_on_two_replicas_on_redis_stay_within_a_token_buckets_bound() {
+    let redis = RedisServer::start();
+    let store = format!(
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"{}\"\n\n",
+        redis.url()
+    );
+    token_bucket_fleet(&store).await;
+}
+
+/// Three Envoys wanting more, then less, of a token bucket: on one server
+/// with memory state, or (when `store` names a Redis) two on one replica
+/// and one on another.
+async fn token_bucket_fleet(store: &str) {
     const LIMIT: u64 = 100;
     // A lease holds its units for its whole life (ttl + margin = 1.3 s),
     // so a burst below limit x 1.3 s would cap the fleet's rate (docs/rlqs.md).
     const BURST: u64 = 150;
     let files = files(
         &format!(
-            "[rlqs]\nrules = \"rlqs.toml\"\n\n[policies.tb]\nalgorithm = \"token_bucket\"\nlimit = {LIMIT}\nwindow = \"1s\"\nburst = {BURST}\n"
+            "{store}[rlqs]\nrules = \"rlqs.toml\"\n\n[policies.tb]\nalgorithm = \"token_bucket\"\nlimit = {LIMIT}\nwindow = \"1s\"\nburst = {BURST}\n"
         ),
         "[defaults]\nttl = \"1s\"\nmargin = \"300ms\"\nmax_tokens = 40\n\n[[bucket]]\ndomain = \"edge\"\npolicy = \"tb\"\n",
     );
-    let server = start(&files.config).await;
+    // Memory state is each replica's own: one server then.
+    let a = start(&files.config).await;
+    let b = if store.is_empty() {
+        None
+    } else {
+        Some(start(&files.config).await)
+    };
+    let second = b.as_ref().unwrap_or(&a);
     let envoys = [
-        SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await,
-        SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await,
-        SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await,
+        SimEnvoy::start(a.channel().await, "edge", REPORT_EVERY).await,
+        SimEnvoy::start(a.channel().await, "edge", REPORT_EVERY).await,
+        SimEnvoy::start(second.channel().await, "edge", REPORT_EVERY).await,
     ];
     let pairs = [("route", "checkout")];
     let run = Duration::from_secs(4);
