@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use quotad::config::{LogFormat, LogSettings};
+use quotad::policy::rlqs::BucketRules;
 use quotad::{Causes, Config, ConfigError, FlagValues, Listeners};
 use tracing_subscriber::EnvFilter;
 
@@ -126,11 +127,21 @@ fn validate_config(args: ValidateArgs) -> ExitCode {
     let file = file.or(config);
     match Config::load(file.as_deref(), &flags) {
         Ok(config) => {
+            let rlqs = match rlqs_rules(&config) {
+                Ok(rlqs) => rlqs,
+                Err(error) => {
+                    let source = file
+                        .as_deref()
+                        .map_or_else(|| "defaults".to_owned(), |f| f.display().to_string());
+                    eprintln!("error: {source}: invalid RLQS bucket rules: {error}");
+                    return ExitCode::from(EXIT_INVALID_CONFIG);
+                }
+            };
             // A closed stdout is no reason to fail a valid config.
             let _ = writeln!(
                 std::io::stdout().lock(),
                 "{}",
-                validated(file.as_deref(), &flags, &config)
+                validated(file.as_deref(), &flags, &config, rlqs)
             );
             ExitCode::SUCCESS
         }
@@ -141,7 +152,29 @@ fn validate_config(args: ValidateArgs) -> ExitCode {
 /// What `validate-config` read and found: `FILE: ok (...)`, or `defaults:
 /// ok (...)` without a file, naming the flags and environment variables
 /// that replaced file values.
-fn validated(file: Option<&Path>, flags: &FlagValues, config: &Config) -> String {
+/// `rlqs.rules`, read and checked against the named policies: what
+/// `validate-config` says of them (`None` without such a file).
+fn rlqs_rules(config: &Config) -> Result<Option<String>, String> {
+    let Some(path) = config.rlqs().rules.as_deref() else {
+        return Ok(None);
+    };
+    let rules = BucketRules::read(path)
+        .and_then(|text| BucketRules::parse(path, &text, |p| config.policies().contains_key(p)))
+        .map_err(|e| e.to_string())?;
+    let n = rules.rules().len();
+    Ok(Some(format!(
+        "{n} RLQS bucket {} from {}",
+        if n == 1 { "rule" } else { "rules" },
+        path.display()
+    )))
+}
+
+fn validated(
+    file: Option<&Path>,
+    flags: &FlagValues,
+    config: &Config,
+    rlqs: Option<String>,
+) -> String {
     let source = file.map_or_else(|| "defaults".to_owned(), |f| f.display().to_string());
     let count =
         |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
@@ -158,6 +191,7 @@ fn validated(file: Option<&Path>, flags: &FlagValues, config: &Config) -> String
             dir.display()
         ));
     }
+    found.extend(rlqs);
     let given: Vec<&str> = flags.paths().collect();
     if !given.is_empty() {
         found.push(format!("flags or environment set {}", given.join(", ")));

@@ -13,6 +13,7 @@
 //! This module is a leaf: `config`, `auth`, `grpc` and `metrics` import it,
 //! and it imports none of them.
 
+use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::SERVICE_NAME as RLQS_SERVICE;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME as RLS_SERVICE;
 use quotad_proto::v1::leases_server::SERVICE_NAME as LEASES_SERVICE;
 use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
@@ -27,11 +28,15 @@ pub(crate) enum Service {
     Leases,
     /// `envoy.service.ratelimit.v3.RateLimitService`: Envoy's RLS.
     Rls,
+    /// `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`: Envoy's
+    /// RLQS.
+    Rlqs,
 }
 
 impl Service {
     /// Every service, in the order health reports them.
-    pub(crate) const ALL: [Service; 3] = [Service::Quota, Service::Leases, Service::Rls];
+    pub(crate) const ALL: [Service; 4] =
+        [Service::Quota, Service::Leases, Service::Rls, Service::Rlqs];
 
     /// Every service's [name](Service::name), in [`Service::ALL`]'s order:
     /// the services gRPC health reports.
@@ -52,6 +57,7 @@ impl Service {
             Service::Quota => QUOTA_SERVICE,
             Service::Leases => LEASES_SERVICE,
             Service::Rls => RLS_SERVICE,
+            Service::Rlqs => RLQS_SERVICE,
         }
     }
 
@@ -62,7 +68,7 @@ impl Service {
     pub(crate) const fn grows_with_quotad(self) -> bool {
         match self {
             Service::Quota | Service::Leases => true,
-            Service::Rls => false,
+            Service::Rls | Service::Rlqs => false,
         }
     }
 
@@ -84,16 +90,19 @@ pub(crate) enum AuthGroup {
     Reset,
     /// `auth.should_rate_limit`: Envoy's `ShouldRateLimit`.
     ShouldRateLimit,
+    /// `auth.rate_limit_quotas`: Envoy's `StreamRateLimitQuotas`.
+    RateLimitQuotas,
 }
 
 impl AuthGroup {
     /// Every group, in the order their settings are validated (so the first
     /// error reported is the first group's).
-    pub(crate) const ALL: [AuthGroup; 4] = [
+    pub(crate) const ALL: [AuthGroup; 5] = [
         AuthGroup::Check,
         AuthGroup::Peek,
         AuthGroup::Reset,
         AuthGroup::ShouldRateLimit,
+        AuthGroup::RateLimitQuotas,
     ];
 
     /// How many groups there are.
@@ -107,6 +116,7 @@ impl AuthGroup {
             AuthGroup::Peek => "peek",
             AuthGroup::Reset => "reset",
             AuthGroup::ShouldRateLimit => "should_rate_limit",
+            AuthGroup::RateLimitQuotas => "rate_limit_quotas",
         }
     }
 
@@ -171,6 +181,8 @@ methods! {
     Lease: Leases "Lease", auth Check, label "lease";
     /// Envoy's `RateLimitService/ShouldRateLimit`.
     ShouldRateLimit: Rls "ShouldRateLimit", auth ShouldRateLimit, label "should_rate_limit";
+    /// Envoy's `RateLimitQuotaService/StreamRateLimitQuotas`.
+    StreamRateLimitQuotas: Rlqs "StreamRateLimitQuotas", auth RateLimitQuotas, label "stream_rate_limit_quotas";
 }
 
 impl Method {

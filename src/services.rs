@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
+use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use quotad_proto::v1::leases_server::LeasesServer;
 use quotad_proto::v1::quota_server::QuotaServer;
 use tonic::service::RoutesBuilder;
 
-use crate::api::{LeaseService, QuotaService, RequestLimits, RlsOptions, RlsService};
+use crate::api::{LeaseService, QuotaService, RequestLimits, RlqsService, RlsOptions, RlsService};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::methods::Service;
@@ -99,6 +100,20 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
                     RateLimitServiceServer::new(rls).max_decoding_message_size(max_message_bytes),
                 );
             }
+            Service::Rlqs => {
+                let rules = registry::start_rlqs(self.config, &self.registry, self.tasks)?;
+                let rlqs = RlqsService::new(
+                    Arc::clone(&self.backend),
+                    Arc::clone(&self.metrics),
+                    Arc::clone(&self.registry),
+                    rules,
+                    limits,
+                );
+                self.routes.add_service(
+                    RateLimitQuotaServiceServer::new(rlqs)
+                        .max_decoding_message_size(max_message_bytes),
+                );
+            }
         }
         Ok(())
     }
@@ -110,4 +125,7 @@ pub enum RegisterError {
     /// The RLS rules could not be loaded at start.
     #[error("RLS rules")]
     Rls(#[from] crate::policy::rls::RlsConfigError),
+    /// The RLQS bucket rules (`rlqs.rules`) could not be loaded at start.
+    #[error(transparent)]
+    Rlqs(#[from] crate::policy::rlqs::RlqsConfigError),
 }

@@ -1,5 +1,6 @@
 //! Generates the tonic clients and servers for `proto/quotad/v1/quota.proto`,
-//! `proto/quotad/v1/lease.proto` and Envoy's rate limit service (`proto/envoy/service/ratelimit/v3/rls.proto`,
+//! `proto/quotad/v1/lease.proto`, Envoy's rate limit service (`proto/envoy/service/ratelimit/v3/rls.proto`)
+//! and its rate limit quota service (`proto/envoy/service/rate_limit_quota/v3/rlqs.proto`,
 //! vendored with the files it imports), with one descriptor set for both.
 //!
 //! `protoc` comes from `protoc-bin-vendored`, so building needs no system
@@ -20,6 +21,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let quota_proto = proto_root.join("quotad/v1/quota.proto");
     let lease_proto = proto_root.join("quotad/v1/lease.proto");
     let rls_proto = proto_root.join("envoy/service/ratelimit/v3/rls.proto");
+    let rlqs_proto = proto_root.join("envoy/service/rate_limit_quota/v3/rlqs.proto");
 
     // Naming build.rs below turns off cargo's default of rerunning on any
     // change in the package, so the protos must be named too; neither
@@ -38,7 +40,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .file_descriptor_set_path(out_dir.join("quotad_descriptor.bin"))
         .compile_with_config(
             config,
-            &[quota_proto, lease_proto, rls_proto],
+            &[quota_proto, lease_proto, rls_proto, rlqs_proto],
             // The vendored well-known types (google/protobuf/*.proto), so
             // protos that import them build without a system install.
             &[proto_root, protoc_bin_vendored::include_path()?],

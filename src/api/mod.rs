@@ -6,6 +6,8 @@
 //! - [`quota`]: `quotad.v1.Quota` (Check, CheckBatch, Peek, Reset).
 //! - [`lease`]: `quotad.v1.Leases` (Lease): shares of a key's budget.
 //! - [`rls`]: Envoy's `RateLimitService` (ShouldRateLimit).
+//! - [`rlqs`]: Envoy's `RateLimitQuotaService` (StreamRateLimitQuotas):
+//!   quota assignments cut from leases.
 //! - `answer`: what both answer when the store failed, and the store
 //!   calls they count.
 
@@ -14,10 +16,12 @@ pub(crate) mod error;
 pub(crate) mod lease;
 pub(crate) mod quota;
 pub(crate) mod request;
+pub(crate) mod rlqs;
 pub(crate) mod rls;
 
 pub(crate) use lease::LeaseService;
 pub(crate) use quota::{QuotaService, RequestLimits};
+pub(crate) use rlqs::RlqsService;
 pub(crate) use rls::{RlsOptions, RlsService};
 
 use std::time::{Duration, Instant};

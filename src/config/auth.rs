@@ -113,6 +113,7 @@ fn written(section: &mut AuthSection, group: AuthGroup) -> Option<Vec<String>> {
         AuthGroup::Peek => section.peek.take(),
         AuthGroup::Reset => section.reset.take(),
         AuthGroup::ShouldRateLimit => section.should_rate_limit.take(),
+        AuthGroup::RateLimitQuotas => section.rate_limit_quotas.take(),
     }
 }
 

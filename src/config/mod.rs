@@ -46,6 +46,7 @@ mod flags;
 mod limits;
 mod policies;
 pub mod redis;
+mod rlqs;
 mod rls;
 mod settings;
 mod store;
@@ -65,6 +66,7 @@ pub use auth::{AuthSettings, IdentityPattern};
 pub use error::{ConfigError, Origin};
 pub use flags::FlagValues;
 pub use policies::{OnError, PolicySettings};
+pub use rlqs::RlqsSettings;
 pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::{LimitSettings, LogFormat, OnBadSnapshot, ResetAccess};
 pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
@@ -74,8 +76,8 @@ pub use transport::{TransportSettings, largest_request_bytes};
 use document::Layers;
 use policies::{Invalid, RawPolicy};
 use settings::{
-    AuthSection, Kind, LogSection, Reload, RlsSection, ServerSection, StoreSection, TlsSection,
-    TransportSection,
+    AuthSection, Kind, LogSection, Reload, RlqsSection, RlsSection, ServerSection, StoreSection,
+    TlsSection, TransportSection,
 };
 
 /// A validated configuration. Build it with [`Config::load`] (file plus
@@ -90,6 +92,7 @@ pub struct Config {
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
     rls: RlsSettings,
+    rlqs: RlqsSettings,
     /// The merged table validated, to tell which settings a reload changed.
     effective: toml::Table,
     source: Option<Source>,
@@ -191,6 +194,9 @@ struct RawConfig {
     store: StoreSection,
     limits: LimitSettings,
     rls: RlsSection,
+    // Its one setting is optional, so no default creates the table.
+    #[serde(default)]
+    rlqs: RlqsSection,
     #[serde(default)]
     policies: BTreeMap<String, RawPolicy>,
 }
@@ -289,6 +295,11 @@ impl Config {
         if files == Files::Check {
             rls.load_rules()?;
         }
+        let rlqs_base = match layers.origin_of(&["rlqs", "rules"]) {
+            Origin::File(_) => base_dir,
+            Origin::Flag | Origin::Default => None,
+        };
+        let rlqs = RlqsSettings::validate(raw.rlqs, rlqs_base).map_err(located)?;
         Ok(Config {
             server,
             transport,
@@ -298,6 +309,7 @@ impl Config {
             limits: raw.limits,
             policies,
             rls,
+            rlqs,
             effective: layers.merged().clone(),
             source: path.map(|path| Source {
                 path: path.to_owned(),
@@ -349,6 +361,11 @@ impl Config {
     /// `[rls]`: Envoy's rate limit service.
     pub fn rls(&self) -> &RlsSettings {
         &self.rls
+    }
+
+    /// `[rlqs]`: Envoy's rate limit quota service.
+    pub fn rlqs(&self) -> &RlqsSettings {
+        &self.rlqs
     }
 
     /// `[policies.NAME]`, by name.

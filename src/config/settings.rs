@@ -268,6 +268,9 @@ section! {
         /// Client identities that may call Envoy's ShouldRateLimit
         /// [default: every client that passed mTLS]
         should_rate_limit: Option<Vec<String>> = List, Restart;
+        /// Client identities that may call Envoy's StreamRateLimitQuotas
+        /// (RLQS) [default: every client that passed mTLS]
+        rate_limit_quotas: Option<Vec<String>> = List, Restart;
     }
 }
 
@@ -279,6 +282,7 @@ impl Default for AuthSection {
             peek: None,
             reset: None,
             should_rate_limit: None,
+            rate_limit_quotas: None,
         }
     }
 }
@@ -547,6 +551,27 @@ section! {
     }
 }
 
+section! {
+    /// `[rlqs]` as written: Envoy's rate limit quota service (RLQS) on the
+    /// gRPC port, and the TOML bucket rules it assigns quota by.
+    pub(crate) struct RlqsSection at "rlqs", flags "rlqs_" {
+        /// TOML file of RLQS bucket rules (domain and BucketId pairs to a
+        /// named policy and key); without it every RLQS bucket is denied
+        ///
+        /// The file reloads when it changes (polled every
+        /// server.config_poll_interval) and on SIGHUP; docs/rlqs.md has the
+        /// format.
+        rules: Option<PathBuf> = Str, Restart;
+    }
+}
+
+impl Default for RlqsSection {
+    /// No bucket rules: every RLQS bucket is denied.
+    fn default() -> Self {
+        RlqsSection { rules: None }
+    }
+}
+
 /// `rls.count_mode`: how the descriptors of one `ShouldRateLimit` count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -594,6 +619,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         SnapshotSection::SETTINGS,
         LimitSettings::SETTINGS,
         RlsSection::SETTINGS,
+        RlqsSection::SETTINGS,
     ]
     .into_iter()
     .flatten()

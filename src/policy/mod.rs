@@ -3,6 +3,7 @@
 //! YAML. What is in force at run time, and its hot reload, is
 //! `crate::registry`'s; this module reads no configuration.
 
+pub mod rlqs;
 pub mod rls;
 
 use quotad_core::PolicyError;

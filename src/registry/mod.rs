@@ -28,10 +28,12 @@
 
 mod policies;
 mod reload;
+mod rlqs_reload;
 mod rls;
 mod rls_reload;
 
 pub(crate) use policies::{PolicyRegistry, PolicySet};
 pub(crate) use reload::Reloader;
+pub(crate) use rlqs_reload::start as start_rlqs;
 pub(crate) use rls::{RlsRegistry, RlsSet};
 pub(crate) use rls_reload::start as start_rls;

@@ -345,7 +345,8 @@ async fn a_full_key_table_evicts_and_counts_it_when_on_full_is_evict() {
 #[tokio::test]
 async fn health_reports_serving_and_reflection_lists_the_api_in_v1_and_v1alpha() {
     let (_clock, server) = server_at(NOON_30).await;
-    for service in ["quotad.v1.Quota", ""] {
+    const RLQS: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+    for service in ["quotad.v1.Quota", RLQS, ""] {
         let status = crate::common::health_status(&server, service).await;
         assert_eq!(
             status,
@@ -362,6 +363,7 @@ async fn health_reports_serving_and_reflection_lists_the_api_in_v1_and_v1alpha()
         services.contains(&"grpc.health.v1.Health".to_owned()),
         "{services:?}"
     );
+    assert!(services.contains(&RLQS.to_owned()), "{services:?}");
     let services = reflection_v1alpha(&server).await;
     assert!(
         services.contains(&"quotad.v1.Quota".to_owned()),

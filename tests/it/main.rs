@@ -26,6 +26,8 @@ mod pki;
 mod python_client;
 mod redis;
 mod reload;
+mod rlqs;
+mod rlqs_envoy;
 mod rls;
 mod rls_counting;
 mod rls_redis;

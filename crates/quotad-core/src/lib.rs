@@ -14,6 +14,8 @@
 //!   bounded by keys and bytes; with the `snapshot` feature (on by
 //!   default), [`MemoryStore::export`] and [`SnapshotReader`] write it to
 //!   and load it from a versioned, checksummed stream;
+//! - [`assignment`]: Envoy quota assignments (RLQS) cut from leases, as
+//!   token buckets Envoy enforces without admitting more than the lease;
 //! - [`throttle`]: [`Throttle`], one log line per interval with the count of
 //!   the events it kept quiet.
 //!
@@ -40,6 +42,7 @@
 //! ```
 
 pub mod algorithm;
+pub mod assignment;
 pub mod clock;
 pub mod decision;
 pub mod grant;
@@ -49,6 +52,7 @@ pub mod store;
 pub mod throttle;
 
 pub use algorithm::{Log, Spend, State, decide, decide_spending, peek};
+pub use assignment::{AssignmentTerms, AssignmentTermsError, EnvoyBucket};
 pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Reason};
 pub use grant::{

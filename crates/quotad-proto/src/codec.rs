@@ -38,6 +38,7 @@ decoded!(InvalidArgument:
     crate::v1::ResetRequest,
     crate::v1::LeaseRequest,
     crate::envoy::service::ratelimit::v3::RateLimitRequest,
+    crate::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
 );
 decoded!(Internal:
     crate::v1::CheckResponse,
@@ -45,6 +46,7 @@ decoded!(Internal:
     crate::v1::ResetResponse,
     crate::v1::LeaseResponse,
     crate::envoy::service::ratelimit::v3::RateLimitResponse,
+    crate::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse,
 );
 
 /// prost encoding and decoding of `T` and `U`, with a decode failure

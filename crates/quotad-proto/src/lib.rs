@@ -118,11 +118,21 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+
+        /// `envoy.service.rate_limit_quota`
+        pub mod rate_limit_quota {
+            /// `envoy.service.rate_limit_quota.v3`: `RateLimitQuotaService`
+            /// (RLQS), `StreamRateLimitQuotas`.
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+            }
+        }
     }
 
     /// `envoy.type.*`
     pub mod r#type {
-        /// `envoy.type.v3`: `RateLimitUnit`.
+        /// `envoy.type.v3`: `RateLimitUnit`, `RateLimitStrategy`,
+        /// `TokenBucket`.
         pub mod v3 {
             tonic::include_proto!("envoy.r#type.v3");
         }
