@@ -5,13 +5,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use quotad_client::{BatchMode, Check};
+use quotad_client::{BatchMode, Check, PolicyRef};
 use quotad_core::{Algorithm, Policy};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::args::{Connected, Connection, policy_label};
-use super::check::{Verb, decision_json, describe};
+use super::check::{Verb, check_of, decision_json, describe};
 use super::{Failure, failure};
 
 /// `quotad batch`.
@@ -130,8 +130,8 @@ fn from_file(item: Item) -> Result<Check, String> {
     if item.cost == 0 {
         return Err("cost: must be at least 1".to_owned());
     }
-    let check = match item.policy {
-        ItemPolicy::Named(name) => Check::named(name, item.key),
+    let policy = match item.policy {
+        ItemPolicy::Named(name) => PolicyRef::Named(name),
         ItemPolicy::Inline {
             algorithm,
             limit,
@@ -143,11 +143,14 @@ fn from_file(item: Item) -> Result<Check, String> {
                 .map_err(|e| format!("policy.algorithm: {e}"))?;
             let window: Duration = humantime::parse_duration(&window)
                 .map_err(|e| format!("policy.window: {window:?}: {e}"))?;
-            let policy = Policy::try_new(algorithm, limit, window, burst)
-                .map_err(|e| format!("policy: {e}"))?;
-            Check::inline(policy, item.key)
+            let policy = Policy::try_new(algorithm, limit, window, burst).map_err(|e| {
+                let field = quotad::policy::policy_error_field(&e).config_name();
+                format!("policy.{field}: {e}")
+            })?;
+            PolicyRef::Inline(policy)
         }
     };
+    let check = check_of(policy, item.key);
     Ok(check.cost(item.cost))
 }
 

@@ -10,16 +10,24 @@ use serde_json::json;
 use super::args::{Connected, Connection, Output, PolicyArgs, policy_label};
 use super::{Failure, failure, human};
 
-/// What to ask: a key under a policy, at a quotad.
+/// A key under a policy, at a quotad: what each command about one key
+/// takes.
 #[derive(Debug, clap::Args)]
-pub(crate) struct Target {
+pub(crate) struct KeyAt {
     #[command(flatten)]
     connection: Connection,
     #[command(flatten)]
     policy: PolicyArgs,
-    /// The key to count: a user, an API key, an IP address
+    /// The key: a user, an API key, an IP address
     #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     key: String,
+}
+
+/// What to ask: a key under a policy, at a quotad, and the cost.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Target {
+    #[command(flatten)]
+    at: KeyAt,
     /// Units each check asks for
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
     cost: u64,
@@ -36,22 +44,26 @@ struct Asking {
 impl Target {
     /// A client of the target, leasing with `leases` when given.
     fn connect(self, leases: Option<LeaseOptions>) -> Result<Asking, Failure> {
-        let check = match self.policy.policy()? {
-            PolicyRef::Named(name) => Check::named(name, self.key),
-            PolicyRef::Inline(policy) => Check::inline(policy, self.key),
-        }
-        .cost(self.cost);
+        let check = check_of(self.at.policy.policy()?, self.at.key).cost(self.cost);
         let Connected {
             uri,
             client,
             output,
-        } = self.connection.connect(leases)?;
+        } = self.at.connection.connect(leases)?;
         Ok(Asking {
             uri,
             client,
             output,
             check,
         })
+    }
+}
+
+/// A check of `key` under `policy`, at cost 1.
+pub(crate) fn check_of(policy: PolicyRef, key: impl Into<String>) -> Check {
+    match policy {
+        PolicyRef::Named(name) => Check::named(name, key),
+        PolicyRef::Inline(policy) => Check::inline(policy, key),
     }
 }
 
@@ -280,12 +292,7 @@ pub(crate) fn decision_json(d: &Decision) -> serde_json::Value {
 #[derive(Debug, clap::Args)]
 pub(crate) struct ResetArgs {
     #[command(flatten)]
-    connection: Connection,
-    #[command(flatten)]
-    policy: PolicyArgs,
-    /// The key whose budget starts over
-    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
-    key: String,
+    at: KeyAt,
 }
 
 /// Gives the key a full budget under the policy.
@@ -295,26 +302,26 @@ pub(crate) struct ResetArgs {
 /// As [`check`]; quotad refuses a Reset from a caller
 /// `limits.allow_reset` does not admit (PERMISSION_DENIED).
 pub(crate) async fn reset(args: ResetArgs, mut out: impl Write) -> Result<(), Failure> {
-    let policy = args.policy.policy()?;
+    let KeyAt {
+        connection,
+        policy,
+        key,
+    } = args.at;
+    let policy = policy.policy()?;
     let Connected {
         uri,
         client,
         output,
-    } = args.connection.connect(None)?;
+    } = connection.connect(None)?;
     client
-        .reset(&policy, &args.key)
+        .reset(&policy, &key)
         .await
         .map_err(|error| failure(&uri, error))?;
+    let label = policy_label(&policy);
     output.line(
         &mut out,
-        || {
-            format!(
-                "reset  {} under {}",
-                args.key,
-                super::args::policy_label(&policy)
-            )
-        },
-        || json!({"reset": true, "key": args.key}),
+        || format!("reset  {key} under {label}"),
+        || json!({"reset": true, "key": key, "policy": label}),
     )?;
     Ok(())
 }
