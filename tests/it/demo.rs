@@ -134,3 +134,31 @@ async fn demo_against_a_quotad_refusing_inline_policies_exits_one_saying_so() {
         out.transcript()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_grpc_addr_chooses_where_its_own_quotad_listens() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let out = demo(&["--grpc-addr", &addr]).await;
+    assert!(
+        out.stdout.contains(&format!(
+            "server: quotad started in this process on http://{addr} "
+        )),
+        "{}",
+        out.transcript()
+    );
+    assert_the_boundary_attack_shows(&out);
+    // A port in use is an error naming it, not a demo elsewhere.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = taken.local_addr().expect("address").to_string();
+    let out = demo(&["--grpc-addr", &taken]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", out.transcript());
+    assert!(
+        out.stderr.contains(&format!("cannot bind {taken}")),
+        "{}",
+        out.transcript()
+    );
+}
