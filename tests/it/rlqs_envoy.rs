@@ -300,8 +300,8 @@ fn build_report(
 ) -> pb::RateLimitQuotaUsageReports {
     let mut state = state.lock().expect("state");
     let now = Instant::now();
-    let mut usages = HashMap::new();
-    for (i, (key, cached)) in state.buckets.iter_mut().enumerate() {
+    let mut usages = Vec::new();
+    for (key, cached) in &mut state.buckets {
         if only.is_some_and(|o| o != key) {
             continue;
         }
@@ -315,9 +315,8 @@ fn build_report(
             }),
             num_requests_allowed: std::mem::take(&mut cached.allowed),
             num_requests_denied: std::mem::take(&mut cached.denied),
-            last_report: None,
         };
-        usages.insert(u64::try_from(i).expect("fits"), usage);
+        usages.push(usage);
     }
     pb::RateLimitQuotaUsageReports {
         domain: domain.to_owned(),

@@ -135,7 +135,7 @@ fn validate_config_names_the_rules_file_field_and_line() {
     let out = run_within(command, Duration::from_secs(30));
     assert!(out.status.success(), "{}", out.transcript());
     assert!(
-        out.stdout.contains("1 RLS rules in 1 domains"),
+        out.stdout.contains("1 RLS rule in 1 domain from"),
         "{}",
         out.transcript()
     );

@@ -200,3 +200,51 @@ fn the_descriptor_set_lists_the_rate_limit_service_beside_quotad_v1() {
         assert!(set.file.iter().any(|f| f.name() == file), "{file} missing");
     }
 }
+
+/// Envoy's RLQS usage reports as its filter writes them
+/// (`report.add_bucket_quota_usages()`): `bucket_quota_usages` is a
+/// repeated message, field 2, each a `BucketQuotaUsage` of a `BucketId`
+/// (field 1, a map of string to string), `time_elapsed` (2),
+/// `num_requests_allowed` (3) and `num_requests_denied` (4).
+#[test]
+fn an_rlqs_usage_report_decodes_from_envoys_bytes() {
+    use quotad_proto::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+    let usage = |value: &[u8], seconds: u8, allowed: u8, denied: u8| {
+        let entry = [delimited(0x0a, b"name"), delimited(0x12, value)].concat();
+        let bucket_id = delimited(0x0a, &entry);
+        let body = [
+            delimited(0x0a, &bucket_id),
+            delimited(0x12, &[0x08, seconds]),
+            vec![0x18, allowed, 0x20, denied],
+        ]
+        .concat();
+        delimited(0x12, &body)
+    };
+    let bytes = [
+        delimited(0x0a, b"edge"),
+        usage(b"api", 5, 7, 2),
+        usage(b"web", 1, 1, 3),
+    ]
+    .concat();
+    let reports = RateLimitQuotaUsageReports::decode(bytes.as_slice()).expect("Envoy's bytes");
+    assert_eq!(reports.domain, "edge");
+    let got: Vec<(String, i64, u64, u64)> = reports
+        .bucket_quota_usages
+        .iter()
+        .map(|u| {
+            let id = u.bucket_id.as_ref().expect("bucket_id");
+            (
+                id.bucket["name"].clone(),
+                u.time_elapsed.expect("time_elapsed").seconds,
+                u.num_requests_allowed,
+                u.num_requests_denied,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [("api".to_owned(), 5, 7, 2), ("web".to_owned(), 1, 1, 3)],
+        "in the order Envoy sent them"
+    );
+    assert_eq!(reports.encode_to_vec(), bytes, "and back to the same bytes");
+}

@@ -190,7 +190,16 @@ impl<S: Backend> Session<S> {
                     }
                     // The client closed its side, or the stream broke: its
                     // leases count until they end.
-                    Ok(None) | Err(_) => return,
+                    Ok(None) => return,
+                    // A message that cannot be decoded (or a broken
+                    // stream): counted, and the stream ends with its status.
+                    Err(status) => {
+                        self.shared
+                            .metrics
+                            .request_error(Method::StreamRateLimitQuotas, status.code());
+                        tracing::debug!(%status, "RLQS stream ended by an error");
+                        return;
+                    }
                 },
                 () = tokio::time::sleep_until(next) => {
                     if !self.refresh_due().await {
@@ -232,8 +241,8 @@ impl<S: Backend> Session<S> {
         let policies = self.shared.policies.snapshot();
         let mut usages = Vec::with_capacity(reports.bucket_quota_usages.len());
         let mut new = 0;
-        for (hash, usage) in reports.bucket_quota_usages {
-            let field = |name: &str| format!("bucket_quota_usages[{hash}].{name}");
+        for (i, usage) in reports.bucket_quota_usages.into_iter().enumerate() {
+            let field = |name: &str| format!("bucket_quota_usages[{i}].{name}");
             let Some(id) = usage.bucket_id else {
                 return Err(ServiceError::invalid(&field("bucket_id"), "must be set"));
             };
