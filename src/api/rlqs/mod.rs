@@ -346,13 +346,17 @@ impl<S: Backend> Session<S> {
                 }
             }
         }
-        let mut actions = Vec::with_capacity(fresh.len());
+        // Each assignment goes out as soon as its lease is cut: its TTL
+        // counts from now, so answering many buckets together would age the
+        // first ones' leases by the time the others take.
         for key in fresh {
-            if let Some(action) = self.assign(&key).await {
-                actions.push(action);
+            if let Some(action) = self.assign(&key).await
+                && !self.send(vec![action]).await
+            {
+                return false;
             }
         }
-        self.send(actions).await
+        true
     }
 
     /// Renews (or abandons) every bucket whose time has come.
@@ -383,8 +387,11 @@ impl<S: Backend> Session<S> {
                 }
                 continue;
             }
-            if let Some(action) = self.assign(&key).await {
-                actions.push(action);
+            // Sent at once, as in `report`: the lease's TTL counts from now.
+            if let Some(action) = self.assign(&key).await
+                && !self.send(vec![action]).await
+            {
+                return false;
             }
         }
         self.send(actions).await
