@@ -113,7 +113,7 @@ pub(crate) struct Metrics {
     reclaimed: Counter,
     reloads_ok: Counter,
     reloads_error: Counter,
-    inline: [Arc<DecisionCounters>; 5],
+    inline: [Arc<DecisionCounters>; 6],
     inline_leases: Arc<LeaseCounters>,
     rls_reloads_ok: Counter,
     rls_reloads_error: Counter,

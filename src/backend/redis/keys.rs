@@ -40,6 +40,7 @@ fn letter(algorithm: Algorithm) -> char {
         Algorithm::TokenBucket => 'T',
         Algorithm::LeakyBucket => 'L',
         Algorithm::SlidingLog => 'G',
+        Algorithm::Concurrency => 'C',
     }
 }
 
