@@ -60,6 +60,9 @@ enum Command {
     Check(cli::CheckArgs),
     /// Ask a running quotad what a check would answer, consuming nothing.
     Peek(cli::PeekArgs),
+    /// Take a slot of a concurrency policy, hold it (renewing it) for
+    /// --hold, then release it.
+    Acquire(cli::AcquireArgs),
     /// Show the window-boundary attack on fixed_window vs sliding_window,
     /// live (starts its own quotad unless --addr is given).
     Demo(cli::DemoArgs),
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(*args),
         Some(Command::Check(args)) => cli::execute(|out| cli::check(args, out)),
         Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
+        Some(Command::Acquire(args)) => cli::execute(|out| cli::acquire(args, out)),
         Some(Command::Demo(args)) => cli::execute(|out| cli::demo(args, out)),
         Some(Command::Simulate(args)) => {
             cli::execute(|out| std::future::ready(cli::simulate(args, out)))

@@ -117,7 +117,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::ResetDisabled => Status::permission_denied(message),
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
         ServiceError::Backend(
-            BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. },
+            BackendError::CrossSlot
+            | BackendError::TooManyAtomicItems { .. }
+            | BackendError::AcquireInBatch,
         ) => Status::failed_precondition(message),
         ServiceError::Backend(BackendError::Internal(_)) => Status::internal(message),
     }

@@ -5,17 +5,21 @@
 //!
 //! - [`quota`]: `quotad.v1.Quota` (Check, CheckBatch, Peek, Reset).
 //! - [`lease`]: `quotad.v1.Leases` (Lease): shares of a key's budget.
+//! - [`concurrency`]: `quotad.v1.Concurrency` (Acquire, Renew, Release):
+//!   slots of concurrency limits.
 //! - [`rls`]: Envoy's `RateLimitService` (ShouldRateLimit).
 //! - `answer`: what both answer when the store failed, and the store
 //!   calls they count.
 
 mod answer;
+pub(crate) mod concurrency;
 pub(crate) mod error;
 pub(crate) mod lease;
 pub(crate) mod quota;
 pub(crate) mod request;
 pub(crate) mod rls;
 
+pub(crate) use concurrency::ConcurrencyService;
 pub(crate) use lease::LeaseService;
 pub(crate) use quota::{QuotaService, RequestLimits};
 pub(crate) use rls::{RlsOptions, RlsService};

@@ -1,4 +1,5 @@
-//! The client commands of the `quotad` binary: `check`, `peek` and `demo`.
+//! The client commands of the `quotad` binary: `check`, `peek`, `acquire`
+//! and `demo`.
 //! They talk to a quotad through `quotad-client`, like any application
 //! would, and print each decision on one line. `simulate` runs the
 //! algorithms in-process instead, with no server.
@@ -9,6 +10,7 @@
 //!
 //! This module belongs to the binary, not to the server library.
 
+mod acquire;
 mod check;
 mod demo;
 mod simulate;
@@ -21,6 +23,7 @@ use std::time::Duration;
 use quotad_client::{Client, Error as ClientError, LeaseOptions};
 use tonic::Status;
 
+pub(crate) use acquire::{AcquireArgs, acquire};
 pub(crate) use check::{CheckArgs, PeekArgs, check, peek};
 pub(crate) use demo::{DemoArgs, demo};
 pub(crate) use simulate::{SimulateArgs, simulate};

@@ -14,6 +14,7 @@ mod client;
 mod client_coalescing;
 mod client_deny_cache;
 mod client_tls;
+mod concurrency;
 mod decisions;
 mod demo;
 mod global_budget;

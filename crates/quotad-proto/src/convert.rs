@@ -96,6 +96,8 @@ impl From<&Decision> for pb::Decision {
             retry_after_ms: d.retry_after_ms,
             reset_after_ms: d.reset_after_ms,
             reason: pb::Reason::from(d.reason).into(),
+            slot_id: String::new(),
+            slot_ttl_ms: 0,
         }
     }
 }

@@ -41,6 +41,14 @@ pub(super) fn reason(code: i64) -> Option<Reason> {
         .find_map(|&(c, reason)| (c == code).then_some(reason))
 }
 
+/// The first number after `TIME` in an acquire reply (`concurrency.lua`):
+/// admitted.
+pub(super) const WITHIN_CODE: i64 = 1;
+/// Denied: the live slots leave too little.
+pub(super) const EXCEEDED_CODE: i64 = 2;
+/// The slot id asked for is held already.
+pub(super) const ID_IN_USE: i64 = 6;
+
 /// The first number after `TIME` in a lease reply: `LEASED, UNKNOWN_LEASE,
 /// OVERSPENT` in the script.
 pub(super) const LEASED: i64 = 1;
