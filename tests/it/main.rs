@@ -13,6 +13,7 @@ mod cli_client;
 mod client;
 mod client_coalescing;
 mod client_deny_cache;
+mod client_slots;
 mod client_tls;
 mod concurrency;
 mod decisions;
