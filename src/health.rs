@@ -150,6 +150,27 @@ mod tests {
         ) -> crate::backend::LeaseResult {
             Err(BackendError::Internal("not used".to_owned()))
         }
+        async fn acquire(
+            &self,
+            _item: &CheckItem<'_>,
+            _: Deadline,
+        ) -> crate::backend::AcquireResult {
+            Err(BackendError::Internal("not used".to_owned()))
+        }
+        async fn renew(
+            &self,
+            _slot: &crate::backend::SlotItem<'_>,
+            _: Deadline,
+        ) -> crate::backend::SlotResult {
+            Err(BackendError::Internal("not used".to_owned()))
+        }
+        async fn release(
+            &self,
+            _slot: &crate::backend::SlotItem<'_>,
+            _: Deadline,
+        ) -> crate::backend::SlotResult {
+            Err(BackendError::Internal("not used".to_owned()))
+        }
         async fn reset(
             &self,
             _name: &str,

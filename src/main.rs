@@ -63,6 +63,9 @@ enum Command {
     /// Several checks in one call, each decided on its own or all or
     /// nothing.
     Batch(cli::BatchArgs),
+    /// Take a slot of a concurrency policy, hold it (renewing it) for
+    /// --hold, then release it.
+    Acquire(cli::AcquireArgs),
     /// Show the window-boundary attack on fixed_window vs sliding_window,
     /// live (starts its own quotad unless --addr is given).
     Demo(cli::DemoArgs),
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
         Some(Command::Peek(args)) => cli::execute(|out| cli::peek(args, out)),
         Some(Command::Reset(args)) => cli::execute(|out| cli::reset(args, out)),
         Some(Command::Batch(args)) => cli::execute(|out| cli::batch(args, out)),
+        Some(Command::Acquire(args)) => cli::execute(|out| cli::acquire(args, out)),
         Some(Command::Demo(args)) => cli::execute(|out| cli::demo(args, out)),
         Some(Command::Simulate(args)) => {
             cli::execute(|out| std::future::ready(cli::simulate(args, out)))

@@ -15,6 +15,7 @@
 
 use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::SERVICE_NAME as RLQS_SERVICE;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME as RLS_SERVICE;
+use quotad_proto::v1::concurrency_server::SERVICE_NAME as CONCURRENCY_SERVICE;
 use quotad_proto::v1::leases_server::SERVICE_NAME as LEASES_SERVICE;
 use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
 
@@ -26,6 +27,8 @@ pub(crate) enum Service {
     Quota,
     /// `quotad.v1.Leases`: shares of a key's budget spent by the client.
     Leases,
+    /// `quotad.v1.Concurrency`: slots of concurrency limits.
+    Concurrency,
     /// `envoy.service.ratelimit.v3.RateLimitService`: Envoy's RLS.
     Rls,
     /// `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`: Envoy's
@@ -35,8 +38,13 @@ pub(crate) enum Service {
 
 impl Service {
     /// Every service, in the order health reports them.
-    pub(crate) const ALL: [Service; 4] =
-        [Service::Quota, Service::Leases, Service::Rls, Service::Rlqs];
+    pub(crate) const ALL: [Service; 5] = [
+        Service::Quota,
+        Service::Leases,
+        Service::Concurrency,
+        Service::Rls,
+        Service::Rlqs,
+    ];
 
     /// Every service's [name](Service::name), in [`Service::ALL`]'s order:
     /// the services gRPC health reports.
@@ -56,6 +64,7 @@ impl Service {
         match self {
             Service::Quota => QUOTA_SERVICE,
             Service::Leases => LEASES_SERVICE,
+            Service::Concurrency => CONCURRENCY_SERVICE,
             Service::Rls => RLS_SERVICE,
             Service::Rlqs => RLQS_SERVICE,
         }
@@ -67,7 +76,7 @@ impl Service {
     /// proto (Envoy's) is fixed.
     pub(crate) const fn grows_with_quotad(self) -> bool {
         match self {
-            Service::Quota | Service::Leases => true,
+            Service::Quota | Service::Leases | Service::Concurrency => true,
             Service::Rls | Service::Rlqs => false,
         }
     }
@@ -81,8 +90,9 @@ impl Service {
 /// An `[auth]` group: the methods one allowlist covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AuthGroup {
-    /// `auth.check`: `Check`, `CheckBatch` and `Lease` (a lease consumes
-    /// budget as a check does).
+    /// `auth.check`: `Check`, `CheckBatch`, `Lease` (a lease consumes
+    /// budget as a check does), and `Acquire`, `Renew` and `Release` (a
+    /// slot takes capacity as a check takes budget).
     Check,
     /// `auth.peek`: `Peek`.
     Peek,
@@ -179,6 +189,12 @@ methods! {
     Reset: Quota "Reset", auth Reset, label "reset";
     /// `quotad.v1.Leases/Lease`.
     Lease: Leases "Lease", auth Check, label "lease";
+    /// `quotad.v1.Concurrency/Acquire`.
+    Acquire: Concurrency "Acquire", auth Check, label "acquire";
+    /// `quotad.v1.Concurrency/Renew`.
+    Renew: Concurrency "Renew", auth Check, label "renew";
+    /// `quotad.v1.Concurrency/Release`.
+    Release: Concurrency "Release", auth Check, label "release";
     /// Envoy's `RateLimitService/ShouldRateLimit`.
     ShouldRateLimit: Rls "ShouldRateLimit", auth ShouldRateLimit, label "should_rate_limit";
     /// Envoy's `RateLimitQuotaService/StreamRateLimitQuotas`.

@@ -72,6 +72,8 @@ const MAX_KEYS: &str = "quotad_max_keys";
 const BUILD_INFO: &str = "quotad_build_info";
 const EVICTIONS: &str = "quotad_evictions_total";
 const RECLAIMED: &str = "quotad_reclaimed_keys_total";
+const SLOTS_HELD: &str = "quotad_concurrency_slots_held";
+const SLOTS_EXPIRED: &str = "quotad_concurrency_slots_expired_total";
 const RELOADS: &str = "quotad_policy_reloads_total";
 const SNAPSHOT_WRITES: &str = "quotad_snapshot_writes_total";
 const SNAPSHOT_SECONDS: &str = "quotad_snapshot_last_write_seconds";
@@ -113,12 +115,16 @@ pub(crate) struct Metrics {
     reclaimed: Counter,
     reloads_ok: Counter,
     reloads_error: Counter,
-    inline: [Arc<DecisionCounters>; 5],
+    inline: [Arc<DecisionCounters>; 6],
     inline_leases: Arc<LeaseCounters>,
     rls_reloads_ok: Counter,
     rls_reloads_error: Counter,
     rls_rules: Gauge,
     rls_no_limit: [Counter; 4],
+    slots_expired: Counter,
+    /// The policy labels `quotad_concurrency_slots_held` was set for, so
+    /// that a policy whose slots are all gone is set back to 0.
+    slots_held_labels: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Why an RLS descriptor had no limit to check, as a metric label.
@@ -221,6 +227,8 @@ impl Metrics {
             rls_rules: recorder.register_gauge(&Key::from_static_name(RLS_RULES), &metadata()),
             rls_no_limit: NoLimitReason::ALL
                 .map(|r| counter(RLS_NO_LIMIT, vec![Label::new("reason", r.as_str())])),
+            slots_expired: counter(SLOTS_EXPIRED, vec![]),
+            slots_held_labels: std::sync::Mutex::default(),
             recorder,
         })
     }
@@ -240,6 +248,22 @@ impl Metrics {
 
     /// The decision counters of a named policy.
     pub(crate) fn named_policy(&self, name: &str, algorithm: Algorithm) -> Arc<DecisionCounters> {
+        if algorithm == Algorithm::Concurrency {
+            // Exported from the start (at 0 until a scrape of the store
+            // says otherwise), as every series is.
+            let mut labels = self
+                .slots_held_labels
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if labels.insert(name.to_owned()) {
+                self.recorder
+                    .register_gauge(
+                        &Key::from_parts(SLOTS_HELD, vec![Label::new("policy", name.to_owned())]),
+                        &metadata(),
+                    )
+                    .set(0.0);
+            }
+        }
         Arc::new(DecisionCounters::new(&self.recorder, name, algorithm))
     }
 
@@ -384,6 +408,33 @@ impl Metrics {
         }
         self.evictions.absolute(stats.evictions);
         self.reclaimed.absolute(stats.reclaimed);
+        self.slots_expired.absolute(stats.slots_expired);
+        if let Some(held) = stats.slots_held {
+            // By policy label: every inline policy's namespace is `inline`.
+            let mut by_label: std::collections::BTreeMap<String, u64> = Default::default();
+            for (name, units) in held {
+                let label = if name.starts_with("inline:") {
+                    INLINE_POLICY_LABEL.to_owned()
+                } else {
+                    name
+                };
+                *by_label.entry(label).or_default() += units;
+            }
+            let mut labels = self
+                .slots_held_labels
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            labels.extend(by_label.keys().cloned());
+            for label in labels.iter() {
+                let units = by_label.get(label).copied().unwrap_or(0);
+                self.recorder
+                    .register_gauge(
+                        &Key::from_parts(SLOTS_HELD, vec![Label::new("policy", label.clone())]),
+                        &metadata(),
+                    )
+                    .set(units as f64);
+            }
+        }
         // Not the hot path: each figure's handle is looked up per scrape.
         for figure in stats.figures {
             let labels = figure.labels.iter().map(|&(k, v)| Label::new(k, v));
@@ -589,6 +640,10 @@ fn register_counter(
 fn describe(recorder: &PrometheusRecorder) {
     let counters = [
         (
+            SLOTS_EXPIRED,
+            "Concurrency slots that ended without being released (their holder died, hung or stopped renewing): a leak signal.",
+        ),
+        (
             DECISIONS,
             "Decisions made, by policy name (or \"inline\"), algorithm, outcome and reason.",
         ),
@@ -689,6 +744,12 @@ fn describe(recorder: &PrometheusRecorder) {
         recorder.describe_gauge(name.into(), None, help.into());
     }
     recorder.describe_gauge(
+        SLOTS_HELD.into(),
+        None,
+        "Units held by live concurrency slots, by policy name (or \"inline\"); memory store only."
+            .into(),
+    );
+    recorder.describe_gauge(
         LIVE_KEYS.into(),
         None,
         "Keys holding state in the store.".into(),
@@ -729,6 +790,13 @@ pub struct BackendStats {
     /// What only this backend counts (a Redis backend's connections and
     /// late scripts), named by the backend itself.
     pub figures: Vec<Figure>,
+    /// Units held by live concurrency slots, by policy namespace, when the
+    /// backend can tell cheaply (the memory store; not Redis, which would
+    /// have to scan its keys).
+    pub slots_held: Option<Vec<(String, u64)>>,
+    /// Concurrency slots dropped because they ended unreleased, since
+    /// start.
+    pub slots_expired: u64,
 }
 
 /// One count of a backend's own, since start: a counter series named by

@@ -11,11 +11,15 @@ use std::sync::Arc;
 
 use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use quotad_proto::v1::concurrency_server::ConcurrencyServer;
 use quotad_proto::v1::leases_server::LeasesServer;
 use quotad_proto::v1::quota_server::QuotaServer;
 use tonic::service::RoutesBuilder;
 
-use crate::api::{LeaseService, QuotaService, RequestLimits, RlqsService, RlsOptions, RlsService};
+use crate::api::{
+    ConcurrencyService, LeaseService, QuotaService, RequestLimits, RlqsService, RlsOptions,
+    RlsService,
+};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::methods::Service;
@@ -86,6 +90,18 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
                 );
                 self.routes.add_service(
                     LeasesServer::new(leases).max_decoding_message_size(max_message_bytes),
+                );
+            }
+            Service::Concurrency => {
+                let concurrency = ConcurrencyService::new(
+                    Arc::clone(&self.backend),
+                    Arc::clone(&self.registry),
+                    Arc::clone(&self.metrics),
+                    limits,
+                );
+                self.routes.add_service(
+                    ConcurrencyServer::new(concurrency)
+                        .max_decoding_message_size(max_message_bytes),
                 );
             }
             Service::Rls => {

@@ -20,6 +20,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let proto_root = manifest_dir.join("proto");
     let quota_proto = proto_root.join("quotad/v1/quota.proto");
     let lease_proto = proto_root.join("quotad/v1/lease.proto");
+    let concurrency_proto = proto_root.join("quotad/v1/concurrency.proto");
     let rls_proto = proto_root.join("envoy/service/ratelimit/v3/rls.proto");
     let rlqs_proto = proto_root.join("envoy/service/rate_limit_quota/v3/rlqs.proto");
 
@@ -40,7 +41,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         .file_descriptor_set_path(out_dir.join("quotad_descriptor.bin"))
         .compile_with_config(
             config,
-            &[quota_proto, lease_proto, rls_proto, rlqs_proto],
+            &[
+                quota_proto,
+                lease_proto,
+                concurrency_proto,
+                rls_proto,
+                rlqs_proto,
+            ],
             // The vendored well-known types (google/protobuf/*.proto), so
             // protos that import them build without a system install.
             &[proto_root, protoc_bin_vendored::include_path()?],

@@ -99,7 +99,9 @@ fn log_failure(log: &Throttled, error: &BackendError) {
     // is told (FAILED_PRECONDITION), and nothing is logged.
     if matches!(
         error,
-        BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. }
+        BackendError::CrossSlot
+            | BackendError::TooManyAtomicItems { .. }
+            | BackendError::AcquireInBatch
     ) {
         return;
     }

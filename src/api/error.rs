@@ -86,9 +86,13 @@ impl From<InvalidItem> for ServiceError {
     // quotad-core still surfaces as the right field.
     fn from(error: InvalidItem) -> Self {
         let field = match error {
-            InvalidItem::ZeroCost | InvalidItem::CostTooLarge => "cost",
+            InvalidItem::ZeroCost
+            | InvalidItem::CostTooLarge
+            | InvalidItem::CostAboveLimit { .. } => "cost",
             InvalidItem::EmptyKey => "key",
             InvalidItem::PolicyName => "policy_name",
+            // The policy's algorithm says which call it takes.
+            InvalidItem::WrongOperation(_) => "algorithm",
         };
         ServiceError::invalid(field, error.to_string())
     }
@@ -124,7 +128,9 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         }
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
         ServiceError::Backend(
-            BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. },
+            BackendError::CrossSlot
+            | BackendError::TooManyAtomicItems { .. }
+            | BackendError::AcquireInBatch,
         ) => Status::failed_precondition(message),
         ServiceError::Backend(BackendError::Internal(_)) => Status::internal(message),
     }

@@ -553,6 +553,23 @@ mod tests {
         async fn lease(&self, _: &LeaseItem<'_>, _: Deadline) -> LeaseResult {
             Err(down())
         }
+        async fn acquire(&self, _: &CheckItem<'_>, _: Deadline) -> crate::backend::AcquireResult {
+            Err(down())
+        }
+        async fn renew(
+            &self,
+            _: &crate::backend::SlotItem<'_>,
+            _: Deadline,
+        ) -> crate::backend::SlotResult {
+            Err(down())
+        }
+        async fn release(
+            &self,
+            _: &crate::backend::SlotItem<'_>,
+            _: Deadline,
+        ) -> crate::backend::SlotResult {
+            Err(down())
+        }
         async fn reset(
             &self,
             _: &str,

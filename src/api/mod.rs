@@ -5,6 +5,8 @@
 //!
 //! - [`quota`]: `quotad.v1.Quota` (Check, CheckBatch, Peek, Reset).
 //! - [`lease`]: `quotad.v1.Leases` (Lease): shares of a key's budget.
+//! - [`concurrency`]: `quotad.v1.Concurrency` (Acquire, Renew, Release):
+//!   slots of concurrency limits.
 //! - [`rls`]: Envoy's `RateLimitService` (ShouldRateLimit).
 //! - [`rlqs`]: Envoy's `RateLimitQuotaService` (StreamRateLimitQuotas):
 //!   quota assignments cut from leases.
@@ -12,6 +14,7 @@
 //!   calls they count.
 
 mod answer;
+pub(crate) mod concurrency;
 pub(crate) mod error;
 pub(crate) mod lease;
 pub(crate) mod quota;
@@ -19,6 +22,7 @@ pub(crate) mod request;
 pub(crate) mod rlqs;
 pub(crate) mod rls;
 
+pub(crate) use concurrency::ConcurrencyService;
 pub(crate) use lease::LeaseService;
 pub(crate) use quota::{QuotaService, RequestLimits};
 pub(crate) use rlqs::RlqsService;

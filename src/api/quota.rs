@@ -63,8 +63,21 @@ struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
+    /// The item of `key` and `cost`: for a concurrency policy, an acquire
+    /// of a slot with a new random id (a `Peek` of it takes nothing).
     fn item<'k>(&'k self, key: &'k str, cost: u64) -> Result<CheckItem<'k>, ServiceError> {
-        Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
+        if self.policy.algorithm().is_rate() {
+            Ok(CheckItem::new(&self.namespace, self.policy, key, cost)?)
+        } else {
+            let id = super::concurrency::new_slot_id();
+            Ok(CheckItem::acquire(
+                &self.namespace,
+                self.policy,
+                key,
+                cost,
+                id,
+            )?)
+        }
     }
 
     /// What a check answers when the backend failed ([`on_backend_error`]
@@ -267,6 +280,13 @@ impl<S: Backend> QuotaService<S> {
         let spec = CheckSpec::try_from(request)?;
         let set = self.policies.snapshot();
         let target = self.resolve(&set, &spec.key, &spec.policy)?;
+        if !target.policy.algorithm().is_rate() {
+            // A lone acquire is Concurrency.Acquire, which answers its slot.
+            return Err(ServiceError::invalid(
+                super::concurrency::policy_field(&spec.policy),
+                "a concurrency policy is acquired, not checked: use Concurrency.Acquire (or an item of CheckBatch, whose decision carries the slot)",
+            ));
+        }
         let item = target.item(&spec.key, spec.cost)?;
         self.store_ops.check.increment(1);
         let result = self.backend.check_one(&item, deadline).await;
@@ -306,7 +326,24 @@ impl<S: Backend> QuotaService<S> {
         let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
         targets.record(&decisions);
         Ok(pb::CheckBatchResponse {
-            decisions: decisions.iter().map(decision_to_pb).collect(),
+            decisions: decisions
+                .iter()
+                .zip(&items)
+                .map(|(decision, item)| match item.slot() {
+                    // An acquire decided by the store holds the slot it
+                    // asked for (one answered open holds none).
+                    Some(id) if decision.reason == Reason::WithinLimit => {
+                        let slot = quotad_core::Grant {
+                            id,
+                            units: item.cost().get(),
+                            granted_at: 0,
+                            ends_at: item.policy().slot_ttl_ms(),
+                        };
+                        super::concurrency::acquire_decision_to_pb(decision, Some(&slot))
+                    }
+                    _ => decision_to_pb(decision),
+                })
+                .collect(),
         })
     }
 

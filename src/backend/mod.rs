@@ -23,7 +23,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use quotad_core::{
-    BatchMode, CheckItem, Decision, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Policy,
+    Acquired, BatchMode, CheckItem, Decision, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms,
+    Policy, SlotAnswer, SlotError,
 };
 use thiserror::Error;
 
@@ -92,6 +93,12 @@ pub enum BackendError {
         /// The batch's items, a sliding log counting as 4.
         got: usize,
     },
+    /// A batch holding an acquire of a concurrency slot on a backend that
+    /// decides acquires only alone (Redis: `Concurrency.Acquire`).
+    #[error(
+        "an acquire of a concurrency slot cannot be an item of a batch (or a Peek) on the Redis backend: use Concurrency.Acquire"
+    )]
+    AcquireInBatch,
     /// The backend answered something quotad cannot use (a bug, not an
     /// outage).
     #[error("state store error: {0}")]
@@ -119,6 +126,27 @@ pub struct LeaseItem<'a> {
 /// A lease request's answer: the outcome, or the caller's error
 /// ([`LeaseError`]: nothing changed); a backend failure is the outer error.
 pub type LeaseResult = Result<Result<LeaseOutcome, LeaseError>, BackendError>;
+
+/// A renew or release of one concurrency slot: the slot `id` of `(name,
+/// key)` under the concurrency policy `policy`.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotItem<'a> {
+    /// The policy namespace (a named policy's name, or the inline one's).
+    pub name: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The concurrency policy.
+    pub policy: Policy,
+    /// The slot's id.
+    pub id: u64,
+}
+
+/// An acquire's answer, or the caller's error ([`SlotError`]: nothing
+/// changed); a backend failure is the outer error.
+pub type AcquireResult = Result<Result<Acquired, SlotError>, BackendError>;
+
+/// A renew's or release's answer; a backend failure is the error.
+pub type SlotResult = Result<SlotAnswer, BackendError>;
 
 /// What a backend can promise, before it is asked, about deciding a batch
 /// all or nothing ([`Backend::atomicity`]).
@@ -229,6 +257,44 @@ pub trait Backend: Send + Sync + 'static {
         item: &LeaseItem<'_>,
         deadline: Deadline,
     ) -> impl Future<Output = LeaseResult> + Send;
+
+    /// Acquires a slot of a concurrency limit (`item` made by
+    /// [`CheckItem::acquire`]), atomically with the key's other slots
+    /// ([`quotad_core::MemoryStore::acquire`] is the reference).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`: nothing is taken then, nor later.
+    fn acquire(
+        &self,
+        item: &CheckItem<'_>,
+        deadline: Deadline,
+    ) -> impl Future<Output = AcquireResult> + Send;
+
+    /// Renews a live slot to `slot_ttl` from now.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`: the slot is not renewed then, nor later.
+    fn renew(
+        &self,
+        slot: &SlotItem<'_>,
+        deadline: Deadline,
+    ) -> impl Future<Output = SlotResult> + Send;
+
+    /// Releases a slot, idempotently: only the slot with this id, if live.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the backend fails or cannot answer by
+    /// `deadline`; the slot then ends by its TTL if no later release comes.
+    fn release(
+        &self,
+        slot: &SlotItem<'_>,
+        deadline: Deadline,
+    ) -> impl Future<Output = SlotResult> + Send;
 
     /// Counts for the metrics, the backend's own [`Figure`]s included;
     /// cheap enough to call on every scrape.

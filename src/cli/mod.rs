@@ -1,5 +1,5 @@
 //! The client commands of the `quotad` binary: `check`, `peek`, `reset`,
-//! `batch` and `demo`.
+//! `batch`, `acquire` and `demo`.
 //! They talk to a quotad through `quotad-client`, like any application
 //! would, and print each decision on one line. `simulate` runs the
 //! algorithms in-process instead, with no server.
@@ -10,6 +10,7 @@
 //!
 //! This module belongs to the binary, not to the server library.
 
+mod acquire;
 mod args;
 mod batch;
 mod check;
@@ -24,6 +25,7 @@ use std::time::Duration;
 use quotad_client::{Client, Error as ClientError, LeaseOptions, TlsConfig};
 use tonic::Status;
 
+pub(crate) use acquire::{AcquireArgs, acquire};
 pub(crate) use batch::{BatchArgs, batch};
 pub(crate) use check::{CheckArgs, PeekArgs, ResetArgs, check, peek, reset};
 pub(crate) use demo::{DemoArgs, demo};

@@ -57,8 +57,12 @@ pub struct PolicySettings {
 pub(super) struct RawPolicy {
     algorithm: String,
     limit: u64,
-    #[serde(deserialize_with = "human_duration")]
-    window: Duration,
+    /// A rate's window; a concurrency policy has none.
+    #[serde(default, deserialize_with = "some_duration")]
+    window: Option<Duration>,
+    /// A concurrency policy's slot TTL; a rate has none.
+    #[serde(default, deserialize_with = "some_duration")]
+    slot_ttl: Option<Duration>,
     burst: Option<u64>,
     on_error: Option<OnError>,
     lease: Option<RawLease>,
@@ -80,6 +84,13 @@ struct RawLease {
 
 fn one() -> u64 {
     1
+}
+
+/// A duration that is present: `human_duration`, for an optional field.
+fn some_duration<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    human_duration(deserializer).map(Some)
 }
 
 impl RawLease {
@@ -107,6 +118,7 @@ pub(super) fn validate(
     let mut policies = BTreeMap::new();
     for (name, raw) in raw {
         let field = |f: &str| vec!["policies".to_owned(), name.clone(), f.to_owned()];
+        let table = || vec!["policies".to_owned(), name.clone()];
         if let Err(message) = validate_policy_name(&name) {
             return Err((
                 vec!["policies".to_owned(), name.clone()],
@@ -124,14 +136,49 @@ pub(super) fn validate(
                 ),
             ));
         }
-        let algorithm = raw
-            .algorithm
-            .parse()
-            .map_err(|e: quotad_core::UnknownAlgorithm| {
-                (field(PolicyField::Algorithm.config_name()), e.to_string())
-            })?;
-        let policy = Policy::try_new(algorithm, raw.limit, raw.window, raw.burst)
+        let algorithm: quotad_core::Algorithm =
+            raw.algorithm
+                .parse()
+                .map_err(|e: quotad_core::UnknownAlgorithm| {
+                    (field(PolicyField::Algorithm.config_name()), e.to_string())
+                })?;
+        // A rate counts over a window; a concurrency limit's slots last
+        // slot_ttl. Each takes its own, and refuses the other's.
+        let window = match (algorithm.is_rate(), raw.window, raw.slot_ttl) {
+            (true, Some(window), None) => window,
+            (false, None, Some(slot_ttl)) => slot_ttl,
+            (true, _, Some(_)) => {
+                return Err((
+                    field("slot_ttl"),
+                    format!("applies only to a concurrency policy, not {algorithm} (use window)"),
+                ));
+            }
+            (false, Some(_), _) => {
+                return Err((
+                    field("window"),
+                    "a concurrency policy has no window: its slots last slot_ttl".to_owned(),
+                ));
+            }
+            // Named at the table, as serde names a missing field.
+            (true, None, None) => {
+                return Err((table(), "missing field `window`".to_owned()));
+            }
+            (false, None, None) => {
+                return Err((
+                    table(),
+                    "missing field `slot_ttl`: how long a slot lasts unrenewed (the most a dead holder strands it)".to_owned(),
+                ));
+            }
+        };
+        let policy = Policy::try_new(algorithm, raw.limit, window, raw.burst)
             .map_err(|e| (field(policy_error_field(&e).config_name()), e.to_string()))?;
+        if !algorithm.is_rate() && raw.lease.is_some() {
+            return Err((
+                field("lease"),
+                "a concurrency policy has no leases: its slots are acquired and released"
+                    .to_owned(),
+            ));
+        }
         let on_error = raw.on_error.unwrap_or(default_on_error);
         let lease = raw
             .lease

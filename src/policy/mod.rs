@@ -39,6 +39,9 @@ pub enum PolicyField {
     Limit,
     Window,
     Burst,
+    /// A concurrency policy's slot TTL (the protobuf `Policy`'s
+    /// `window_ms`).
+    SlotTtl,
 }
 
 impl PolicyField {
@@ -49,13 +52,14 @@ impl PolicyField {
             PolicyField::Limit => "limit",
             PolicyField::Window => "window",
             PolicyField::Burst => "burst",
+            PolicyField::SlotTtl => "slot_ttl",
         }
     }
 
     /// The field of the protobuf `Policy` message.
     pub fn proto_name(self) -> &'static str {
         match self {
-            PolicyField::Window => "window_ms",
+            PolicyField::Window | PolicyField::SlotTtl => "window_ms",
             other => other.config_name(),
         }
     }
@@ -66,7 +70,9 @@ pub fn policy_error_field(error: &PolicyError) -> PolicyField {
     match error {
         PolicyError::LimitZero
         | PolicyError::LimitWindowTooLarge { .. }
-        | PolicyError::SlidingLogLimitTooLarge(_) => PolicyField::Limit,
+        | PolicyError::SlidingLogLimitTooLarge(_)
+        | PolicyError::ConcurrencyLimitTooLarge(_) => PolicyField::Limit,
+        PolicyError::SlotTtl(_) => PolicyField::SlotTtl,
         PolicyError::WindowTooShort | PolicyError::WindowNotWholeMillis(_) => PolicyField::Window,
         PolicyError::BurstZero
         | PolicyError::BurstNotApplicable(_)

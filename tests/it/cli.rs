@@ -43,7 +43,7 @@ fn validate_config_accepts_the_example_config() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quotad.example.toml");
     let output = run(&["validate-config", example]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert!(String::from_utf8_lossy(&output.stdout).contains(": ok (5 named policies)"));
+    assert!(String::from_utf8_lossy(&output.stdout).contains(": ok (6 named policies)"));
 }
 
 #[test]

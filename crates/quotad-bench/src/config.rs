@@ -186,6 +186,7 @@ impl fmt::Display for PolicySpec {
                     Algorithm::TokenBucket => "token_bucket",
                     Algorithm::LeakyBucket => "leaky_bucket",
                     Algorithm::SlidingLog => "sliding_log",
+                    Algorithm::Concurrency => "concurrency",
                     Algorithm::Unspecified => "unspecified",
                 };
                 write!(f, "{algorithm}:{}:{}", policy.limit, policy.window_ms)?;

@@ -32,6 +32,8 @@ const ALLOWED: Decision = Decision {
     retry_after_ms: 0,
     reset_after_ms: 0,
     reason: Reason::WithinLimit as i32,
+    slot_id: String::new(),
+    slot_ttl_ms: 0,
 };
 
 /// A `quotad.v1.Quota` service that answers every call at once with a fixed

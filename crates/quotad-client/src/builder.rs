@@ -175,6 +175,7 @@ impl ClientBuilder {
             .unwrap_or_else(|| Arc::new(MonotonicClock::new()));
         let shared = Arc::new(Shared {
             rpc: QuotaClient::new(channel.clone()),
+            slots: quotad_proto::v1::concurrency_client::ConcurrencyClient::new(channel.clone()),
             coalescer,
             cache,
             clock,

@@ -302,7 +302,7 @@ fn cause(status: &Status) -> String {
 }
 
 /// The domain decision of an answer.
-fn decision(d: Option<pb::Decision>) -> Result<Decision, Error> {
+pub(crate) fn decision(d: Option<pb::Decision>) -> Result<Decision, Error> {
     let d = d.ok_or(Error::BadResponse("decision missing"))?;
     Decision::try_from(&d).map_err(|_| Error::BadResponse("unknown reason"))
 }
@@ -318,7 +318,7 @@ fn first(decisions: Vec<Decision>) -> Decision {
 /// error (tonic reports a broken HTTP/2 exchange, e.g. plaintext to a TLS
 /// port, as `INTERNAL` with the error as its source), fall to the failure
 /// policy; anything else is the server refusing the request.
-fn classify(status: Status) -> Error {
+pub(crate) fn classify(status: Status) -> Error {
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Error::Unavailable(status)
@@ -328,7 +328,7 @@ fn classify(status: Status) -> Error {
     }
 }
 
-fn failure_decision(reason: Reason) -> Decision {
+pub(crate) fn failure_decision(reason: Reason) -> Decision {
     Decision {
         allowed: reason == Reason::FailOpen,
         limit: 0,

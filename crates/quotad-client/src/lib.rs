@@ -18,6 +18,9 @@
 //!   shares of a key's budget that quotad charged when it granted them,
 //!   and admits with them locally, without a call, until their units or
 //!   time run out ([`Client::lease_stats`], [`Client::shutdown`]).
+//! - Concurrency limits: [`Client::acquire`] holds a slot of a concurrency
+//!   policy in a [`SlotGuard`] that renews it in the background and
+//!   releases it when dropped (on panic and cancellation too).
 //! - `RateLimitLayer` (feature `http`): keys, prices and checks each HTTP
 //!   request; answers `429` with `Retry-After` and `RateLimit` headers on
 //!   denial.
@@ -28,7 +31,8 @@
 //! held and the local spend), `queue` (the coalescing settings and state),
 //! `shared` (what clones share, and how a call goes out), `coalesce`
 //! (batches: what leaves when, what an answer means), `lessee` (acquiring,
-//! renewing and returning leases), `client` (the handle), `builder` (its
+//! renewing and returning leases), `client` (the handle), `slot`
+//! (concurrency slots: [`Client::acquire`] and its guard), `builder` (its
 //! settings, and how it connects) and `layer` (the HTTP layer).
 //!
 //! Features: `tls` (default) brings rustls with the ring provider for
@@ -67,6 +71,7 @@ mod lessee;
 mod queue;
 mod request;
 mod shared;
+mod slot;
 mod transport;
 
 pub use builder::ClientBuilder;
@@ -75,7 +80,8 @@ pub use coalesce::{BATCH_REFUSAL_BACKOFF, MAX_RESENT_ALONE};
 pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 #[cfg(feature = "http")]
 pub use layer::{
-    IpPrefixes, KeyExtractor, PrefixError, RateLimit, RateLimitLayer, retry_after_secs,
+    ConcurrencyLayer, ConcurrencyLimit, IpPrefixes, KeyExtractor, PrefixError, RateLimit,
+    RateLimitLayer, retry_after_secs,
 };
 pub use lease::{
     DEFAULT_DIRECT_BACKOFF, DEFAULT_LEASE_MARGIN, DEFAULT_MAX_LEASED_KEYS, LeaseOptions,
@@ -84,6 +90,7 @@ pub use lease::{
 pub use queue::{Coalescing, CoalescingError, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT};
 pub use quotad_core::{BatchMode, Clock, Decision, LeaseTerms, Reason};
 pub use request::{Check, DEFAULT_DEADLINE, Error, FailurePolicy, PolicyRef};
+pub use slot::{Acquired, SlotGuard};
 pub use transport::{
     DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT, Keepalive, KeepaliveError, TlsConfig,
 };

@@ -23,6 +23,8 @@ use crate::request::deadline_exceeded;
 /// queue, the deny cache.
 pub(crate) struct Shared {
     pub(crate) rpc: QuotaClient<Channel>,
+    /// `quotad.v1.Concurrency` on the same connection.
+    pub(crate) slots: quotad_proto::v1::concurrency_client::ConcurrencyClient<Channel>,
     pub(crate) coalescer: Option<Coalescer>,
     pub(crate) cache: Option<DenyCache>,
     pub(crate) clock: Arc<dyn Clock>,

@@ -76,7 +76,7 @@ impl Ledger {
     /// grants and all, as it does the key's state).
     pub fn counts_under(&self, policy: &Policy) -> bool {
         self.under
-            .is_none_or(|u| u == (policy.algorithm(), policy.window_ms()))
+            .is_none_or(|u| u == (policy.algorithm(), policy.ledger_window_ms()))
     }
 
     /// The grants `policy` counts: none for a ledger charged under another
@@ -143,14 +143,88 @@ impl Ledger {
 
     /// Adds `grant`, charged under `policy`.
     pub(crate) fn push(&mut self, grant: Grant, policy: &Policy) {
-        self.under = Some((policy.algorithm(), policy.window_ms()));
+        self.under = Some((policy.algorithm(), policy.ledger_window_ms()));
         self.grants.push(grant);
+    }
+
+    /// Moves the end of the grant `id`, if it has not ended by `now`, to
+    /// `ends_at`; returns it as it is now.
+    pub(crate) fn extend(&mut self, id: u64, now: u64, ends_at: u64) -> Option<Grant> {
+        let g = self
+            .grants
+            .iter_mut()
+            .find(|g| g.id == id && g.ends_at > now)?;
+        g.ends_at = ends_at;
+        Some(*g)
+    }
+
+    /// Whether a grant `id` is held, live or not.
+    pub(crate) fn holds(&self, id: u64) -> bool {
+        self.grants.iter().any(|g| g.id == id)
+    }
+
+    /// Units of the grants that have not ended by `now`.
+    pub fn live_units(&self, now: u64) -> u64 {
+        self.grants
+            .iter()
+            .filter(|g| g.ends_at > now)
+            .map(|g| g.units)
+            .sum()
+    }
+
+    /// Room for `more` grants, allocated now so that what the ledger costs
+    /// is known before it is written.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        self.grants.reserve_exact(more);
+    }
+
+    /// Grants it has room for without allocating.
+    pub(crate) fn capacity(&self) -> usize {
+        self.grants.capacity()
     }
 
     /// Heap bytes held, by allocated capacity.
     pub fn heap_bytes(&self) -> usize {
         self.grants.capacity() * size_of::<Grant>()
     }
+}
+
+/// The answer to an acquire: the decision, and the slot it holds when
+/// admitted (its id, units, and `ends_at`, by which the holder renews or
+/// loses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acquired {
+    /// Admitted or not, with `remaining` (units free now) and, when denied,
+    /// the exact `retry_after_ms`: the earliest end of the live slots after
+    /// which the cost fits, with no release or renewal.
+    pub decision: crate::decision::Decision,
+    /// The slot taken, when admitted.
+    pub slot: Option<Grant>,
+}
+
+/// The answer to a renew or a release of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotAnswer {
+    /// The slot as it is now (renewed: with its new end), or as it was
+    /// when released; `None` when no live slot had the id (unknown,
+    /// released or ended): a renew of it fails, a release of it is done.
+    pub slot: Option<Grant>,
+    /// The policy's limit.
+    pub limit: u64,
+    /// Units free now, after the change.
+    pub remaining: u64,
+}
+
+/// A slot request the store cannot act on; nothing was changed.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum SlotError {
+    /// The policy is a rate, which holds no slots.
+    #[error("a {0} policy holds no slots: only a concurrency policy is acquired")]
+    NotConcurrency(Algorithm),
+    /// The id asked for the new slot is already held by the key (ids are
+    /// drawn at random; ask again with another).
+    #[error("slot id already held")]
+    IdInUse,
 }
 
 /// How a policy hands out leases: validated, so terms that exist are

@@ -6,7 +6,8 @@
 //!
 //! - [`policy`]: a validated [`Policy`] (`limit` per `window`, `burst`) and
 //!   its [`Algorithm`];
-//! - [`algorithm`]: the five algorithms as pure transitions, [`decide`] and
+//! - [`algorithm`]: the five rate algorithms and the concurrency limit
+//!   (slots acquired, renewed and released: [`MemoryStore::acquire`]) as pure transitions, [`decide`] and
 //!   [`peek`], over a key's [`State`];
 //! - [`decision`]: the [`Decision`] a check returns, and its [`Reason`];
 //! - [`clock`]: [`SystemClock`] and the [`FakeClock`] tests drive by hand;
@@ -56,11 +57,12 @@ pub use assignment::{AssignmentTerms, AssignmentTermsError, EnvoyBucket};
 pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Reason};
 pub use grant::{
-    Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, LeaseTermsError, Ledger,
-    MAX_GRANTS_PER_KEY, Settle, Settled,
+    Acquired, Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, LeaseTermsError,
+    Ledger, MAX_GRANTS_PER_KEY, Settle, Settled, SlotAnswer, SlotError,
 };
 pub use policy::{
-    Algorithm, MAX_EXACT, Policy, PolicyError, SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
+    Algorithm, CONCURRENCY_MAX_LIMIT, MAX_EXACT, MAX_SLOT_TTL, Policy, PolicyError,
+    SLIDING_LOG_MAX_LIMIT, UnknownAlgorithm,
 };
 pub use policy_ref::PolicyRef;
 pub use store::{

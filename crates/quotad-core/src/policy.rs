@@ -16,6 +16,16 @@ pub const MAX_EXACT: u64 = 1 << 53;
 /// keeps one entry per admitted request, so this caps memory per key.
 pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
 
+/// The largest `limit` a [`Algorithm::Concurrency`] policy may have. Each
+/// slot held is one grant in the key's ledger and a slot holds at least one
+/// unit, so this caps a key's slots, and its memory (32 bytes a slot), as
+/// the sliding log's cap does its entries.
+pub const CONCURRENCY_MAX_LIMIT: u64 = 10_000;
+
+/// The longest `slot_ttl`: a holder that dies strands its slot at most this
+/// long.
+pub const MAX_SLOT_TTL: Duration = Duration::from_secs(86_400);
+
 /// How a policy counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(
@@ -38,11 +48,26 @@ pub enum Algorithm {
     /// Every admitted request's time, kept for one window. Exact; memory
     /// grows with the limit.
     SlidingLog,
+    /// At most `limit` units in flight at once: each admission is a slot
+    /// held until it is released or its `slot_ttl` passes unrenewed. Not a
+    /// rate: acquired, renewed and released, never checked.
+    Concurrency,
 }
 
 impl Algorithm {
     /// Every algorithm, in declaration order: `Algorithm::ALL[a as usize] == a`.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::SlidingLog,
+        Algorithm::Concurrency,
+    ];
+
+    /// The five rate algorithms, those a check counts with: every one but
+    /// [`Algorithm::Concurrency`].
+    pub const RATES: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
@@ -58,7 +83,14 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::Concurrency => "concurrency",
         }
+    }
+
+    /// Whether the algorithm is a rate (checked) rather than a concurrency
+    /// limit (acquired).
+    pub fn is_rate(self) -> bool {
+        self != Algorithm::Concurrency
     }
 
     /// Whether the algorithm is a bucket, whose capacity is `burst`.
@@ -76,7 +108,7 @@ impl fmt::Display for Algorithm {
 /// The name given is not an algorithm.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 #[error(
-    "unknown algorithm {0:?} (expected fixed_window, sliding_window, token_bucket, leaky_bucket or sliding_log)"
+    "unknown algorithm {0:?} (expected fixed_window, sliding_window, token_bucket, leaky_bucket, sliding_log or concurrency)"
 )]
 pub struct UnknownAlgorithm(pub String);
 
@@ -130,6 +162,13 @@ pub enum PolicyError {
     /// A sliding log's limit is above [`SLIDING_LOG_MAX_LIMIT`].
     #[error("sliding_log limit must be at most {SLIDING_LOG_MAX_LIMIT} (got {0})")]
     SlidingLogLimitTooLarge(u64),
+    /// A concurrency policy's limit is above [`CONCURRENCY_MAX_LIMIT`].
+    #[error("concurrency limit must be at most {CONCURRENCY_MAX_LIMIT} (got {0})")]
+    ConcurrencyLimitTooLarge(u64),
+    /// A concurrency policy's `slot_ttl` is not from 1 ms to 1 day in whole
+    /// milliseconds.
+    #[error("slot_ttl must be from 1ms to 1d in whole milliseconds (got {0:?})")]
+    SlotTtl(Duration),
 }
 
 /// A validated rate limit: `limit` units per `window`, counted by
@@ -186,6 +225,12 @@ impl Policy {
         window: Duration,
         burst: Option<u64>,
     ) -> Result<Self, PolicyError> {
+        if algorithm == Algorithm::Concurrency {
+            if burst.is_some() {
+                return Err(PolicyError::BurstNotApplicable(algorithm));
+            }
+            return Self::concurrency(limit, window);
+        }
         if limit == 0 {
             return Err(PolicyError::LimitZero);
         }
@@ -227,6 +272,65 @@ impl Policy {
             window_ms,
             burst,
         })
+    }
+
+    /// A concurrency limit: at most `limit` units held at once, each slot
+    /// lasting `slot_ttl` unless renewed. ([`Policy::try_new`] with
+    /// [`Algorithm::Concurrency`] takes `slot_ttl` as its window.)
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::LimitZero`], [`PolicyError::ConcurrencyLimitTooLarge`]
+    /// (above 10,000), or [`PolicyError::SlotTtl`] for a `slot_ttl` that is
+    /// 0, above a day, or not whole milliseconds.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quotad_core::{Algorithm, Policy};
+    ///
+    /// let policy = Policy::concurrency(5, Duration::from_secs(30))?;
+    /// assert_eq!((policy.algorithm(), policy.capacity(), policy.slot_ttl_ms()), (Algorithm::Concurrency, 5, 30_000));
+    /// assert!(Policy::concurrency(5, Duration::ZERO).is_err());
+    /// # Ok::<(), quotad_core::PolicyError>(())
+    /// ```
+    pub fn concurrency(limit: u64, slot_ttl: Duration) -> Result<Self, PolicyError> {
+        if limit == 0 {
+            return Err(PolicyError::LimitZero);
+        }
+        if limit > CONCURRENCY_MAX_LIMIT {
+            return Err(PolicyError::ConcurrencyLimitTooLarge(limit));
+        }
+        if slot_ttl < Duration::from_millis(1)
+            || slot_ttl > MAX_SLOT_TTL
+            || !slot_ttl.subsec_nanos().is_multiple_of(1_000_000)
+        {
+            return Err(PolicyError::SlotTtl(slot_ttl));
+        }
+        let slot_ttl_ms = u64::try_from(slot_ttl.as_millis()).expect("at most a day of ms");
+        Ok(Self {
+            algorithm: Algorithm::Concurrency,
+            limit,
+            window_ms: slot_ttl_ms,
+            burst: limit,
+        })
+    }
+
+    /// How long a concurrency slot lasts unrenewed, in ms (the policy's
+    /// window; for a rate, its window).
+    pub fn slot_ttl_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// The window a key's grants are bound to: a ledger counts only under
+    /// the algorithm and this window. A concurrency slot carries its own
+    /// end, so its ledger is bound to no window (0) and a reload that
+    /// changes `slot_ttl` keeps the slots held.
+    pub fn ledger_window_ms(&self) -> u64 {
+        if self.algorithm == Algorithm::Concurrency {
+            0
+        } else {
+            self.window_ms
+        }
     }
 
     /// The counting algorithm.
@@ -391,6 +495,51 @@ mod tests {
                 SLIDING_LOG_MAX_LIMIT + 1
             ))
         );
+    }
+
+    #[test]
+    fn a_concurrency_policy_names_the_rule_it_breaks() {
+        let c = Policy::concurrency;
+        assert_eq!(c(0, ms(1000)), Err(PolicyError::LimitZero));
+        assert_eq!(
+            c(CONCURRENCY_MAX_LIMIT + 1, ms(1000)),
+            Err(PolicyError::ConcurrencyLimitTooLarge(
+                CONCURRENCY_MAX_LIMIT + 1
+            ))
+        );
+        for ttl in [
+            Duration::ZERO,
+            Duration::from_micros(1500),
+            MAX_SLOT_TTL + ms(1),
+        ] {
+            assert_eq!(c(5, ttl), Err(PolicyError::SlotTtl(ttl)));
+        }
+        let p = c(CONCURRENCY_MAX_LIMIT, MAX_SLOT_TTL).expect("at the bounds");
+        assert_eq!(
+            (p.capacity(), p.slot_ttl_ms()),
+            (CONCURRENCY_MAX_LIMIT, 86_400_000)
+        );
+        assert_eq!(p.ledger_window_ms(), 0);
+        // Through try_new, slot_ttl is the window, and burst is refused.
+        let q = Policy::try_new(Algorithm::Concurrency, 5, ms(1000), None);
+        assert_eq!(q, c(5, ms(1000)));
+        assert_eq!(
+            Policy::try_new(Algorithm::Concurrency, 5, Duration::ZERO, None),
+            Err(PolicyError::SlotTtl(Duration::ZERO))
+        );
+        assert_eq!(
+            Policy::try_new(Algorithm::Concurrency, 5, ms(1000), Some(5)),
+            Err(PolicyError::BurstNotApplicable(Algorithm::Concurrency))
+        );
+    }
+
+    #[test]
+    fn rates_are_every_algorithm_but_concurrency() {
+        let mut all = Algorithm::RATES.to_vec();
+        all.push(Algorithm::Concurrency);
+        assert_eq!(all, Algorithm::ALL);
+        assert!(Algorithm::RATES.iter().all(|a| a.is_rate()));
+        assert!(!Algorithm::Concurrency.is_rate());
     }
 
     #[test]

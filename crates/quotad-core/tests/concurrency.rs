@@ -35,7 +35,7 @@ fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) ->
 
 #[test]
 fn a_hundred_threads_on_one_key_admit_exactly_the_limit_every_time() {
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         for round in 0..50 {
             let store = Arc::new(store());
             let barrier = Arc::new(Barrier::new(100));

@@ -54,6 +54,7 @@ fn main() -> std::io::Result<()> {
             retry_after_ms: 1_500,
             reset_after_ms: 30_000,
             reason: pb::Reason::LimitExceeded.into(),
+            ..pb::Decision::default()
         }),
     };
     write("wire", "check-response", &decision.encode_to_vec())?;

@@ -67,7 +67,7 @@ impl PolicyInput {
     /// The policy, if the numbers make a valid one; checks that
     /// [`Policy::try_new`] kept every bound when it accepted them.
     pub fn policy(&self) -> Option<Policy> {
-        let algorithm = Algorithm::ALL[usize::from(self.algorithm) % Algorithm::ALL.len()];
+        let algorithm = Algorithm::RATES[usize::from(self.algorithm) % Algorithm::RATES.len()];
         let (limit, window_ms) = (self.limit.get(), self.window_ms.get());
         let burst = self.burst.map(Number::get);
         let policy =

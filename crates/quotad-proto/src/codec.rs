@@ -37,6 +37,8 @@ decoded!(InvalidArgument:
     crate::v1::CheckBatchRequest,
     crate::v1::ResetRequest,
     crate::v1::LeaseRequest,
+    crate::v1::AcquireRequest,
+    crate::v1::SlotRequest,
     crate::envoy::service::ratelimit::v3::RateLimitRequest,
     crate::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
 );
@@ -45,6 +47,9 @@ decoded!(Internal:
     crate::v1::CheckBatchResponse,
     crate::v1::ResetResponse,
     crate::v1::LeaseResponse,
+    crate::v1::AcquireResponse,
+    crate::v1::RenewResponse,
+    crate::v1::ReleaseResponse,
     crate::envoy::service::ratelimit::v3::RateLimitResponse,
     crate::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse,
 );

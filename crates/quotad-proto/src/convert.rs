@@ -29,6 +29,7 @@ impl From<Algorithm> for pb::Algorithm {
             Algorithm::TokenBucket => pb::Algorithm::TokenBucket,
             Algorithm::LeakyBucket => pb::Algorithm::LeakyBucket,
             Algorithm::SlidingLog => pb::Algorithm::SlidingLog,
+            Algorithm::Concurrency => pb::Algorithm::Concurrency,
         }
     }
 }
@@ -45,6 +46,7 @@ pub fn algorithm(value: i32) -> Result<Algorithm, UnknownValue> {
         Ok(pb::Algorithm::TokenBucket) => Ok(Algorithm::TokenBucket),
         Ok(pb::Algorithm::LeakyBucket) => Ok(Algorithm::LeakyBucket),
         Ok(pb::Algorithm::SlidingLog) => Ok(Algorithm::SlidingLog),
+        Ok(pb::Algorithm::Concurrency) => Ok(Algorithm::Concurrency),
         Ok(pb::Algorithm::Unspecified) => Err(UnknownValue::Unspecified),
         Err(_) => Err(UnknownValue::Unknown(value)),
     }
@@ -94,6 +96,8 @@ impl From<&Decision> for pb::Decision {
             retry_after_ms: d.retry_after_ms,
             reset_after_ms: d.reset_after_ms,
             reason: pb::Reason::from(d.reason).into(),
+            slot_id: String::new(),
+            slot_ttl_ms: 0,
         }
     }
 }

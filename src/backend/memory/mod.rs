@@ -12,7 +12,10 @@ use std::time::Duration;
 use quotad_core::{BatchMode, CheckItem, MemoryStore, Policy};
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem, LeaseResult};
+use super::{
+    AcquireResult, Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem,
+    LeaseResult, SlotItem, SlotResult,
+};
 use crate::config::{Config, MemorySettings};
 use crate::metrics::Metrics;
 use crate::registry::PolicyRegistry;
@@ -57,6 +60,20 @@ impl Backend for MemoryStore {
         ))
     }
 
+    async fn acquire(&self, item: &CheckItem<'_>, _: Deadline) -> AcquireResult {
+        Ok(MemoryStore::acquire(self, item))
+    }
+
+    async fn renew(&self, slot: &SlotItem<'_>, _: Deadline) -> SlotResult {
+        MemoryStore::renew(self, slot.name, slot.key, &slot.policy, slot.id)
+            .map_err(|e| BackendError::Internal(e.to_string()))
+    }
+
+    async fn release(&self, slot: &SlotItem<'_>, _: Deadline) -> SlotResult {
+        MemoryStore::release(self, slot.name, slot.key, &slot.policy, slot.id)
+            .map_err(|e| BackendError::Internal(e.to_string()))
+    }
+
     async fn reset(
         &self,
         name: &str,
@@ -79,6 +96,8 @@ impl Backend for MemoryStore {
             reclaimed: self.reclaimed(),
             capacity: Some(self.config().max_keys() as u64),
             figures: Vec::new(),
+            slots_held: Some(self.slots_held()),
+            slots_expired: self.slots_expired(),
         }
     }
 }

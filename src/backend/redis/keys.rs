@@ -40,6 +40,7 @@ fn letter(algorithm: Algorithm) -> char {
         Algorithm::TokenBucket => 'T',
         Algorithm::LeakyBucket => 'L',
         Algorithm::SlidingLog => 'G',
+        Algorithm::Concurrency => 'C',
     }
 }
 
@@ -63,7 +64,9 @@ pub(super) fn state_key(prefix: &str, name: &str, policy: &Policy, key: &str) ->
         k,
         "}}|{FORMAT}{}{}",
         letter(policy.algorithm()),
-        policy.window_ms()
+        // A concurrency key's slots carry their own ends: its name has no
+        // slot_ttl (0), so a reload that changes it keeps the slots.
+        policy.ledger_window_ms()
     );
     k
 }

@@ -51,7 +51,7 @@ use std::sync::atomic::Ordering;
 
 use quotad_core::{
     Algorithm, BatchMode, CheckItem, Clock, Decision, Grant, LeaseAnswer, LeaseError, LeaseOutcome,
-    Policy,
+    Policy, SlotAnswer, SlotError,
 };
 use redis::{Cmd, RedisResult, Script, Value};
 
@@ -60,11 +60,14 @@ use self::connection::{
 };
 use self::wire::UNREADABLE;
 use super::{
-    Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult, LeaseItem,
-    LeaseResult,
+    AcquireResult, Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult,
+    LeaseItem, LeaseResult, SlotItem, SlotResult,
 };
 
 const SCRIPT: &str = include_str!("quota.lua");
+
+/// Acquire, renew and release of one key's concurrency slots.
+const CONCURRENCY_SCRIPT: &str = include_str!("concurrency.lua");
 
 /// `Reset`: refuses past its deadline (`ARGV[1]`, ms in Redis's clock) as
 /// the checks' script does; 1 done, 0 refused. It forgets the key's state
@@ -122,6 +125,9 @@ pub struct RedisBackend {
     /// `store.redis.max_atomic_items`.
     max_atomic_items: usize,
     script: Arc<Script>,
+    concurrency: Arc<Script>,
+    /// Concurrency slots the scripts dropped as ended unreleased.
+    slots_expired: Arc<std::sync::atomic::AtomicU64>,
     /// Tests only: a clock to decide by instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
 }
@@ -182,6 +188,8 @@ impl RedisBackend {
             prefix: settings.key_prefix.as_str().into(),
             max_atomic_items: settings.max_atomic_items,
             script: Arc::new(Script::new(SCRIPT)),
+            concurrency: Arc::new(Script::new(CONCURRENCY_SCRIPT)),
+            slots_expired: Arc::default(),
             clock: None,
         })
     }
@@ -337,6 +345,19 @@ impl RedisBackend {
         keys: &[String],
         args: &(dyn Fn(&mut Cmd) + Sync),
     ) -> Result<Value, CallError> {
+        self.send_script(call, (&self.script, SCRIPT), mode, keys, args)
+            .await
+    }
+
+    /// [`RedisBackend::send`] of `script` (loaded, and its source).
+    async fn send_script(
+        &self,
+        call: &Call<'_>,
+        (script, source): (&Script, &'static str),
+        mode: &str,
+        keys: &[String],
+        args: &(dyn Fn(&mut Cmd) + Sync),
+    ) -> Result<Value, CallError> {
         // The test clock, read once: the NOSCRIPT retry sends the same.
         let now = self.clock.as_ref().map(|clock| clock.now_ms());
         let command = |name: &str, script: &str| {
@@ -365,7 +386,7 @@ impl RedisBackend {
             .call(
                 link,
                 slot,
-                command("EVALSHA", self.script.get_hash()),
+                command("EVALSHA", script.get_hash()),
                 bound,
                 Some(late()),
             )
@@ -374,7 +395,7 @@ impl RedisBackend {
             // Not loaded (a restart, SCRIPT FLUSH, a failover): EVAL loads it.
             Err(CallError::NoScript(_)) => {
                 connections
-                    .call(link, slot, command("EVAL", SCRIPT), bound, Some(late()))
+                    .call(link, slot, command("EVAL", source), bound, Some(late()))
                     .await
             }
             other => other,
@@ -455,6 +476,108 @@ impl RedisBackend {
                 .map(|r| r.expect("every item is in one script, which answers each"))
                 .collect()
         }
+    }
+}
+
+impl RedisBackend {
+    /// Runs `concurrency.lua` in `mode` on the slots of `(name, key)`:
+    /// the reply's numbers after a refusal check (a script past its
+    /// deadline is an error, as a check's).
+    #[allow(clippy::too_many_arguments, reason = "one call's arguments, named")]
+    async fn slots_call(
+        &self,
+        name: &str,
+        key: &str,
+        policy: &Policy,
+        mode: &str,
+        cost: u64,
+        id: u64,
+        deadline: Deadline,
+    ) -> Result<Vec<i64>, BackendError> {
+        let keys = [keys::state_key(&self.prefix, name, policy, key)];
+        let slot = if self.connections.is_cluster() {
+            deadline::slot(keys[0].as_bytes())
+        } else {
+            0
+        };
+        let bound = self.connections.bound(deadline);
+        let call = self.start(slot, &bound).await?;
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(policy.limit())
+                .arg(policy.slot_ttl_ms())
+                .arg(cost)
+                .arg(id.to_string());
+        };
+        let reply = self
+            .send_script(
+                &call,
+                (&self.concurrency, CONCURRENCY_SCRIPT),
+                mode,
+                &keys,
+                &args,
+            )
+            .await
+            .map_err(|e| match e {
+                CallError::Corrupt(_) => unreadable_item(name, &keys[0]),
+                other => other.into_backend(&bound),
+            })?;
+        let received = local_ms();
+        let numbers = integers(&reply)?;
+        if let Some(&time) = numbers.first() {
+            call.link
+                .offsets
+                .record(slot, u64::try_from(time).unwrap_or(0), received);
+        }
+        if numbers.len() == 1 {
+            self.connections
+                .counts
+                .late_refused
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Unavailable(
+                "redis ran the script past its deadline and refused it".to_owned(),
+            ));
+        }
+        Ok(numbers)
+    }
+
+    /// Counts slots a script dropped as ended unreleased.
+    fn count_expired(&self, expired: i64) {
+        if let Ok(n) = u64::try_from(expired) {
+            self.slots_expired.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// A renew or release of one slot.
+    async fn slot_change(&self, slot: &SlotItem<'_>, mode: &str, deadline: Deadline) -> SlotResult {
+        let numbers = self
+            .slots_call(
+                slot.name,
+                slot.key,
+                &slot.policy,
+                mode,
+                1,
+                slot.id,
+                deadline,
+            )
+            .await?;
+        let bad = || BackendError::Internal(format!("the concurrency script answered {numbers:?}"));
+        let n = |v: i64| u64::try_from(v).map_err(|_| bad());
+        let [time, held, remaining, ends_at, expired] = numbers[..] else {
+            return Err(bad());
+        };
+        self.count_expired(expired);
+        let now = n(time)?;
+        let answer = SlotAnswer {
+            slot: (held == 1).then_some(Grant {
+                id: slot.id,
+                units: 0,
+                granted_at: now,
+                ends_at: n(ends_at)?,
+            }),
+            limit: slot.policy.limit(),
+            remaining: n(remaining)?,
+        };
+        Ok(answer)
     }
 }
 
@@ -610,6 +733,9 @@ impl Backend for RedisBackend {
     }
 
     async fn check_one(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
+        if item.slot().is_some() {
+            return Err(BackendError::AcquireInBatch);
+        }
         self.eval(Mode::Check, std::slice::from_ref(item), deadline)
             .await?
             .remove(0)
@@ -621,6 +747,9 @@ impl Backend for RedisBackend {
         mode: BatchMode,
         deadline: Deadline,
     ) -> Vec<ItemResult> {
+        if items.iter().any(|i| i.slot().is_some()) {
+            return vec![Err(BackendError::AcquireInBatch); items.len()];
+        }
         match mode {
             BatchMode::Independent => self.each(Mode::Check, items, deadline).await,
             BatchMode::AllOrNothing if !self.fits_one_script(items.iter().copied()) => {
@@ -650,12 +779,18 @@ impl Backend for RedisBackend {
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
+        if item.slot().is_some() {
+            return Err(BackendError::AcquireInBatch);
+        }
         self.eval(Mode::Peek, std::slice::from_ref(item), deadline)
             .await?
             .remove(0)
     }
 
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
+        if items.iter().any(|i| i.slot().is_some()) {
+            return vec![Err(BackendError::AcquireInBatch); items.len()];
+        }
         self.each(Mode::Peek, items, deadline).await
     }
 
@@ -723,6 +858,63 @@ impl Backend for RedisBackend {
         lease_outcome(&numbers, item)
     }
 
+    /// Acquires in the key's own slots script (`concurrency.lua`), in its
+    /// Cluster slot, by Redis `TIME` and under the same deadline as a
+    /// check: an acquire quotad answered as failed takes nothing later.
+    async fn acquire(&self, item: &CheckItem<'_>, deadline: Deadline) -> AcquireResult {
+        let Some(id) = item.slot() else {
+            return Ok(Err(SlotError::NotConcurrency(item.policy().algorithm())));
+        };
+        let policy = *item.policy();
+        let numbers = self
+            .slots_call(
+                item.name(),
+                item.key(),
+                &policy,
+                "acquire",
+                item.cost().get(),
+                id,
+                deadline,
+            )
+            .await?;
+        let bad = || BackendError::Internal(format!("the concurrency script answered {numbers:?}"));
+        let n = |v: i64| u64::try_from(v).map_err(|_| bad());
+        let [_time, code, remaining, retry, reset, expired, ends_at] = numbers[..] else {
+            return Err(bad());
+        };
+        self.count_expired(expired);
+        let ends_at = n(ends_at)?;
+        let (allowed, reason) = match code {
+            wire::WITHIN_CODE => (true, quotad_core::Reason::WithinLimit),
+            wire::EXCEEDED_CODE => (false, quotad_core::Reason::LimitExceeded),
+            wire::ID_IN_USE => return Ok(Err(SlotError::IdInUse)),
+            _ => return Err(bad()),
+        };
+        let decision = Decision {
+            allowed,
+            limit: policy.capacity(),
+            remaining: n(remaining)?,
+            retry_after_ms: n(retry)?,
+            reset_after_ms: n(reset)?,
+            reason,
+        };
+        let slot = allowed.then(|| Grant {
+            id,
+            units: item.cost().get(),
+            granted_at: ends_at.saturating_sub(policy.slot_ttl_ms()),
+            ends_at,
+        });
+        Ok(Ok(quotad_core::Acquired { decision, slot }))
+    }
+
+    async fn renew(&self, slot: &SlotItem<'_>, deadline: Deadline) -> SlotResult {
+        self.slot_change(slot, "renew", deadline).await
+    }
+
+    async fn release(&self, slot: &SlotItem<'_>, deadline: Deadline) -> SlotResult {
+        self.slot_change(slot, "release", deadline).await
+    }
+
     /// Forgets the key by a script with the same deadline as a check's (the
     /// store timeout or the caller's earlier `deadline`): a reset queued in
     /// a stalled Redis that quotad answered as failed does not happen
@@ -774,6 +966,7 @@ impl Backend for RedisBackend {
         // Redis expires state by TTL; quotad keeps no count of keys.
         BackendStats {
             figures: self.counts().figures(),
+            slots_expired: self.slots_expired.load(Ordering::Relaxed),
             ..BackendStats::default()
         }
     }

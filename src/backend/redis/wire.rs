@@ -16,6 +16,7 @@ pub(super) fn algorithm(algorithm: Algorithm) -> u64 {
         Algorithm::TokenBucket => 3,
         Algorithm::LeakyBucket => 4,
         Algorithm::SlidingLog => 5,
+        Algorithm::Concurrency => 6,
     }
 }
 
@@ -39,6 +40,14 @@ pub(super) fn reason(code: i64) -> Option<Reason> {
         .iter()
         .find_map(|&(c, reason)| (c == code).then_some(reason))
 }
+
+/// The first number after `TIME` in an acquire reply (`concurrency.lua`):
+/// admitted.
+pub(super) const WITHIN_CODE: i64 = 1;
+/// Denied: the live slots leave too little.
+pub(super) const EXCEEDED_CODE: i64 = 2;
+/// The slot id asked for is held already.
+pub(super) const ID_IN_USE: i64 = 6;
 
 /// The first number after `TIME` in a lease reply: `LEASED, UNKNOWN_LEASE,
 /// OVERSPENT` in the script.
@@ -97,7 +106,7 @@ mod tests {
             [Algorithm::FixedWindow, Algorithm::SlidingLog].map(|a| algorithm(a) as i64)
         );
         let script = super::super::SCRIPT;
-        for a in Algorithm::ALL {
+        for a in Algorithm::RATES {
             let code = algorithm(a);
             assert!(
                 script.contains(&format!("BUILD[{code}] = function()")),
@@ -129,6 +138,6 @@ mod tests {
         }
         let mut codes: Vec<u64> = Algorithm::ALL.into_iter().map(algorithm).collect();
         codes.dedup();
-        assert_eq!(codes, [1, 2, 3, 4, 5]);
+        assert_eq!(codes, [1, 2, 3, 4, 5, 6]);
     }
 }

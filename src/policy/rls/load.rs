@@ -440,6 +440,14 @@ impl Loader<'_> {
                     let text = yaml::string(ctx, &field, v)?;
                     let algorithm = Algorithm::from_str(&text)
                         .map_err(|e| ctx.error(&field, v, e.to_string()))?;
+                    if !algorithm.is_rate() {
+                        return Err(ctx.error(
+                            &field,
+                            v,
+                            "concurrency is not a rate: an RLS rule counts requests per unit"
+                                .to_owned(),
+                        ));
+                    }
                     ext.algorithm = Some((algorithm, v));
                 }
                 "burst" => {
@@ -540,7 +548,9 @@ impl Loader<'_> {
                     PolicyField::Limit => {
                         ("requests_per_unit", requests_per_unit.map(|(_, at)| at))
                     }
-                    PolicyField::Window => ("unit", unit.as_ref().map(|(_, at)| *at)),
+                    PolicyField::Window | PolicyField::SlotTtl => {
+                        ("unit", unit.as_ref().map(|(_, at)| *at))
+                    }
                     PolicyField::Burst => ("burst", ext.burst.map(|(_, at)| at)),
                     PolicyField::Algorithm => ("algorithm", ext.algorithm.map(|(_, at)| at)),
                 };

@@ -81,7 +81,7 @@ fn window_strategy() -> impl Strategy<Value = u64> {
 }
 
 fn algorithm_strategy() -> impl Strategy<Value = Algorithm> {
-    prop::sample::select(Algorithm::ALL.to_vec())
+    prop::sample::select(Algorithm::RATES.to_vec())
 }
 
 fn policy_strategy() -> impl Strategy<Value = Policy> {

@@ -70,7 +70,7 @@ const WINDOWS: [u64; 6] = [2, 4, 10, 1_000, 3_000, 86_400_000];
 
 fn policy_strategy() -> impl Strategy<Value = Policy> {
     (
-        prop::sample::select(Algorithm::ALL.to_vec()),
+        prop::sample::select(Algorithm::RATES.to_vec()),
         1u64..=20,
         prop_oneof![
             3 => prop::sample::select(WINDOWS.to_vec()),

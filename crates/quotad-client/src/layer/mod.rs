@@ -29,12 +29,14 @@ use tower_service::Service;
 use crate::client::{Client, OUTAGE_LOG_INTERVAL};
 use crate::request::{Check, Error};
 
+mod concurrency;
 mod key;
 
+pub use concurrency::{ConcurrencyLayer, ConcurrencyLimit};
 pub use key::{IpPrefixes, KeyExtractor, PrefixError};
 
 pub(crate) type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 
 struct Settings {
     client: Client,
@@ -262,7 +264,7 @@ where
     }
 }
 
-fn plain<R: From<&'static str>>(status: StatusCode, body: &'static str) -> Response<R> {
+pub(crate) fn plain<R: From<&'static str>>(status: StatusCode, body: &'static str) -> Response<R> {
     let mut response = Response::new(R::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(

@@ -1,4 +1,5 @@
-//! The five algorithms as pure state transitions.
+//! The five rate algorithms and the concurrency limit as pure state
+//! transitions.
 //!
 //! Each algorithm is a [`Meter`]: its state brought forward to one instant,
 //! which can say whether a cost fits, consume it, and report what remains and
@@ -12,6 +13,7 @@
 //! proves they agree.
 
 mod bucket;
+mod concurrency;
 mod fixed_window;
 mod sliding_log;
 mod sliding_window;
@@ -23,7 +25,7 @@ pub use sliding_log::Log;
 use crate::decision::{Decision, Reason};
 use crate::grant::{
     Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger, Settle, Settled,
-    lease_size,
+    SlotError, lease_size,
 };
 use crate::policy::{Algorithm, Policy};
 
@@ -400,7 +402,63 @@ fn evaluate(
         Algorithm::TokenBucket => step.run::<bucket::TokenBucket>(state, short),
         Algorithm::LeakyBucket => step.run::<bucket::LeakyBucket>(state, short),
         Algorithm::SlidingLog => step.run::<sliding_log::SlidingLog>(state, short),
+        Algorithm::Concurrency => step.run::<concurrency::Concurrency>(state, short),
     }
+}
+
+/// Decides an acquire of a slot of `cost` units with id `id` on a
+/// concurrency key whose slots are `ledger`, at `now`: admitted when the
+/// live slots' units plus `cost` are within the limit. Ended slots are
+/// dropped first (a ledger charged under another algorithm starts fresh).
+/// Returns the decision, the slot to add when admitted (ending at `now +
+/// slot_ttl`; the caller adds it), and how many ended slots were dropped
+/// (slots that expired unreleased).
+///
+/// A denial's `retry_after_ms` is the earliest end of a live slot after
+/// which `cost` fits with no other traffic (the slots' ends, soonest
+/// first); `reset_after_ms` is when the last slot, the new one included,
+/// ends.
+///
+/// # Errors
+///
+/// [`SlotError::IdInUse`] when a slot with `id` is held; the ledger is
+/// then only purged.
+pub(crate) fn acquire(
+    policy: &Policy,
+    ledger: &mut Ledger,
+    now_ms: u64,
+    cost: NonZeroU64,
+    id: u64,
+) -> Result<(Decision, Option<Grant>, usize), SlotError> {
+    if !ledger.counts_under(policy) {
+        ledger.clear();
+    }
+    let before = ledger.len();
+    ledger.purge(now_ms, 0);
+    let expired = before - ledger.len();
+    if ledger.holds(id) {
+        return Err(SlotError::IdInUse);
+    }
+    let (_, mut decision) = evaluate(
+        policy,
+        None,
+        ledger.grants(),
+        now_ms,
+        cost,
+        Some(Spend::WhenAdmitted),
+        UNBOUNDED,
+        &mut None,
+    );
+    let slot = decision.allowed.then(|| Grant {
+        id,
+        units: cost.get(),
+        granted_at: now_ms,
+        ends_at: now_ms.saturating_add(policy.slot_ttl_ms()),
+    });
+    if let Some(slot) = slot {
+        decision.reset_after_ms = ledger.last_end().max(slot.ends_at) - now_ms;
+    }
+    Ok((decision, slot, expired))
 }
 
 /// Whether the lease `settle` names can be settled against `ledger` at
@@ -466,6 +524,9 @@ pub(crate) fn lease(
         }
         Algorithm::SlidingLog => {
             lease_on::<sliding_log::SlidingLog>(policy, terms, state, ledger, at, ask)
+        }
+        Algorithm::Concurrency => {
+            lease_on::<concurrency::Concurrency>(policy, terms, state, ledger, at, ask)
         }
     };
     // From the clock, as a check reports it: the meter's wait runs from

@@ -5,7 +5,7 @@ use std::num::NonZeroU64;
 use thiserror::Error;
 
 use crate::algorithm::Spend;
-use crate::policy::{MAX_EXACT, Policy};
+use crate::policy::{Algorithm, MAX_EXACT, Policy};
 
 /// How the items of a batch relate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -25,6 +25,9 @@ pub struct CheckItem<'a> {
     key: &'a str,
     cost: NonZeroU64,
     spend: Spend,
+    /// The id the slot an acquire takes gets; `Some` exactly for a
+    /// concurrency policy's items.
+    slot: Option<u64>,
 }
 
 /// A check item that breaks a rule; nothing is read or written for it.
@@ -43,6 +46,19 @@ pub enum InvalidItem {
     /// separator).
     #[error("policy name must be non-empty and must not contain NUL")]
     PolicyName,
+    /// A check of a concurrency policy, which is acquired (and released),
+    /// never checked; or an acquire of a rate.
+    #[error("a {0} policy is {verb}", verb = if *.0 == Algorithm::Concurrency { "acquired (Concurrency/Acquire), not checked" } else { "checked, not acquired" })]
+    WrongOperation(Algorithm),
+    /// An acquire's `cost` is above the concurrency limit: it could never
+    /// be held.
+    #[error("cost {cost} is above the concurrency limit {limit}")]
+    CostAboveLimit {
+        /// The cost asked.
+        cost: u64,
+        /// The policy's limit.
+        limit: u64,
+    },
 }
 
 impl<'a> CheckItem<'a> {
@@ -51,13 +67,55 @@ impl<'a> CheckItem<'a> {
     ///
     /// # Errors
     ///
-    /// [`InvalidItem`] when `cost` is 0 or above 2^53, `key` is empty, or
-    /// `name` is empty or contains NUL.
+    /// [`InvalidItem`] when `cost` is 0 or above 2^53, `key` is empty,
+    /// `name` is empty or contains NUL, or the policy is a concurrency
+    /// limit ([`CheckItem::acquire`] is its item).
     pub fn new(
         name: &'a str,
         policy: Policy,
         key: &'a str,
         cost: u64,
+    ) -> Result<Self, InvalidItem> {
+        if !policy.algorithm().is_rate() {
+            return Err(InvalidItem::WrongOperation(policy.algorithm()));
+        }
+        Self::build(name, policy, key, cost, None)
+    }
+
+    /// A request to hold `cost` units of the concurrency limit `policy` on
+    /// `key`, in a slot that gets the id `slot` (unguessable: whoever
+    /// presents it can release it). Checked (and batched) like any item:
+    /// admitted, it adds the slot to the key's ledger.
+    ///
+    /// # Errors
+    ///
+    /// As [`CheckItem::new`], and [`InvalidItem::WrongOperation`] for a
+    /// rate, [`InvalidItem::CostAboveLimit`] for a cost above the limit.
+    pub fn acquire(
+        name: &'a str,
+        policy: Policy,
+        key: &'a str,
+        cost: u64,
+        slot: u64,
+    ) -> Result<Self, InvalidItem> {
+        if policy.algorithm().is_rate() {
+            return Err(InvalidItem::WrongOperation(policy.algorithm()));
+        }
+        if cost > policy.limit() {
+            return Err(InvalidItem::CostAboveLimit {
+                cost,
+                limit: policy.limit(),
+            });
+        }
+        Self::build(name, policy, key, cost, Some(slot))
+    }
+
+    fn build(
+        name: &'a str,
+        policy: Policy,
+        key: &'a str,
+        cost: u64,
+        slot: Option<u64>,
     ) -> Result<Self, InvalidItem> {
         let cost = NonZeroU64::new(cost).ok_or(InvalidItem::ZeroCost)?;
         if cost.get() > MAX_EXACT {
@@ -75,12 +133,18 @@ impl<'a> CheckItem<'a> {
             key,
             cost,
             spend: Spend::WhenAdmitted,
+            slot,
         })
+    }
+
+    /// The id of the slot this item acquires, for a concurrency policy.
+    pub fn slot(&self) -> Option<u64> {
+        self.slot
     }
 
     /// The same item, spending as `spend` says when it is denied. In an
     /// all-or-nothing batch a denial commits nothing, whatever the items
-    /// say.
+    /// say; a denied acquire never holds anything, whatever it says.
     #[must_use]
     pub fn with_spend(mut self, spend: Spend) -> Self {
         self.spend = spend;

@@ -21,8 +21,11 @@ use super::shard::{
 use crate::algorithm::{self, State};
 use crate::clock::Clock;
 use crate::decision::{Decision, Reason};
-use crate::grant::{Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger};
-use crate::policy::Policy;
+use crate::grant::{
+    Acquired, Grant, LeaseAnswer, LeaseAsk, LeaseError, LeaseOutcome, LeaseTerms, Ledger,
+    SlotAnswer, SlotError,
+};
+use crate::policy::{Algorithm, Policy};
 
 /// A shard holds at least this many keys before the store splits further,
 /// so that uneven hashing costs little of the bound.
@@ -230,6 +233,9 @@ pub struct MemoryStore {
     floor: AtomicU64,
     evictions: AtomicU64,
     reclaimed: AtomicU64,
+    /// Concurrency slots dropped because they ended unreleased, by a
+    /// transition of their key (the sweep's are counted by its shard).
+    slots_expired: AtomicU64,
     sweep_cursor: AtomicUsize,
 }
 
@@ -245,6 +251,12 @@ struct Pending<'a> {
     state: Option<State>,
     /// Its grants (which a check leaves as they are): none for most keys.
     grants: Vec<Grant>,
+    /// The slots the batch's acquires of this key take, written with the
+    /// rest when it commits.
+    added: Vec<Grant>,
+    /// The policy of its first item (a concurrency key's slots are written
+    /// under it).
+    policy: Policy,
     fresh_at: u64,
 }
 
@@ -301,6 +313,7 @@ impl MemoryStore {
             floor: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             reclaimed: AtomicU64::new(0),
+            slots_expired: AtomicU64::new(0),
             sweep_cursor: AtomicUsize::new(0),
         }
     }
@@ -524,6 +537,257 @@ impl MemoryStore {
         Ok(outcome)
     }
 
+    /// Acquires a slot of a concurrency limit: `item` (made with
+    /// [`CheckItem::acquire`]) is admitted when the units its key's live
+    /// slots hold plus its cost are within the limit, and then holds a
+    /// slot with the item's id until it is released, or until `slot_ttl`
+    /// after it was taken (or last renewed) passes. A slot is a grant in
+    /// the key's ledger: it keeps the key from being evicted while it is
+    /// live, is counted in the byte budget (a key with no room for another
+    /// slot is denied with [`Reason::Capacity`]) and is written to
+    /// snapshots.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use quotad_core::{CheckItem, FakeClock, MemoryStore, OnFull, Policy, StoreConfig};
+    ///
+    /// let clock = Arc::new(FakeClock::new(0));
+    /// let store = MemoryStore::new(StoreConfig::try_new(1_000, 16, OnFull::Deny)?, clock.clone());
+    /// let exports = Policy::concurrency(2, Duration::from_secs(30))?;
+    /// let a = store.acquire(&CheckItem::acquire("exports", exports, "tenant-1", 1, 11)?)?;
+    /// clock.advance(Duration::from_secs(10));
+    /// let b = store.acquire(&CheckItem::acquire("exports", exports, "tenant-1", 1, 12)?)?;
+    /// let c = store.acquire(&CheckItem::acquire("exports", exports, "tenant-1", 1, 13)?)?;
+    /// assert!(a.decision.allowed && b.decision.allowed && !c.decision.allowed);
+    /// // The first slot ends first, 20 s from now, unless renewed or released.
+    /// assert_eq!(c.decision.retry_after_ms, 20_000);
+    /// assert!(store.release("exports", "tenant-1", &exports, 11)?.slot.is_some());
+    /// assert!(store.acquire(&CheckItem::acquire("exports", exports, "tenant-1", 1, 13)?)?.decision.allowed);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`SlotError::IdInUse`] when the key already holds a slot with the
+    /// item's id, [`SlotError::NotConcurrency`] for an item of a rate;
+    /// nothing is changed then.
+    pub fn acquire(&self, item: &CheckItem<'_>) -> Result<Acquired, SlotError> {
+        let hash = key_hash(&self.hasher, item.name(), item.key());
+        let mut shard = self.lock(self.shard_of(hash));
+        let now = self.now();
+        self.acquire_in(&mut shard, item, hash, now)
+    }
+
+    /// Renews the slot `id` of `key` under the concurrency policy `name`:
+    /// a live slot's end moves to `slot_ttl` from now (the policy's
+    /// `slot_ttl` as it is now). A slot that has ended, or was released, is
+    /// not renewed (`slot` is `None`): its units may be someone else's
+    /// already.
+    ///
+    /// # Errors
+    ///
+    /// [`SlotError::NotConcurrency`] for a rate policy.
+    pub fn renew(
+        &self,
+        name: &str,
+        key: &str,
+        policy: &Policy,
+        id: u64,
+    ) -> Result<SlotAnswer, SlotError> {
+        self.on_slots(name, key, policy, |ledger, now| {
+            ledger.extend(id, now, now.saturating_add(policy.slot_ttl_ms()))
+        })
+    }
+
+    /// Releases the slot `id` of `key` under the concurrency policy
+    /// `name`. Idempotent: an unknown, released or ended slot is answered
+    /// as released (`slot` is `None`), and nothing else is freed: only the
+    /// slot with this id, if it is live.
+    ///
+    /// # Errors
+    ///
+    /// [`SlotError::NotConcurrency`] for a rate policy.
+    pub fn release(
+        &self,
+        name: &str,
+        key: &str,
+        policy: &Policy,
+        id: u64,
+    ) -> Result<SlotAnswer, SlotError> {
+        self.on_slots(name, key, policy, |ledger, now| ledger.take_live(id, now))
+    }
+
+    /// Concurrency slots that ended without being released (their holders
+    /// died, hung, or stopped renewing), as the store dropped them, since
+    /// it was made: a leak signal.
+    pub fn slots_expired(&self) -> u64 {
+        self.slots_expired.load(Ordering::Relaxed)
+            + self
+                .shards
+                .iter()
+                .map(|s| s.lock().expired_slots())
+                .sum::<u64>()
+    }
+
+    /// Units held by live concurrency slots, by policy name. Locks each
+    /// shard in turn and reads every key's ledger; for metrics.
+    pub fn slots_held(&self) -> Vec<(String, u64)> {
+        let now = self.now();
+        let mut held: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+        for shard in self.shards.iter() {
+            shard.lock().for_each_ledger(|name, ledger| {
+                if ledger
+                    .charged_under()
+                    .is_some_and(|(a, _)| a == Algorithm::Concurrency)
+                {
+                    let units = ledger.live_units(now);
+                    if units > 0 {
+                        *held.entry(name.to_owned()).or_default() += units;
+                    }
+                }
+            });
+        }
+        held.into_iter().collect()
+    }
+
+    /// Runs `change` on the slots of `key` under the concurrency policy
+    /// `name` (ended ones dropped first), in one transition.
+    fn on_slots(
+        &self,
+        name: &str,
+        key: &str,
+        policy: &Policy,
+        change: impl FnOnce(&mut Ledger, u64) -> Option<Grant>,
+    ) -> Result<SlotAnswer, SlotError> {
+        if policy.algorithm() != Algorithm::Concurrency {
+            return Err(SlotError::NotConcurrency(policy.algorithm()));
+        }
+        let hash = key_hash(&self.hasher, name, key);
+        let mut shard = self.lock(self.shard_of(hash));
+        let now = self.now();
+        let mut answer = SlotAnswer {
+            slot: None,
+            limit: policy.limit(),
+            remaining: policy.limit(),
+        };
+        let Some(i) = shard.find(hash, name, key) else {
+            return Ok(answer);
+        };
+        let fresh_before = shard.fresh_at(i);
+        let state = shard.take(i, now);
+        let mut ledger = shard.take_ledger(i, now);
+        if ledger.counts_under(policy) {
+            let before = ledger.len();
+            ledger.purge(now, 0);
+            self.count_expired(before - ledger.len());
+            answer.slot = change(&mut ledger, now);
+            answer.remaining = policy.limit().saturating_sub(ledger.live_units(now));
+        }
+        let fresh_at = if state.is_some() { fresh_before } else { now };
+        shard.write_granted(i, state, ledger, fresh_at);
+        Ok(answer)
+    }
+
+    fn count_expired(&self, slots: usize) {
+        if slots > 0 {
+            self.slots_expired
+                .fetch_add(slots as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Acquires `item`'s slot in its shard, which the caller holds. A
+    /// ledger that must grow for the slot and finds no room gets room made
+    /// once (never by evicting this key), then is decided again at the same
+    /// instant; without room, the answer is [`Reason::Capacity`].
+    fn acquire_in(
+        &self,
+        shard: &mut Shard,
+        item: &CheckItem<'_>,
+        hash: u64,
+        now: u64,
+    ) -> Result<Acquired, SlotError> {
+        let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
+        let Some(id) = item.slot() else {
+            return Err(SlotError::NotConcurrency(policy.algorithm()));
+        };
+        let this = |k: &StoreKey| k.is(name, key);
+        for attempt in 0..2 {
+            let Some(i) = shard.find(hash, name, key) else {
+                break;
+            };
+            let fresh_before = shard.fresh_at(i);
+            let state = shard.take(i, now);
+            let mut ledger = shard.take_ledger(i, now);
+            let fresh_at = if state.is_some() { fresh_before } else { now };
+            let decided = algorithm::acquire(policy, &mut ledger, now, cost, id);
+            let (decision, slot, expired) = match decided {
+                Ok(d) => d,
+                Err(e) => {
+                    shard.write_granted(i, state, ledger, fresh_at);
+                    return Err(e);
+                }
+            };
+            self.count_expired(expired);
+            let Some(slot) = slot else {
+                shard.write_granted(i, state, ledger, fresh_at);
+                return Ok(Acquired { decision, slot });
+            };
+            if ledger.len() < ledger.capacity() {
+                ledger.push(slot, policy);
+                shard.write_granted(i, state, ledger, fresh_at);
+                return Ok(Acquired {
+                    decision,
+                    slot: Some(slot),
+                });
+            }
+            let grown = grown_with(&ledger, slot, policy);
+            let (before, after) = (
+                entry_bytes(state.as_ref(), &ledger),
+                entry_bytes(state.as_ref(), &grown),
+            );
+            if after <= shard.free_bytes() {
+                shard.write_granted(i, state, grown, fresh_at);
+                return Ok(Acquired {
+                    decision,
+                    slot: Some(slot),
+                });
+            }
+            shard.write_granted(i, state, ledger, fresh_at);
+            let grow = Room {
+                keys: 0,
+                bytes: after - before,
+            };
+            if attempt > 0 || !self.make_room(shard, &|_| grow, now, &this) {
+                return Ok(Acquired {
+                    decision: capacity_denial(policy),
+                    slot: None,
+                });
+            }
+        }
+        let mut ledger = Ledger::new();
+        let (decision, slot, _) = algorithm::acquire(policy, &mut ledger, now, cost, id)?;
+        let Some(slot) = slot else {
+            return Ok(Acquired { decision, slot });
+        };
+        let grown = grown_with(&ledger, slot, policy);
+        let need = Room {
+            keys: 1,
+            bytes: extra_bytes_with(name, key, None, &grown),
+        };
+        if !self.make_room(shard, &|_| need, now, &|_| false) {
+            return Ok(Acquired {
+                decision: capacity_denial(policy),
+                slot: None,
+            });
+        }
+        shard.insert_granted(hash, name, key, None, grown, now);
+        Ok(Acquired {
+            decision,
+            slot: Some(slot),
+        })
+    }
+
     /// Forgets the state of `key` under the policy `name`, and its grants
     /// (their holders may still spend what they hold). Returns whether
     /// there was any.
@@ -597,6 +861,12 @@ impl MemoryStore {
 
     /// Decides one item hashed `hash` in its shard, which the caller holds.
     fn check_in(&self, shard: &mut Shard, item: &CheckItem<'_>, hash: u64, now: u64) -> Decision {
+        if item.slot().is_some() {
+            return match self.acquire_in(shard, item, hash, now) {
+                Ok(acquired) => acquired.decision,
+                Err(_) => capacity_denial(item.policy()),
+            };
+        }
         let (name, key, policy, cost) = (item.name(), item.key(), item.policy(), item.cost());
         let this = |k: &StoreKey| k.is(name, key);
         // One probe: the entry found is written back in place. A state that
@@ -710,21 +980,47 @@ impl MemoryStore {
                     found,
                     state,
                     grants,
+                    added: Vec::new(),
+                    policy: *item.policy(),
                     fresh_at: 0,
                 });
                 pending.len() - 1
             };
             let entry = &mut pending[p];
-            let (state, decision) = algorithm::decide_granted(
-                item.policy(),
-                entry.state.take(),
-                &entry.grants,
-                now,
-                item.cost(),
-                item.spend(),
-            );
-            entry.state = state;
-            entry.fresh_at = fresh_at(now, &decision);
+            let decision = if let Some(id) = item.slot() {
+                // An acquire: decided on the key's slots and those the
+                // batch took before it.
+                let mut ledger = Ledger::from_grants(
+                    entry.grants.iter().chain(&entry.added).copied().collect(),
+                    Algorithm::Concurrency,
+                    0,
+                );
+                if entry.policy != *item.policy() {
+                    // The same key under two policies of one name: only
+                    // the first's slots are written.
+                    capacity_denial(item.policy())
+                } else {
+                    match algorithm::acquire(item.policy(), &mut ledger, now, item.cost(), id) {
+                        Ok((decision, slot, _)) => {
+                            entry.added.extend(slot);
+                            decision
+                        }
+                        Err(_) => capacity_denial(item.policy()),
+                    }
+                }
+            } else {
+                let (state, decision) = algorithm::decide_granted(
+                    item.policy(),
+                    entry.state.take(),
+                    &entry.grants,
+                    now,
+                    item.cost(),
+                    item.spend(),
+                );
+                entry.state = state;
+                entry.fresh_at = fresh_at(now, &decision);
+                decision
+            };
             decisions.push(decision);
             slot_of_item.push(p);
         }
@@ -791,7 +1087,24 @@ impl MemoryStore {
             }
             for p in pending {
                 let shard = locked.shard_mut(p.shard);
-                match (p.find(shard), p.state) {
+                let found = p.find(shard);
+                if !p.added.is_empty() {
+                    let ledger = found.and_then(|i| shard.ledger_at(i));
+                    let (slots, expired) = p.slots(ledger, now);
+                    self.count_expired(expired);
+                    match found {
+                        Some(i) => {
+                            let fresh_before = shard.fresh_at(i);
+                            let state = shard.take(i, now);
+                            drop(shard.take_ledger(i, now));
+                            let fresh = if state.is_some() { fresh_before } else { now };
+                            shard.write_granted(i, state, slots, fresh);
+                        }
+                        None => shard.insert_granted(p.hash, p.name, p.key, None, slots, now),
+                    }
+                    continue;
+                }
+                match (found, p.state) {
                     (Some(i), state) => shard.write(i, state, p.fresh_at),
                     (None, Some(state)) => shard.insert(p.hash, p.name, p.key, state, p.fresh_at),
                     (None, None) => {}
@@ -959,6 +1272,24 @@ fn needed_by(members: &[&Pending<'_>], shard: &Shard) -> Room {
 }
 
 impl Pending<'_> {
+    /// The ledger this key's acquires write: its live slots (at `now`; 0
+    /// keeps every one) and those added, with the room [`grown_with`]
+    /// gives; and how many ended slots it drops.
+    fn slots(&self, held: Option<&Ledger>, now: u64) -> (Ledger, usize) {
+        let mut ledger = held.cloned().unwrap_or_default();
+        if !ledger.counts_under(&self.policy) {
+            ledger.clear();
+        }
+        let before = ledger.len();
+        ledger.purge(now, 0);
+        let expired = before - ledger.len();
+        let (last, rest) = self.added.split_last().expect("called with slots added");
+        for g in rest {
+            ledger.push(*g, &self.policy);
+        }
+        (grown_with(&ledger, *last, &self.policy), expired)
+    }
+
     /// Where this key's entry is in `shard` now.
     fn find(&self, shard: &Shard) -> Option<usize> {
         shard.refind(self.found, self.hash, self.name, self.key)
@@ -969,6 +1300,11 @@ impl Pending<'_> {
     fn change(&self, shard: &Shard) -> (bool, usize, usize) {
         let found = self.find(shard);
         let before = found.map_or(0, |i| shard.extra_at(i));
+        if !self.added.is_empty() {
+            let (slots, _) = self.slots(found.and_then(|i| shard.ledger_at(i)), 0);
+            let after = extra_bytes_with(self.name, self.key, self.state.as_ref(), &slots);
+            return (found.is_none(), before, after);
+        }
         // The entry's grants stay with it, whatever its state: it is
         // removed only when it has neither.
         let ledger = found.and_then(|i| shard.ledger_at(i));
@@ -1023,6 +1359,23 @@ fn fresh_at_ms(now: u64, reset_after_ms: u64) -> u64 {
 /// The heap bytes a key's state and grants cost its entry, beyond its key.
 fn entry_bytes(state: Option<&State>, ledger: &Ledger) -> usize {
     extra_bytes_with("", "", state, ledger)
+}
+
+/// `ledger` with room for more slots (doubling, at least 4, at most the
+/// policy's limit of them: each holds a unit or more) and `slot` added.
+fn grown_with(ledger: &Ledger, slot: Grant, policy: &Policy) -> Ledger {
+    let most = usize::try_from(policy.limit()).unwrap_or(usize::MAX);
+    let target = (ledger.capacity() * 2)
+        .max(4)
+        .min(most)
+        .max(ledger.len() + 1);
+    let mut grown = Ledger::new();
+    grown.reserve(target);
+    for g in ledger.grants() {
+        grown.push(*g, policy);
+    }
+    grown.push(slot, policy);
+    grown
 }
 
 /// Settles the lease `ask` names without granting one (the shard has no
@@ -1264,6 +1617,10 @@ mod tests {
         Reset(u8, u8),
         Sweep,
         Advance(u64),
+        /// Acquire a slot (key, cost, id) of the concurrency policy, alone
+        /// or in an all-or-nothing batch next to a rate item.
+        Acquire(u8, u64, u8, bool),
+        Release(u8, u8),
     }
 
     fn req() -> impl Strategy<Value = Req> {
@@ -1285,7 +1642,14 @@ mod tests {
             1 => (0u8..2, 0u8..40).prop_map(|(n, k)| Op::Reset(n, k)),
             1 => Just(Op::Sweep),
             2 => prop_oneof![3 => 0u64..20, 1 => 0u64..3_000].prop_map(Op::Advance),
+            3 => (0u8..40, 1u64..=3, any::<u8>(), any::<bool>()).prop_map(|(k, c, id, b)| Op::Acquire(k, c, id, b)),
+            2 => (0u8..40, any::<u8>()).prop_map(|(k, id)| Op::Release(k, id)),
         ]
+    }
+
+    /// The concurrency policy the slot operations use: up to 20 slots a key.
+    fn slots_policy() -> Policy {
+        Policy::concurrency(20, Duration::from_millis(1_500)).expect("valid")
     }
 
     /// The policy names, policies and keys a [`Req`] picks from.
@@ -1368,6 +1732,21 @@ mod tests {
                         store.sweep_step();
                     }
                     Op::Advance(ms) => clock.advance(Duration::from_millis(*ms)),
+                    Op::Acquire(k, cost, id, batch) => {
+                        let key = &u.keys[usize::from(*k)];
+                        let slot = CheckItem::acquire("c", slots_policy(), key, *cost, u64::from(*id))
+                            .expect("valid");
+                        if *batch {
+                            let rate = u.item(&(0, 0, *k, 1));
+                            store.check(&[rate, slot], BatchMode::AllOrNothing);
+                        } else {
+                            let _ = store.acquire(&slot);
+                        }
+                    }
+                    Op::Release(k, id) => {
+                        let key = &u.keys[usize::from(*k)];
+                        store.release("c", key, &slots_policy(), u64::from(*id)).expect("a concurrency policy");
+                    }
                 }
                 assert_accounting_exact(&store)?;
             }

@@ -14,7 +14,7 @@ use indexmap::map::raw_entry_v1::RawEntryMut;
 
 use crate::algorithm::State;
 use crate::grant::{Grant, Ledger};
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 
 /// How many entries an eviction looks at to choose its victim.
 const EVICTION_SAMPLE: usize = 16;
@@ -77,6 +77,18 @@ fn granted_bytes(ledger: &Ledger) -> usize {
         0
     } else {
         size_of::<Granted>() + ledger.heap_bytes()
+    }
+}
+
+/// The concurrency slots a ledger holds (none for a lease ledger).
+fn slots_in(ledger: &Ledger) -> u64 {
+    if ledger
+        .charged_under()
+        .is_some_and(|(a, _)| a == Algorithm::Concurrency)
+    {
+        ledger.len() as u64
+    } else {
+        0
     }
 }
 
@@ -252,6 +264,9 @@ pub(super) struct Shard {
     next_expiry: u64,
     /// Where the next eviction sample starts.
     cursor: usize,
+    /// Concurrency slots the shard dropped unreleased, with the entries
+    /// they kept (swept as fresh, or found fresh by a transition).
+    expired_slots: u64,
     /// Counts the changes that may move entries (a removal: a write of
     /// fresh state, a purge, an eviction), so that where a key was found
     /// stays known until one happens ([`Found`]). An insert appends, and
@@ -288,12 +303,28 @@ impl Shard {
             bytes: 0,
             next_expiry: u64::MAX,
             cursor: 0,
+            expired_slots: 0,
             moves: 0,
         }
     }
 
     pub(super) fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Concurrency slots dropped unreleased with their entries.
+    pub(super) fn expired_slots(&self) -> u64 {
+        self.expired_slots
+    }
+
+    /// Calls `f` with each entry's policy name and ledger, for entries
+    /// holding grants.
+    pub(super) fn for_each_ledger(&self, mut f: impl FnMut(&str, &Ledger)) {
+        for (k, slot) in &self.map {
+            if let Some(ledger) = slot.ledger() {
+                f(k.parts().0, ledger);
+            }
+        }
     }
 
     /// What the shard costs now.
@@ -443,7 +474,12 @@ impl Shard {
             }
         };
         self.bytes -= bytes;
-        if fresh { Ledger::new() } else { ledger }
+        if fresh {
+            self.expired_slots += slots_in(&ledger);
+            Ledger::new()
+        } else {
+            ledger
+        }
     }
 
     /// The grants of the entry at `index`, if it holds any (ended ones
@@ -621,15 +657,18 @@ impl Shard {
         let before = self.map.len();
         let mut next = u64::MAX;
         let mut freed = 0;
+        let mut expired = 0;
         self.map.retain(|key, slot| {
             let keep = slot.fresh_at > now;
             if keep {
                 next = next.min(slot.fresh_at);
             } else {
                 freed += extra_of(key, slot);
+                expired += slot.ledger().map_or(0, slots_in);
             }
             keep
         });
+        self.expired_slots += expired;
         self.bytes -= freed;
         self.next_expiry = next;
         if self.map.len() < before {

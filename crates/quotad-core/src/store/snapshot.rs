@@ -25,7 +25,9 @@
 //! with the window it was counted over (or none, for a key that only
 //! grants keep), then the key's grants: `(id, units, granted_at, ends_at)`,
 //! instants counted back the same way, and the algorithm (its index in
-//! `Algorithm::ALL`) and window they were charged under. Version 2 had no grants and always a
+//! `Algorithm::ALL`) and window they were charged under (a concurrency
+//! key's slots are grants too, up to its limit of them, bound to window 0).
+//! Version 2 had no grants and always a
 //! state; it is still read. There is no version 3: 4 is two flipped bits
 //! away from 2, so no single damaged bit makes one readable version look
 //! like the other (the stream's checksum is checked only at its end). Version 1 had no window in fixed windows,
@@ -50,7 +52,7 @@ use super::shard::{Room, Shard, extra_bytes_with, key_hash};
 use crate::algorithm::{Log, State};
 use crate::clock::Clock;
 use crate::grant::{Grant, Ledger, MAX_GRANTS_PER_KEY};
-use crate::policy::{Algorithm, MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
+use crate::policy::{Algorithm, CONCURRENCY_MAX_LIMIT, MAX_EXACT, SLIDING_LOG_MAX_LIMIT};
 
 /// The first bytes of every snapshot.
 const MAGIC: [u8; 8] = *b"QUOTADSN";
@@ -386,9 +388,6 @@ fn ledger_of(
     under: Option<(u8, u64)>,
     fresh_at: u64,
 ) -> Result<Ledger, &'static str> {
-    if grants.len() > MAX_GRANTS_PER_KEY {
-        return Err("more grants than a key may hold");
-    }
     let (algorithm, window_ms) = match under {
         None if grants.is_empty() => return Ok(Ledger::new()),
         None => return Err("grants without the algorithm and window they count under"),
@@ -396,12 +395,25 @@ fn ledger_of(
             let algorithm = *Algorithm::ALL
                 .get(usize::from(code))
                 .ok_or("grants under an unknown algorithm")?;
-            if !(1..=MAX_EXACT).contains(&window) {
+            // Concurrency slots are bound to no window; leases to one.
+            if algorithm == Algorithm::Concurrency {
+                if window != 0 {
+                    return Err("concurrency slots bound to a window");
+                }
+            } else if !(1..=MAX_EXACT).contains(&window) {
                 return Err("grants under a window of 0 ms or above 2^53");
             }
             (algorithm, window)
         }
     };
+    let most = if algorithm == Algorithm::Concurrency {
+        usize::try_from(CONCURRENCY_MAX_LIMIT).expect("10,000 fits")
+    } else {
+        MAX_GRANTS_PER_KEY
+    };
+    if grants.len() > most {
+        return Err("more grants than a key may hold");
+    }
     let mut out = Vec::with_capacity(grants.len());
     for g in grants {
         let grant = Grant {

@@ -125,7 +125,11 @@ fn extension_errors_name_the_field() {
     let cases = [
         (
             "metadata: {quotad: {algorithm: gcra}}\n    rate_limit: {unit: second, requests_per_unit: 1}",
-            "rules.yaml: descriptors[0].metadata.quotad.algorithm: unknown algorithm \"gcra\" (expected fixed_window, sliding_window, token_bucket, leaky_bucket or sliding_log) (line 4, column 36)",
+            "rules.yaml: descriptors[0].metadata.quotad.algorithm: unknown algorithm \"gcra\" (expected fixed_window, sliding_window, token_bucket, leaky_bucket, sliding_log or concurrency) (line 4, column 36)",
+        ),
+        (
+            "metadata: {quotad: {algorithm: concurrency}}\n    rate_limit: {unit: second, requests_per_unit: 1}",
+            "rules.yaml: descriptors[0].metadata.quotad.algorithm: concurrency is not a rate: an RLS rule counts requests per unit (line 4, column 36)",
         ),
         (
             "metadata: {quotad: {burst: 5}}\n    rate_limit: {unit: second, requests_per_unit: 1}",
