@@ -101,7 +101,7 @@ fn validate_config_reads_the_environment_and_flags_that_serve_reads() {
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(
         stdout(&output).trim(),
-        format!("{example}: ok (5 named policies; flags or environment set store.max_keys)")
+        format!("{example}: ok (6 named policies; flags or environment set store.max_keys)")
     );
 }
 

@@ -171,13 +171,19 @@ async fn the_layer_holds_a_slot_per_request_and_answers_full_by_setting() {
             let tenant = tenant.clone();
             tokio::spawn(async move { get_status(addr, &tenant).await })
         };
-        // While the first is in the handler, its slot is held (probed
-        // through the client: a probe through the app that got in first
-        // would wait at the gate).
+        // While the first is in the handler, its slot is held (probed with
+        // Peek, which takes no slot: a probe that acquired one would race
+        // the request it watches).
         eventually(
             Duration::from_secs(5),
             "the first holds its slot",
-            || async { held(&client, "long", &tenant).await.is_none() },
+            || async {
+                !client
+                    .peek(&Check::named("long", tenant.as_str()))
+                    .await
+                    .expect("answered")
+                    .allowed
+            },
         )
         .await;
         let (status, retry) = get_status(addr, &tenant).await;
@@ -190,7 +196,17 @@ async fn the_layer_holds_a_slot_per_request_and_answers_full_by_setting() {
         gate.notify_waiters();
         assert_eq!(first.await.expect("first").0, 200);
         assert_eq!(other.await.expect("other").0, 200);
-        // Done: the slot was released with the response.
+        // Done: the slot is released with the response (the release call
+        // goes out as the response does; wait for it to land rather than
+        // race it).
+        eventually(Duration::from_secs(5), "the slot is released", || async {
+            client
+                .peek(&Check::named("long", tenant.as_str()))
+                .await
+                .expect("answered")
+                .allowed
+        })
+        .await;
         let next = tokio::spawn({
             let tenant = tenant.clone();
             async move { get_status(addr, &tenant).await }
