@@ -163,7 +163,15 @@ fn rlqs_rules(config: &Config) -> Result<Option<String>, String> {
         return Ok(None);
     };
     let rules = BucketRules::read(path)
-        .and_then(|text| BucketRules::parse(path, &text, |p| config.policies().contains_key(p)))
+        .and_then(|text| {
+            BucketRules::parse(path, &text, |p| {
+                // Assignments are leases: a rate policy, not a concurrency one.
+                config
+                    .policies()
+                    .get(p)
+                    .is_some_and(|s| s.policy.algorithm().is_rate())
+            })
+        })
         .map_err(|e| e.to_string())?;
     let n = rules.rules().len();
     Ok(Some(format!(

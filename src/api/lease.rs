@@ -297,6 +297,12 @@ impl<S: Backend> LeaseService<S> {
                 limits.check_inline(policy).map_err(|(field, message)| {
                     ServiceError::invalid(&format!("inline_policy.{field}"), message)
                 })?;
+                if !policy.algorithm().is_rate() {
+                    return Err(ServiceError::invalid(
+                        "inline_policy.algorithm",
+                        "a concurrency policy holds slots (Concurrency.Acquire), not leases",
+                    ));
+                }
                 let terms = spec.inline_terms.ok_or_else(|| {
                     ServiceError::invalid("inline_terms", "must be set for an inline policy")
                 })?;

@@ -316,6 +316,17 @@ impl<S: Backend> QuotaService<S> {
                     .map_err(|e| e.at_item(i))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // An acquire takes a slot its caller must hold and release: only an
+        // all-or-nothing batch, which its caller builds on purpose, may
+        // carry one (clients coalesce plain checks into independent ones).
+        if batch.mode == BatchMode::Independent
+            && let Some(i) = items.iter().position(|item| item.slot().is_some())
+        {
+            return Err(ServiceError::invalid(
+                &format!("items[{i}]"),
+                "a concurrency policy is acquired with Concurrency.Acquire, or as an item of an ALL_OR_NOTHING batch; an independent batch may not take slots",
+            ));
+        }
         // A batch the store refuses by its size is not a call to it.
         if batch.mode == BatchMode::Independent
             || self.backend.atomicity(items.iter().copied()) != Atomicity::TooLarge

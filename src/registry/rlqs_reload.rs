@@ -32,7 +32,7 @@ pub(crate) fn start(
     };
     let text = BucketRules::read(&path)?;
     let set = policies.snapshot();
-    let rules = BucketRules::parse(&path, &text, |name| set.get(name).is_some())?;
+    let rules = BucketRules::parse(&path, &text, |name| is_rate(&set, name))?;
     let registry = Arc::new(RlqsRegistry::new(rules));
     let reloader = Reloader {
         path,
@@ -82,7 +82,7 @@ impl Reloader {
         let parsed = text
             .as_ref()
             .map_err(Clone::clone)
-            .and_then(|text| BucketRules::parse(&self.path, text, |name| set.get(name).is_some()));
+            .and_then(|text| BucketRules::parse(&self.path, text, |name| is_rate(&set, name)));
         match parsed {
             Ok(rules) => {
                 tracing::info!(path = %self.path.display(), rules = rules.rules().len(), "RLQS bucket rules reloaded");
@@ -97,4 +97,11 @@ impl Reloader {
             ),
         }
     }
+}
+
+/// Whether `name` is a rate policy of `set`: assignments are leases, which
+/// a concurrency policy does not give.
+fn is_rate(set: &super::PolicySet, name: &str) -> bool {
+    set.get(name)
+        .is_some_and(|(_, named)| named.settings.policy.algorithm().is_rate())
 }

@@ -315,6 +315,58 @@ async fn an_all_or_nothing_batch_takes_slots_only_when_every_item_fits() {
     assert_eq!(free(&mut quota, "t").await, 1);
 }
 
+#[tokio::test]
+async fn an_independent_batch_takes_no_slot_and_names_the_item() {
+    let (_clock, server) = start(CONFIG).await;
+    let (_conc, mut quota) = clients(&server).await;
+    // As a client's coalescer would send them: independent, one of them an
+    // acquire its caller could never release.
+    let status = quota
+        .check_batch(pb::CheckBatchRequest {
+            items: vec![named("t", "per-minute", None), named("t", "exports", None)],
+            mode: pb::BatchMode::Independent.into(),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(field_of(&status), "items[1]", "{status:?}");
+    assert_eq!(free(&mut quota, "t").await, 2, "no slot taken");
+    assert_eq!(
+        peek(&mut quota, named("t", "per-minute", None))
+            .await
+            .remaining,
+        3,
+        "nothing counted"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_of_an_inline_concurrency_policy_is_refused() {
+    let (_clock, server) = start(CONFIG).await;
+    let mut leases = quotad_proto::v1::leases_client::LeasesClient::new(server.channel().await);
+    let status = leases
+        .lease(pb::LeaseRequest {
+            key: "t".to_owned(),
+            want: 1,
+            policy: Some(pb::lease_request::Policy::InlinePolicy(pb::Policy {
+                algorithm: pb::Algorithm::Concurrency.into(),
+                limit: 2,
+                window_ms: 10_000,
+                burst: None,
+            })),
+            inline_terms: Some(pb::LeaseTerms {
+                max_units: 1,
+                min_units: 1,
+                max_ttl_ms: 1_000,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(field_of(&status), "inline_policy.algorithm", "{status:?}");
+}
+
 fn redis_config(redis: &RedisServer, limit: u64, slot_ttl: &str, on_error: &str) -> String {
     redis_config_within(redis, limit, slot_ttl, on_error, "300ms")
 }

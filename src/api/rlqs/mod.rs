@@ -285,8 +285,11 @@ impl<S: Backend> Session<S> {
                         ),
                     ));
                 }
-                if policies.get(policy).is_none() {
-                    tracing::warn!(policy = %policy, "RLQS rule names a policy that is not configured; its buckets are denied");
+                if !policies
+                    .get(policy)
+                    .is_some_and(|(_, named)| named.settings.policy.algorithm().is_rate())
+                {
+                    tracing::warn!(policy = %policy, "RLQS rule names a policy that is not a configured rate policy; its buckets are denied");
                 }
             }
             let bucket_key: BucketKey = pairs
@@ -497,7 +500,12 @@ impl<S: Backend> Session<S> {
         };
         let retry = Duration::from_millis(500);
         let set = self.shared.policies.snapshot();
-        let Some((namespace, named)) = set.get(policy) else {
+        // A policy removed, or reloaded into a concurrency one (whose slots
+        // are no lease): its buckets are denied.
+        let Some((namespace, named)) = set
+            .get(policy)
+            .filter(|(_, named)| named.settings.policy.algorithm().is_rate())
+        else {
             return deny(retry);
         };
         let lease_terms = match LeaseTerms::try_new(

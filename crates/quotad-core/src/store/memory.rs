@@ -1096,7 +1096,8 @@ impl MemoryStore {
                         Some(i) => {
                             let fresh_before = shard.fresh_at(i);
                             let state = shard.take(i, now);
-                            drop(shard.take_ledger(i, now));
+                            // Its ended slots were counted by `p.slots`.
+                            shard.drop_ledger(i, now);
                             let fresh = if state.is_some() { fresh_before } else { now };
                             shard.write_granted(i, state, slots, fresh);
                         }

@@ -459,9 +459,27 @@ impl Shard {
     /// `now` (empty once the entry is fresh); until they are written back
     /// with [`Shard::write_granted`], their bytes are not counted.
     pub(super) fn take_ledger(&mut self, index: usize, now: u64) -> Ledger {
+        let (ledger, fresh) = self.remove_ledger(index, now);
+        if fresh {
+            self.expired_slots += slots_in(&ledger);
+            Ledger::new()
+        } else {
+            ledger
+        }
+    }
+
+    /// Drops the grants of the entry at `index` without counting its ended
+    /// slots: for a caller that has counted them already.
+    pub(super) fn drop_ledger(&mut self, index: usize, now: u64) {
+        drop(self.remove_ledger(index, now));
+    }
+
+    /// The ledger taken out of the entry at `index`, and whether the entry
+    /// was fresh at `now` (every grant of it ended).
+    fn remove_ledger(&mut self, index: usize, now: u64) -> (Ledger, bool) {
         let fresh = self.fresh_by(index, now);
         let Some((_, slot)) = self.map.get_index_mut(index) else {
-            return Ledger::new();
+            return (Ledger::new(), fresh);
         };
         let bytes = slot.ledger_bytes();
         let ledger = match &mut slot.body {
@@ -474,12 +492,7 @@ impl Shard {
             }
         };
         self.bytes -= bytes;
-        if fresh {
-            self.expired_slots += slots_in(&ledger);
-            Ledger::new()
-        } else {
-            ledger
-        }
+        (ledger, fresh)
     }
 
     /// The grants of the entry at `index`, if it holds any (ended ones
