@@ -183,17 +183,21 @@ pub struct EnvoyBucket {
 }
 
 impl EnvoyBucket {
-    /// This bucket, or, when it equals `previous`, one a token smaller
-    /// (burst first, then rate): Envoy keeps its current bucket, tokens and
-    /// all, when an identical one arrives, so a renewal that came out the
-    /// same would give the holder nothing of its new lease. Smaller never
-    /// admits more; a bucket of one token and one per fill cannot shrink
-    /// and is kept as it is.
+    /// This bucket, or, when Envoy would take it for `previous`, one a
+    /// token smaller (burst first, then rate): Envoy keeps its current
+    /// bucket, tokens, refill and all, when one it deems identical arrives,
+    /// so a renewal that came out the same would give the holder nothing of
+    /// its new lease, and one with a slower refill would be refilled at the
+    /// old rate. Envoy deems two buckets identical when their `max_tokens`,
+    /// `tokens_per_fill` and the *nanoseconds* of `fill_interval` match
+    /// (its seconds are not compared), and quotad's fill intervals are
+    /// whole seconds: so the interval is not compared here either. Smaller
+    /// never admits more; a bucket of one token and one per fill cannot
+    /// shrink and is kept as it is (docs/rlqs.md: known limits).
     #[must_use]
     pub fn unlike(self, previous: Option<&EnvoyBucket>) -> EnvoyBucket {
         let same = |p: &EnvoyBucket| {
-            (p.max_tokens, p.tokens_per_fill, p.fill_interval_s)
-                == (self.max_tokens, self.tokens_per_fill, self.fill_interval_s)
+            (p.max_tokens, p.tokens_per_fill) == (self.max_tokens, self.tokens_per_fill)
         };
         match previous {
             Some(p) if same(p) && self.max_tokens > 1 => EnvoyBucket {
@@ -219,6 +223,37 @@ impl EnvoyBucket {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_renewal_envoy_would_take_for_the_old_bucket_differs_from_it_even_in_interval_only() {
+        let old = EnvoyBucket {
+            max_tokens: 6,
+            tokens_per_fill: 1,
+            fill_interval_s: 1,
+            ttl_s: 5,
+        };
+        // The same tokens with a slower refill: Envoy compares only the
+        // interval's nanoseconds, so it would keep refilling at 1/s.
+        let slower = EnvoyBucket {
+            fill_interval_s: 6,
+            ..old
+        };
+        let sent = slower.unlike(Some(&old));
+        assert_ne!(
+            (sent.max_tokens, sent.tokens_per_fill),
+            (old.max_tokens, old.tokens_per_fill)
+        );
+        assert!(
+            sent.max_tokens <= slower.max_tokens && sent.tokens_per_fill <= slower.tokens_per_fill
+        );
+        // A bucket Envoy would not confuse is sent as it is.
+        let other = EnvoyBucket {
+            max_tokens: 7,
+            ..old
+        };
+        assert_eq!(other.unlike(Some(&old)), other);
+    }
+
     use proptest::prelude::*;
 
     use super::*;
