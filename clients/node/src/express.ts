@@ -42,6 +42,9 @@ export function rateLimit(options: ExpressRateLimitOptions): RequestHandler {
         } else {
           res.status(outcome.status).send(outcome.body);
         }
-      }, next);
+      })
+      // A throwing handler (or setHeader/send) goes to Express's error
+      // handling like any middleware's error, never an unhandled rejection.
+      .catch(next);
   };
 }

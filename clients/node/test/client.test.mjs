@@ -18,7 +18,7 @@ before(async () => {
   [quotad, closed, stalled] = await Promise.all([startQuotad({ config: CONFIG }), closedPort(), stalledServer()]);
 });
 after(async () => {
-  await Promise.all([quotad?.stop(), stalled?.stop()]);
+  await Promise.all([quotad?.stop(), closed?.stop(), stalled?.stop()]);
 });
 
 /** Asserts a promise rejects with a QuotadError of this kind and code; returns it. */

@@ -218,7 +218,14 @@ async function runHttp(spec, ctx, framework, what) {
   }
 }
 
+// In this repository the suite is always there: a missing tests/clients/
+// fails, never skips. Only a copy of the client outside the repository
+// (QUOTAD_CONFORMANCE_DIR unset and no ../../tests) runs without it.
+const inRepo = existsSync(join(REPO, "Cargo.toml")) && existsSync(join(REPO, "crates", "quotad-client"));
 const present = existsSync(DIR);
+if (!present && (inRepo || process.env.QUOTAD_CONFORMANCE_DIR !== undefined)) {
+  throw new Error(`no ${DIR}: the shared conformance suite (tests/clients/) is missing`);
+}
 const file = present ? JSON.parse(readFileSync(CASES, "utf8")) : { version: 1, cases: [] };
 const run = `node-${process.pid}-${Date.now()}-`;
 

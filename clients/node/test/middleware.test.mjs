@@ -31,12 +31,14 @@ const apps = {
     app.get("/open", (_req, res) => res.send("open\n"));
     app.use(expressRateLimit(options));
     app.get(/.*/, (_req, res) => res.send("ok\n"));
+    app.use((err, _req, res, _next) => res.status(500).send(`error: ${err.message}\n`));
     const server = app.listen(0, "127.0.0.1");
     await new Promise((r) => server.once("listening", r));
     return { port: server.address().port, stop: () => new Promise((r) => server.close(r)) };
   },
   async fastify(options) {
     const app = Fastify();
+    app.setErrorHandler((err, _req, reply) => reply.code(500).send(`error: ${err.message}\n`));
     app.get("/open", async () => "open\n");
     app.get("/*", { onRequest: fastifyRateLimit(options) }, async () => "ok\n");
     await app.listen({ port: 0, host: "127.0.0.1" });
@@ -124,6 +126,25 @@ for (const [framework, serve] of Object.entries(apps)) {
         assert.match(denied.headers["content-type"], /^application\/json/);
         assert.ok(denied.headers["retry-after"] !== undefined);
         assert.equal(denied.headers["x-ratelimit-remaining"], "0");
+      } finally {
+        await app.stop();
+      }
+    });
+
+    test("a throwing handler reaches the framework's error handler and the server keeps serving", { timeout: 10_000 }, async () => {
+      const handler = () => {
+        throw new Error("handler broke");
+      };
+      const app = await serve({ client, policy: "login", key: { header: "x-api-key" }, handler });
+      const key = fresh();
+      try {
+        for (let i = 0; i < 3; i++) assert.equal((await httpGet(app.port, "/x", { "x-api-key": key })).status, 200);
+        for (let i = 0; i < 2; i++) {
+          const broken = await httpGet(app.port, "/x", { "x-api-key": key });
+          assert.equal(broken.status, 500);
+          assert.equal(broken.body, "error: handler broke\n");
+        }
+        assert.equal((await httpGet(app.port, "/x", { "x-api-key": fresh() })).status, 200);
       } finally {
         await app.stop();
       }

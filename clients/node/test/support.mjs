@@ -27,7 +27,12 @@ export function startQuotad({ config, args = [], grpcAddr = "127.0.0.1:0" } = {}
   const argv = ["serve", "--grpc-addr", grpcAddr, "--admin-addr", "127.0.0.1:0", "--config-poll-interval", "0s"];
   if (config !== undefined) argv.push("--config", config);
   argv.push(...args);
-  const child = spawn(quotadBinary(), argv, { stdio: ["ignore", "ignore", "pipe"] });
+  // As the other drivers: no QUOTAD_* setting from the caller's shell
+  // changes the server, and the startup line the address is read from is
+  // logged whatever RUST_LOG says.
+  const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith("QUOTAD_")));
+  env.RUST_LOG = "info";
+  const child = spawn(quotadBinary(), argv, { stdio: ["ignore", "ignore", "pipe"], env });
   let log = "";
   return new Promise((resolvePromise, reject) => {
     const timer = setTimeout(() => {
@@ -62,13 +67,40 @@ export function startQuotad({ config, args = [], grpcAddr = "127.0.0.1:0" } = {}
   });
 }
 
-/** A loopback port with nothing listening on it. */
+/**
+ * A loopback port with nothing listening on it, held for the test: a socket
+ * bound and never listened on, so connecting is refused and no other process
+ * can take the port meanwhile. Node's net module cannot bind without
+ * listening (and a listener would accept: that is the stalled server), so a
+ * small python3 process (a prerequisite of scripts/test.sh) holds the socket
+ * until stop().
+ */
 export async function closedPort() {
-  const server = createServer();
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
-  const { port } = server.address();
-  await new Promise((r) => server.close(r));
-  return { addr: `127.0.0.1:${port}`, url: `http://127.0.0.1:${port}`, stop: async () => {} };
+  const holder = spawn(
+    "python3",
+    ["-c", "import socket,sys\ns=socket.socket()\ns.bind(('127.0.0.1',0))\nprint(s.getsockname()[1],flush=True)\nsys.stdin.read()"],
+    { stdio: ["pipe", "pipe", "inherit"] },
+  );
+  const port = await new Promise((resolvePromise, reject) => {
+    let out = "";
+    holder.stdout.setEncoding("utf8");
+    holder.stdout.on("data", (chunk) => {
+      out += chunk;
+      if (out.includes("\n")) resolvePromise(Number(out.trim()));
+    });
+    holder.once("error", reject);
+    holder.once("exit", (code) => reject(new Error(`the port holder (python3) exited with ${code}`)));
+  });
+  return {
+    addr: `127.0.0.1:${port}`,
+    url: `http://127.0.0.1:${port}`,
+    stop: () =>
+      new Promise((done) => {
+        if (holder.exitCode !== null) return done();
+        holder.once("exit", () => done());
+        holder.stdin.end();
+      }),
+  };
 }
 
 /** A loopback listener that accepts connections and never answers (not even the HTTP/2 preface). */

@@ -21,6 +21,9 @@ class Fake:
     direct: bool = False
     refuse: grpc.StatusCode | None = None
     limit: int = 100
+    # When given, a call returning a lease (want 0) waits for it: a quotad
+    # that stopped answering.
+    stall_returns: threading.Event | None = None
     checks: int = 0
     leases: list[lease_pb2.LeaseRequest] = field(default_factory=list)
     granted: list[str] = field(default_factory=list)
@@ -49,6 +52,8 @@ class _Leases(lease_pb2_grpc.LeasesServicer):
 
     def Lease(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
         fake = self.fake
+        if request.want == 0 and fake.stall_returns is not None:
+            fake.stall_returns.wait(30)
         with fake.lock:
             fake.leases.append(request)
             if fake.refuse is not None:
@@ -71,7 +76,7 @@ class _Leases(lease_pb2_grpc.LeasesServicer):
 
 @contextmanager
 def fake_quotad(fake: Fake) -> Iterator[str]:
-    server = grpc.server(futures.ThreadPoolExecutor(4))
+    server = grpc.server(futures.ThreadPoolExecutor(16))
     quota_pb2_grpc.add_QuotaServicer_to_server(_Quota(fake), server)
     lease_pb2_grpc.add_LeasesServicer_to_server(_Leases(fake), server)
     port = server.add_insecure_port("127.0.0.1:0")

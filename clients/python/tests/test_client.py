@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import trustme
 from servers import closed_port, real_quotad, stalled_port
 
 import quotad
+import quotad._settings
 
 
 @pytest.fixture(scope="module")
@@ -188,6 +191,37 @@ def test_a_client_certificate_needs_its_key() -> None:
         quotad.TLS(cert=b"pem")
 
 
+@pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
+def test_the_failure_policy_answering_logs_one_warning_an_interval_with_the_cause(
+    policy: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.WARNING, logger="quotad")
+    with closed_port() as address, quotad.Client(address, deadline=2, on_unavailable=policy) as c:
+        for _ in range(3):
+            assert c.check(fresh("outage"), "login").reason.value == policy
+        warnings = [r for r in caplog.records if r.name == "quotad"]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        first = warnings[0]
+        assert first.levelno == logging.WARNING
+        assert first.getMessage().startswith("quotad unavailable: UNAVAILABLE: ")
+        assert f"answering {policy} (0 more failures kept quiet)" in first.getMessage()
+        # Once the interval has passed, the next failure logs again and
+        # counts the two kept quiet.
+        monkeypatch.setattr(quotad._settings, "OUTAGE_LOG_INTERVAL", 0.0)
+        c.check(fresh("outage"), "login")
+        warnings = [r for r in caplog.records if r.name == "quotad"]
+        assert len(warnings) == 2
+        assert "(2 more failures kept quiet)" in warnings[1].getMessage()
+
+
+def test_the_error_policy_raises_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="quotad")
+    with closed_port() as address, quotad.Client(address, deadline=2, on_unavailable="error") as c:
+        with pytest.raises(quotad.UnavailableError):
+            c.check(fresh("outage"), "login")
+    assert [r for r in caplog.records if r.name == "quotad"] == []
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ca = trustme.CA()
@@ -231,6 +265,20 @@ def test_tls_to_a_server_whose_ca_the_client_trusts(pki: dict[str, Path]) -> Non
         # Plaintext to a TLS port is not an answer either.
         with quotad.Client(q.address, deadline=2) as client, pytest.raises(quotad.UnavailableError):
             client.check(fresh("tls"), "login")
+
+
+def test_tls_bytes_without_a_pem_block_are_refused_naming_the_field(pki: dict[str, Path]) -> None:
+    ca, cert, key = (pki[n].read_bytes() for n in ("ca", "app_cert", "app_key"))
+    assert quotad.TLS(ca=ca, cert=cert, key=key).ca == ca
+    for tls_args, why in [
+        ({"ca": b"not a certificate"}, "tls.ca: no PEM certificate found"),
+        ({"ca": key}, "tls.ca: no PEM certificate found"),
+        ({"ca": ca, "cert": b"", "key": key}, "tls.cert: no PEM certificate found"),
+        ({"ca": ca, "cert": cert, "key": cert}, "tls.key: no PEM private key found"),
+        ({"ca": "a str, not bytes"}, "tls.ca: PEM bytes expected, got str"),
+    ]:
+        with pytest.raises(quotad.InvalidAddressError, match=re.escape(why)):
+            quotad.TLS(**tls_args)  # type: ignore[arg-type]
 
 
 def test_mtls_admits_only_a_client_certificate_from_the_trusted_ca(pki: dict[str, Path]) -> None:

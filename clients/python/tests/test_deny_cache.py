@@ -137,3 +137,24 @@ def test_an_overwritten_or_forgotten_entry_frees_its_slot() -> None:
     cache.record(("api", "third"), 1, denial(10, 1_000), cache.sent(201), 201)
     assert cache.lookup(("api", "third"), 1, 201) is not None
     assert len(cache) == 2
+
+
+def test_entries_ending_in_the_same_millisecond_under_different_policies_are_all_purged() -> None:
+    from quotad import Algorithm, Policy
+
+    cache = DenyCache(10)
+    inline_a = Policy(Algorithm.FIXED_WINDOW, 10, 1_000)
+    inline_b = Policy(Algorithm.FIXED_WINDOW, 10, 2_000)
+    keys = [("api", "k"), (inline_a, "k"), (inline_b, "k"), ("web", "k"), (inline_a, "j")]
+    # All sent at 0 with the same wait: every entry ends at the same ms,
+    # so the expiry order has ties between a named and inline policies.
+    for key in keys:
+        cache.record(key, 1, denial(10, 500), cache.sent(0), 0)
+    assert len(cache) == len(keys)
+    end = 500 - margin(500)
+    assert all(cache.lookup(key, 1, end - 1) is not None for key in keys)
+    # A record after they all ended purges them; only the new one is left.
+    cache.record(("api", "late"), 1, denial(10, 500), cache.sent(end), end)
+    assert len(cache) == 1
+    assert cache.lookup(("api", "late"), 1, end) is not None
+    assert len(cache._expiry) == 1, "every expired item was popped"

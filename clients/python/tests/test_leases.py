@@ -4,6 +4,7 @@ against a fake quotad that records every call, and against a real one."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -153,6 +154,56 @@ def test_closing_returns_the_unspent_units_with_what_was_spent() -> None:
         last = fake.lease_calls()[-1]
         assert (last.want, last.settle.lease_id, last.settle.spent) == (0, "L1", 3)
         assert client.lease_stats().returned == 1
+
+
+KEYS = 20
+
+
+def test_closing_returns_many_leases_at_once_within_about_one_deadline() -> None:
+    stalled = threading.Event()
+    fake = Fake(units=10, stall_returns=stalled)
+    deadline = 0.5
+    with fake_quotad(fake) as address:
+        client = quotad.Client(address, deadline=deadline, leases=LeaseOptions(10))
+        for i in range(KEYS):
+            client.check(f"k{i}", "api")
+        eventually("every key leased", lambda: client.lease_stats().held == KEYS)
+        try:
+            started = time.monotonic()
+            client.close()
+            took = time.monotonic() - started
+        finally:
+            stalled.set()
+        # One after another, twenty returns would take twenty deadlines.
+        assert took < 3 * deadline, f"close took {took:.2f}s"
+        assert client.lease_stats().failed == KEYS
+
+
+def test_the_async_client_closing_returns_many_leases_at_once_within_about_one_deadline() -> None:
+    stalled = threading.Event()
+    fake = Fake(units=10, stall_returns=stalled)
+    deadline = 0.5
+
+    async def go(address: str) -> tuple[float, quotad.LeaseStats]:
+        client = quotad.AsyncClient(address, deadline=deadline, leases=LeaseOptions(10))
+        for i in range(KEYS):
+            await client.check(f"k{i}", "api")
+        for _ in range(1000):
+            if client.lease_stats().held == KEYS:
+                break
+            await asyncio.sleep(0.005)
+        assert client.lease_stats().held == KEYS
+        started = time.monotonic()
+        await client.close()
+        return time.monotonic() - started, client.lease_stats()
+
+    with fake_quotad(fake) as address:
+        try:
+            took, stats = asyncio.run(go(address))
+        finally:
+            stalled.set()
+        assert took < 3 * deadline, f"close took {took:.2f}s"
+        assert stats.failed == KEYS
 
 
 def test_while_quotad_is_unreachable_a_lease_is_spent_to_its_end_then_the_failure_policy() -> None:

@@ -20,6 +20,7 @@ entry denies (a reset made elsewhere), drops it too.
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 from dataclasses import dataclass
 
@@ -61,9 +62,12 @@ class DenyCache:
         self._capacity = capacity
         self._lock = threading.Lock()
         self._entries: dict[CacheKey, _Entry] = {}
-        # (until_ms, key) of every entry, earliest first; items of replaced
-        # entries are skipped when they surface.
-        self._expiry: list[tuple[int, CacheKey]] = []
+        # (until_ms, seq, key) of every entry, earliest first; items of
+        # replaced entries are skipped when they surface. The sequence number
+        # breaks ties, so keys (whose policies need not be orderable) are
+        # never compared.
+        self._expiry: list[tuple[int, int, CacheKey]] = []
+        self._seq = itertools.count()
         self._epoch = 0
 
     def __len__(self) -> int:
@@ -133,7 +137,7 @@ class DenyCache:
             if len(self._entries) >= self._capacity and key not in self._entries:
                 return  # full of live denials: keep them
             self._entries[key] = entry
-            heapq.heappush(self._expiry, (entry.until_ms, key))
+            heapq.heappush(self._expiry, (entry.until_ms, next(self._seq), key))
 
     def forget(self, key: CacheKey) -> None:
         """Drops what is known of ``key`` and every denial still in flight: it was reset."""
@@ -143,12 +147,12 @@ class DenyCache:
 
     def _purge(self, now_ms: int) -> None:
         while self._expiry and self._expiry[0][0] <= now_ms:
-            until_ms, key = heapq.heappop(self._expiry)
+            until_ms, _, key = heapq.heappop(self._expiry)
             entry = self._entries.get(key)
             if entry is not None and entry.until_ms == until_ms:
                 del self._entries[key]
         # Items of replaced or forgotten entries stay until they surface;
         # keep the heap from growing past a few times the live entries.
         if len(self._expiry) > 4 * max(len(self._entries), 64):
-            self._expiry = [(e.until_ms, k) for k, e in self._entries.items()]
+            self._expiry = [(e.until_ms, next(self._seq), k) for k, e in self._entries.items()]
             heapq.heapify(self._expiry)

@@ -82,24 +82,41 @@ class Lessee:
 
     def shutdown(self) -> None:
         """Stops leasing; waits (within the deadline) for calls in flight, then
-        returns every lease held with what was spent of it."""
+        returns every lease held with what was spent of it, all at once under
+        one deadline."""
         with self._lock:
             self.table.closed = True
             pending = list(self._in_flight)
         concurrent.futures.wait(pending, timeout=self._deadline)
+        # Jobs still queued would send on a channel about to close.
+        self._pool.shutdown(wait=False, cancel_futures=True)
         now = now_ms()
-        for slot in self.table.slots():
-            if not slot.claim():
-                continue
-            try:
+        claimed: list[Slot] = []
+        calls: list[tuple[Slot, Any]] = []
+        try:
+            for slot in self.table.slots():
+                if not slot.claim():
+                    continue
+                claimed.append(slot)
                 with slot.lock:
                     stopped, slot.stopped = slot.stopped, None
                 for taken in (stopped, slot.take(now)):
                     if taken is not None:
-                        self._give_back(slot, taken)
-            finally:
+                        request = _lease.lease_request(slot, 0, taken)
+                        calls.append(
+                            (slot, self._stub.Lease.future(request, timeout=self._deadline))
+                        )
+            for _slot, call in calls:
+                try:
+                    answer = call.result()
+                except grpc.RpcError:
+                    self.table.bump("failed")  # its units come back when it ends
+                    continue
+                _lease.settled(self.table, answer)
+                self.table.bump("returned")
+        finally:
+            for slot in claimed:
                 slot.release()
-        self._pool.shutdown(wait=False)
 
 
 class AsyncLessee:
@@ -155,18 +172,26 @@ class AsyncLessee:
         self.table.bump("returned")
 
     async def shutdown(self) -> None:
+        """Stops leasing; waits (within the deadline) for calls in flight, then
+        returns every lease held, all at once under one deadline."""
         self.table.closed = True
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self._deadline)
         now = now_ms()
-        for slot in self.table.slots():
-            if not slot.claim():
-                continue
-            try:
+        claimed: list[Slot] = []
+        returns: list[Any] = []
+        try:
+            for slot in self.table.slots():
+                if not slot.claim():
+                    continue
+                claimed.append(slot)
                 with slot.lock:
                     stopped, slot.stopped = slot.stopped, None
                 for taken in (stopped, slot.take(now)):
                     if taken is not None:
-                        await self._give_back(slot, taken)
-            finally:
+                        returns.append(self._give_back(slot, taken))
+            # Each call carries the deadline; gathered, they end within one.
+            await asyncio.gather(*returns)
+        finally:
+            for slot in claimed:
                 slot.release()

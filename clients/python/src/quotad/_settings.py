@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +13,13 @@ from ._types import Decision, FailurePolicy, PolicyLike, Reason
 from ._wire import failure_decision
 from .errors import InvalidAddressError, QuotadError, UnavailableError
 from .tls import TLS
+
+log = logging.getLogger("quotad")
+
+OUTAGE_LOG_INTERVAL = 10.0
+"""How often, in seconds, a client logs that quotad is unavailable while its
+failure policy answers: one warning per interval, carrying the number of
+failures kept quiet (the Rust client's ``OUTAGE_LOG_INTERVAL``)."""
 
 DEFAULT_DEADLINE = 0.25
 """The default deadline of one call, in seconds (the Rust client's 250 ms)."""
@@ -84,16 +93,40 @@ class Settings:
         if deny_cache is True:
             deny_cache = DEFAULT_DENY_CACHE_CAPACITY
         self.cache = DenyCache(int(deny_cache)) if deny_cache else None
+        self._outage_lock = threading.Lock()
+        self._outage_logged_at: float | None = None
+        self._outage_quiet = 0
 
     def failed(self, error: QuotadError, count: int) -> list[Decision]:
         """The failure policy: ``count`` decisions, or the error raised again."""
         if not isinstance(error, UnavailableError):
             raise error
         if self.on_unavailable is FailurePolicy.FAIL_OPEN:
-            return [failure_decision(Reason.FAIL_OPEN)] * count
-        if self.on_unavailable is FailurePolicy.FAIL_CLOSED:
-            return [failure_decision(Reason.FAIL_CLOSED)] * count
-        raise error
+            reason = Reason.FAIL_OPEN
+        elif self.on_unavailable is FailurePolicy.FAIL_CLOSED:
+            reason = Reason.FAIL_CLOSED
+        else:
+            raise error
+        self._log_outage(error, reason)
+        return [failure_decision(reason)] * count
+
+    def _log_outage(self, error: QuotadError, reason: Reason) -> None:
+        """Warns that the failure policy answered, at most once an interval."""
+        now = time.monotonic()
+        with self._outage_lock:
+            last = self._outage_logged_at
+            if last is not None and now - last < OUTAGE_LOG_INTERVAL:
+                self._outage_quiet += 1
+                return
+            self._outage_logged_at = now
+            suppressed, self._outage_quiet = self._outage_quiet, 0
+        log.warning(
+            "quotad unavailable: %s: %s; answering %s (%d more failures kept quiet)",
+            error.code.name,
+            error.message,
+            reason.value,
+            suppressed,
+        )
 
 
 def cache_key(policy: PolicyLike, key: str) -> tuple[object, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,16 +10,22 @@ import grpc
 
 from .errors import InvalidAddressError
 
+# A PEM block of each kind: its BEGIN line, some base64, its END line.
+_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+-----END CERTIFICATE-----")
+_KEY = re.compile(rb"-----BEGIN ([A-Z ]*PRIVATE KEY)-----[A-Za-z0-9+/=\s:,-]+-----END \1-----")
+
 
 @dataclass(frozen=True)
 class TLS:
     """How to reach quotad over TLS.
 
     ``ca``: PEM of the CA that signed quotad's certificate (``None``: the
-    system's roots). ``cert`` and ``key``: a client certificate and its key,
-    PEM, for mTLS (both or neither). ``server_name``: the name to expect in
+    public roots bundled with grpcio, not the operating system's). ``cert``
+    and ``key``: a client certificate and its key, PEM, for mTLS (both or
+    neither). ``server_name``: the name to expect in
     quotad's certificate when it differs from the address's host (e.g. an
-    address by IP).
+    address by IP). Bytes holding no PEM certificate (``ca``, ``cert``) or
+    private key (``key``) are refused at once, naming the field.
     """
 
     ca: bytes | None = None
@@ -29,6 +36,19 @@ class TLS:
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
             raise InvalidAddressError("tls.cert and tls.key: give both for mTLS, or neither")
+        # gRPC would take bytes that hold no certificate and fail only at
+        # the first handshake; refuse them here, naming the field.
+        for name, marker in (("ca", _CERT), ("cert", _CERT), ("key", _KEY)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, bytes):
+                raise InvalidAddressError(
+                    f"tls.{name}: PEM bytes expected, got {type(value).__name__}"
+                )
+            if marker.search(value) is None:
+                what = "private key" if name == "key" else "certificate"
+                raise InvalidAddressError(f"tls.{name}: no PEM {what} found")
 
     @classmethod
     def from_pem_files(
