@@ -81,7 +81,7 @@ pub use deny_cache::DEFAULT_DENY_CACHE_CAPACITY;
 #[cfg(feature = "http")]
 pub use layer::{
     ConcurrencyLayer, ConcurrencyLimit, IpPrefixes, KeyExtractor, PrefixError, RateLimit,
-    RateLimitLayer, retry_after_secs,
+    RateLimitLayer, SlotBody, retry_after_secs,
 };
 pub use lease::{
     DEFAULT_DIRECT_BACKOFF, DEFAULT_LEASE_MARGIN, DEFAULT_MAX_LEASED_KEYS, LeaseOptions,

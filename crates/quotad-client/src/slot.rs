@@ -1,18 +1,33 @@
 //! Concurrency slots: [`Client::acquire`] takes one, and the [`SlotGuard`]
 //! it answers holds it, renewing it in the background at a third of its
-//! TTL, until it is released: by [`SlotGuard::release`], or when the guard
-//! is dropped (so also when the code holding it panics, or the future
-//! holding it is cancelled: both drop it). A holder that dies with its
-//! process strands the slot until its TTL passes without a renewal.
+//! TTL (as each renewal answers it), until it is released: by
+//! [`SlotGuard::release`], or when the guard is dropped (so also when the
+//! code holding it panics, or the future holding it is cancelled: both drop
+//! it). A holder that dies with its process strands the slot until its TTL
+//! passes without a renewal.
+//!
+//! An acquire whose caller stops waiting (its future dropped: a timeout, a
+//! `select!`, a cancelled request) does not cancel the call: the call goes
+//! on, under the client's deadline, on a task of its own, and a slot it is
+//! answered is released at once. Cancelling the call instead would strand
+//! a slot quotad had already taken, with no one knowing its id, until its
+//! TTL.
+//!
+//! The guard knows when its slot may have ended: a renewal answered that
+//! it was gone, or its TTL passed, counted from when the last renewal that
+//! was answered was sent, with no renewal answered since (quotad
+//! unreachable). [`SlotGuard::is_lost`] says so, and [`SlotGuard::lost`]
+//! waits for it, so work that must not run unguarded can stop.
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use quotad_core::{Decision, Reason};
 use quotad_proto::v1 as pb;
 use quotad_proto::v1::concurrency_client::ConcurrencyClient;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -41,7 +56,13 @@ struct Held {
     /// fail-open).
     slot_id: String,
     deadline: Duration,
-    lost: AtomicBool,
+    /// Until when the slot lasts at the least, as far as this client
+    /// knows: when the last answered acquire or renewal was sent, plus the
+    /// TTL it answered. `None` for an admission with no slot.
+    lasts_until: Mutex<Option<Instant>>,
+    /// Set once a renewal answers that the slot is gone, or its TTL is
+    /// seen to pass unrenewed.
+    lost: watch::Sender<bool>,
 }
 
 impl Held {
@@ -56,15 +77,43 @@ impl Held {
         }
     }
 
-    async fn renew(&self) -> Result<bool, tonic::Status> {
+    /// Renews the slot; on an answer, moves [`Held::lasts_until`] and
+    /// answers the TTL it now has (`None`: the slot is gone).
+    async fn renew(&self) -> Result<Option<Duration>, tonic::Status> {
         let mut rpc = self.rpc.clone();
+        let sent = Instant::now();
         let answer = call(
             |r| async move { rpc.renew(r).await },
             self.request(),
-            Instant::now() + self.deadline,
+            sent + self.deadline,
         )
         .await?;
-        Ok(answer.renewed)
+        if !answer.renewed {
+            return Ok(None);
+        }
+        let ttl = Duration::from_millis(answer.ttl_ms);
+        *self.lasts_until.lock() = Some(sent + ttl);
+        Ok(Some(ttl))
+    }
+
+    /// Whether the slot is known gone, or may be: see the module's docs.
+    /// Once true, stays true.
+    fn is_lost(&self) -> bool {
+        if *self.lost.borrow() {
+            return true;
+        }
+        let passed = self
+            .lasts_until
+            .lock()
+            .is_some_and(|until| Instant::now() >= until);
+        if passed {
+            self.mark_lost();
+        }
+        passed
+    }
+
+    fn mark_lost(&self) {
+        self.lost.send_replace(true);
     }
 
     async fn release(&self) -> Result<bool, tonic::Status> {
@@ -85,6 +134,8 @@ impl Held {
 pub struct SlotGuard {
     held: Arc<Held>,
     decision: Decision,
+    /// The TTL the acquire answered (zero with no slot).
+    ttl: Duration,
     renewer: Option<JoinHandle<()>>,
     released: bool,
 }
@@ -104,17 +155,55 @@ impl SlotGuard {
         &self.decision
     }
 
+    /// How long the slot lasts unless renewed, as the acquire answered
+    /// (zero when the admission holds no slot).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// The slot's id as quotad answered it; empty when the admission holds
     /// no slot (fail-open).
     pub fn slot_id(&self) -> &str {
         &self.held.slot_id
     }
 
-    /// Whether a renewal found the slot gone (it ended: renewals failed for
-    /// longer than its TTL). Its units may be someone else's now; the work
-    /// it guarded is no longer counted.
+    /// Whether the slot has ended or may have: a renewal answered that it
+    /// was gone (renewals failed for longer than its TTL), or its TTL has
+    /// passed since the last renewal that was answered. Its units may be
+    /// someone else's now; the work it guarded is no longer counted. Once
+    /// true, stays true (the guard goes on renewing: a renewal that finds
+    /// the slot still live keeps it, but the gap was unguarded).
     pub fn is_lost(&self) -> bool {
-        self.held.lost.load(Ordering::Relaxed)
+        self.held.is_lost()
+    }
+
+    /// Waits until [`SlotGuard::is_lost`]; pending for ever for a guard
+    /// with no slot (fail-open). For work that must stop when it is no
+    /// longer counted:
+    ///
+    /// ```no_run
+    /// # async fn f(guard: quotad_client::SlotGuard, work: impl std::future::Future<Output = ()>) {
+    /// tokio::select! {
+    ///     () = work => {}
+    ///     () = guard.lost() => { /* stop: the slot may be someone else's */ }
+    /// }
+    /// # }
+    /// ```
+    pub async fn lost(&self) {
+        let mut changed = self.held.lost.subscribe();
+        loop {
+            if self.held.is_lost() {
+                return;
+            }
+            let until = *self.held.lasts_until.lock();
+            match until {
+                Some(until) => tokio::select! {
+                    _ = changed.changed() => {}
+                    () = tokio::time::sleep_until(until) => {}
+                },
+                None => std::future::pending().await,
+            }
+        }
     }
 
     /// Releases the slot now, and says whether it was still held.
@@ -161,26 +250,34 @@ impl Drop for SlotGuard {
     }
 }
 
-/// Renews `held` every `every` until the slot is found gone; a failed
-/// call is tried again at the next tick (the TTL leaves room for two).
-async fn renew_every(held: Arc<Held>, every: Duration) {
-    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Renews `held` at a third of its TTL (as each renewal answers it) until
+/// the slot is found gone; a failed call is tried again a third of the
+/// TTL later (the TTL leaves room for two).
+async fn renew_every(held: Arc<Held>, ttl: Duration) {
+    let mut every = third(ttl);
     loop {
-        ticks.tick().await;
+        tokio::time::sleep(every).await;
         metrics::counter!("quotad_client_calls_total", "method" => "renew").increment(1);
         match held.renew().await {
-            Ok(true) => {}
-            Ok(false) => {
-                held.lost.store(true, Ordering::Relaxed);
+            Ok(Some(ttl)) => every = third(ttl),
+            Ok(None) => {
+                held.mark_lost();
                 tracing::warn!(slot = %held.slot_id, "slot lost: it ended before it was renewed");
                 return;
             }
             Err(status) => {
-                tracing::warn!(slot = %held.slot_id, %status, "slot renewal failed; trying again");
+                if held.is_lost() {
+                    tracing::warn!(slot = %held.slot_id, %status, "slot renewal failed past its TTL: it may have ended");
+                } else {
+                    tracing::warn!(slot = %held.slot_id, %status, "slot renewal failed; trying again");
+                }
             }
         }
     }
+}
+
+fn third(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(1))
 }
 
 impl Client {
@@ -211,22 +308,17 @@ impl Client {
                 }
             }),
         };
-        let mut rpc = self.shared.slots.clone();
-        metrics::counter!("quotad_client_calls_total", "method" => "acquire").increment(1);
-        let answer = call(
-            |r| async move { rpc.acquire(r).await },
-            request,
-            Instant::now() + self.deadline,
-        )
-        .await;
         let held = |slot_id: String| Held {
             rpc: self.shared.slots.clone(),
             key: check.key().to_owned(),
             policy: check.policy().clone(),
             slot_id,
             deadline: self.deadline,
-            lost: AtomicBool::new(false),
+            lasts_until: Mutex::new(None),
+            lost: watch::Sender::new(false),
         };
+        let sent = Instant::now();
+        let answer = self.acquire_call(request, sent, held(String::new())).await;
         let answer = match answer {
             Ok(answer) => answer,
             Err(status) => {
@@ -244,6 +336,7 @@ impl Client {
                     return Ok(Acquired::Held(SlotGuard {
                         held: Arc::new(held(String::new())),
                         decision,
+                        ttl: Duration::ZERO,
                         renewer: None,
                         released: false,
                     }));
@@ -256,15 +349,59 @@ impl Client {
             return Ok(Acquired::Denied(decision));
         }
         let held = Arc::new(held(answer.slot_id));
+        let ttl = Duration::from_millis(answer.ttl_ms);
         let renewer = (!held.slot_id.is_empty() && answer.ttl_ms > 0).then(|| {
-            let every = Duration::from_millis((answer.ttl_ms / 3).max(1));
-            tokio::spawn(renew_every(Arc::clone(&held), every))
+            *held.lasts_until.lock() = Some(sent + ttl);
+            tokio::spawn(renew_every(Arc::clone(&held), ttl))
         });
         Ok(Acquired::Held(SlotGuard {
             held,
             decision,
+            ttl,
             renewer,
             released: false,
         }))
+    }
+
+    /// Sends an acquire on a task of its own, so that a caller who stops
+    /// waiting does not cancel it: if the caller is gone when a slot is
+    /// answered, the task releases it (through `release`, the request's
+    /// key and policy with no slot id yet).
+    async fn acquire_call(
+        &self,
+        request: pb::AcquireRequest,
+        sent: Instant,
+        mut release: Held,
+    ) -> Result<pb::AcquireResponse, tonic::Status> {
+        let mut rpc = self.shared.slots.clone();
+        let deadline = sent + self.deadline;
+        let call = async move {
+            metrics::counter!("quotad_client_calls_total", "method" => "acquire").increment(1);
+            call(|r| async move { rpc.acquire(r).await }, request, deadline).await
+        };
+        let Some(runtime) = self.shared.runtime() else {
+            return call.await;
+        };
+        let (answer, answered) = oneshot::channel();
+        runtime.spawn(async move {
+            let Err(Ok(unheard)) = answer.send(call.await) else {
+                return;
+            };
+            let slot = unheard.decision.as_ref().is_some_and(|d| d.allowed);
+            if !slot || unheard.slot_id.is_empty() {
+                return;
+            }
+            release.slot_id = unheard.slot_id;
+            metrics::counter!("quotad_client_calls_total", "method" => "release").increment(1);
+            match release.release().await {
+                Ok(_) => tracing::debug!(slot = %release.slot_id, "acquired after its caller stopped waiting; released"),
+                Err(status) => tracing::warn!(slot = %release.slot_id, %status, "acquired after its caller stopped waiting and not released; it ends by its TTL"),
+            }
+        });
+        answered.await.unwrap_or_else(|_| {
+            Err(tonic::Status::internal(
+                "the acquire task ended without an answer",
+            ))
+        })
     }
 }

@@ -1,9 +1,11 @@
 //! A tower layer that bounds how many requests of a key an HTTP service
 //! serves at once, through a quotad concurrency policy shared by every
 //! replica: each request holds a slot ([`Client::acquire`]) from before
-//! the inner service is called until its response is produced (the guard
-//! is dropped then, which releases it; a panic or a cancelled request
-//! drops it too). When the key's slots are full the answer is `429 Too
+//! the inner service is called until its response body has ended (a
+//! streamed download holds it to its last byte): the body, [`SlotBody`],
+//! holds the guard and drops it at its end, on an error, or when it is
+//! dropped unfinished (a client gone mid-download), which releases it; a
+//! panic or a cancelled request drops it too. When the key's slots are full the answer is `429 Too
 //! Many Requests` or `503 Service Unavailable` (by [`ConcurrencyLayer::when_full`]),
 //! with `Retry-After`: the seconds until the soonest slot ends if none is
 //! released, rounded up (a release usually comes sooner).
@@ -16,6 +18,7 @@ use std::task::{Context, Poll};
 
 use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
 use quotad_core::Reason;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -24,7 +27,62 @@ use super::key::{IpPrefixes, KeyExtractor};
 use super::{CostFn, plain, retry_after_secs};
 use crate::client::Client;
 use crate::request::Check;
-use crate::slot::Acquired;
+use crate::slot::{Acquired, SlotGuard};
+
+pin_project_lite::pin_project! {
+    /// The response body of a [`ConcurrencyLimit`]: the inner service's,
+    /// holding the request's slot until it ends (or errs, or is dropped).
+    pub struct SlotBody<B> {
+        #[pin]
+        inner: B,
+        slot: Option<SlotGuard>,
+    }
+}
+
+impl<B> SlotBody<B> {
+    fn new(inner: B, slot: Option<SlotGuard>) -> Self {
+        SlotBody { inner, slot }
+    }
+
+    /// Whether the body still holds its slot (it has not ended).
+    pub fn holds_slot(&self) -> bool {
+        self.slot.is_some()
+    }
+}
+
+impl<B> fmt::Debug for SlotBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotBody")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Body> Body for SlotBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = std::task::ready!(this.inner.poll_frame(cx));
+        if !matches!(frame, Some(Ok(_))) {
+            // The end, or an error: the request is done with its slot.
+            this.slot.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 struct Settings {
     client: Client,
@@ -148,9 +206,9 @@ where
     B: Send + 'static,
     R: From<&'static str> + Send,
 {
-    type Response = Response<R>;
+    type Response = Response<SlotBody<R>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -163,41 +221,49 @@ where
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let Some(key) = settings.key.extract_with(&parts, &settings.prefixes) else {
-                return Ok(plain(
+                return Ok(unheld(plain(
                     StatusCode::BAD_REQUEST,
                     "no concurrency-limit key in the request\n",
-                ));
+                )));
             };
             let check = Check::named(settings.policy.clone(), key).cost((settings.cost)(&parts));
             let request = Request::from_parts(parts, body);
             match settings.client.acquire(&check).await {
                 Ok(Acquired::Held(slot)) => {
-                    let response = inner.call(request).await;
-                    drop(slot);
-                    response
+                    // Held by the body to its end; an inner error releases it.
+                    let response = inner.call(request).await?;
+                    Ok(response.map(|body| SlotBody::new(body, Some(slot))))
                 }
-                Ok(Acquired::Denied(decision)) if decision.reason == Reason::FailClosed => Ok(
-                    plain(StatusCode::SERVICE_UNAVAILABLE, "limiter unavailable\n"),
-                ),
+                Ok(Acquired::Denied(decision)) if decision.reason == Reason::FailClosed => {
+                    Ok(unheld(plain(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "limiter unavailable\n",
+                    )))
+                }
                 Ok(Acquired::Denied(decision)) => {
                     let mut response = plain(settings.when_full, "too many requests at once\n");
                     let retry = retry_after_secs(decision.retry_after_ms);
                     response
                         .headers_mut()
                         .insert(http::header::RETRY_AFTER, HeaderValue::from(retry));
-                    Ok(response)
+                    Ok(unheld(response))
                 }
                 Err(error) => {
                     tracing::warn!(policy = %settings.policy, %error, "concurrency acquire failed");
-                    Ok(match error {
+                    Ok(unheld(match error {
                         crate::request::Error::Rejected(_) => plain(
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "concurrency limiter misconfigured\n",
                         ),
                         _ => plain(StatusCode::SERVICE_UNAVAILABLE, "limiter unavailable\n"),
-                    })
+                    }))
                 }
             }
         })
     }
+}
+
+/// An answer of the layer's own, holding no slot.
+fn unheld<R>(response: Response<R>) -> Response<SlotBody<R>> {
+    response.map(|body| SlotBody::new(body, None))
 }

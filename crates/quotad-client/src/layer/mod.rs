@@ -32,7 +32,7 @@ use crate::request::{Check, Error};
 mod concurrency;
 mod key;
 
-pub use concurrency::{ConcurrencyLayer, ConcurrencyLimit};
+pub use concurrency::{ConcurrencyLayer, ConcurrencyLimit, SlotBody};
 pub use key::{IpPrefixes, KeyExtractor, PrefixError};
 
 pub(crate) type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
