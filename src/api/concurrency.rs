@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use quotad_core::{CheckItem, Decision, Grant, Policy, SlotError};
+use quotad_core::{Acquired, CheckItem, Decision, Grant, Policy, SlotError};
 use quotad_proto::v1 as pb;
 use rand::Rng as _;
 use tonic::{Request, Response, Status};
@@ -32,7 +32,7 @@ use super::request::{
     PolicyRef, check_key_bytes, decision_to_pb, inline, inline_namespace, key, missing_policy,
     named,
 };
-use crate::backend::{Backend, Deadline, SlotItem};
+use crate::backend::{Backend, BackendError, Deadline, SlotItem};
 use crate::config::OnError;
 use crate::metrics::{DecisionCounters, Method, Metrics};
 use crate::registry::{PolicyRegistry, PolicySet};
@@ -215,42 +215,88 @@ impl<S: Backend> ConcurrencyService<S> {
         };
         let set = self.policies.snapshot();
         let target = self.target(&set, &key, &policy)?;
-        // Ids are drawn at random; one the key already holds (one in 2^64
-        // per slot held) is drawn again.
-        for _ in 0..4 {
-            let item =
-                CheckItem::acquire(&target.namespace, target.policy, &key, cost, new_slot_id())?;
-            self.store_acquire.increment(1);
-            let acquired = match self.backend.acquire(&item, deadline).await {
-                Ok(Ok(acquired)) => acquired,
-                Ok(Err(SlotError::IdInUse)) => continue,
-                Ok(Err(e @ SlotError::NotConcurrency(_))) => {
-                    return Err(crate::backend::BackendError::Internal(e.to_string()).into());
-                }
-                Err(error) => {
-                    store_failed(&error);
-                    let decision =
-                        on_backend_error(&error, target.on_error, &target.policy, Answer::Whole)?;
-                    target.decisions.record(&decision);
-                    return Ok(pb::AcquireResponse {
-                        decision: Some(decision_to_pb(&decision)),
-                        slot_id: String::new(),
-                        ttl_ms: 0,
-                    });
-                }
+        // Bad input is refused here, before anything is sent.
+        CheckItem::acquire(&target.namespace, target.policy, &key, cost, 0)?;
+        let taken = self
+            .take_slot(
+                target.namespace.clone().into_owned(),
+                target.policy,
+                key,
+                cost,
+                deadline,
+            )
+            .await;
+        let acquired = match taken {
+            Ok(acquired) => acquired,
+            Err(error) => {
+                store_failed(&error);
+                let decision =
+                    on_backend_error(&error, target.on_error, &target.policy, Answer::Whole)?;
+                target.decisions.record(&decision);
+                return Ok(pb::AcquireResponse {
+                    decision: Some(decision_to_pb(&decision)),
+                    slot_id: String::new(),
+                    ttl_ms: 0,
+                });
+            }
+        };
+        target.decisions.record(&acquired.decision);
+        let slot = acquired.slot.filter(|_| acquired.decision.allowed);
+        Ok(pb::AcquireResponse {
+            decision: Some(decision_to_pb(&acquired.decision)),
+            slot_id: slot.map(|s| SlotId(s.id).to_string()).unwrap_or_default(),
+            ttl_ms: slot.map_or(0, |s| s.ends_at.saturating_sub(s.granted_at)),
+        })
+    }
+
+    /// Takes a slot in the backend on a task of its own, so that a caller
+    /// who goes away while the store works (its call cancelled: tonic drops
+    /// the handler) does not strand a slot the store takes after all: one
+    /// taken for a caller no longer waiting is released at once.
+    async fn take_slot(
+        &self,
+        name: String,
+        policy: Policy,
+        key: String,
+        cost: u64,
+        deadline: Deadline,
+    ) -> Result<Acquired, BackendError> {
+        let backend = Arc::clone(&self.backend);
+        let (acquires, releases) = (self.store_acquire.clone(), self.store_release.clone());
+        let grace = self.limits.request_timeout;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let taken = take(&*backend, &name, policy, &key, cost, deadline, &acquires).await;
+            let Err(Ok(unheard)) = answer.send(taken) else {
+                return;
             };
-            target.decisions.record(&acquired.decision);
-            let slot = acquired.slot.filter(|_| acquired.decision.allowed);
-            return Ok(pb::AcquireResponse {
-                decision: Some(decision_to_pb(&acquired.decision)),
-                slot_id: slot.map(|s| SlotId(s.id).to_string()).unwrap_or_default(),
-                ttl_ms: slot.map_or(0, |s| s.ends_at.saturating_sub(s.granted_at)),
-            });
-        }
-        Err(crate::backend::BackendError::Internal(
-            "four random slot ids were all in use".to_owned(),
-        )
-        .into())
+            let Some(slot) = unheard.slot.filter(|_| unheard.decision.allowed) else {
+                return;
+            };
+            releases.increment(1);
+            let item = SlotItem {
+                name: &name,
+                key: &key,
+                policy,
+                id: slot.id,
+            };
+            match backend.release(&item, Deadline::after(grace)).await {
+                Ok(_) => tracing::debug!(
+                    policy = %name,
+                    "a slot taken for a caller gone away was released"
+                ),
+                Err(error) => tracing::warn!(
+                    policy = %name,
+                    %error,
+                    "a slot taken for a caller gone away was not released; it ends by its TTL"
+                ),
+            }
+        });
+        answered.await.unwrap_or_else(|_| {
+            Err(BackendError::Internal(
+                "the acquire task ended without an answer".to_owned(),
+            ))
+        })
     }
 
     /// Converts a renew or release request and resolves its target.
@@ -328,6 +374,34 @@ impl<S: Backend> ConcurrencyService<S> {
             limit: answer.limit,
         })
     }
+}
+
+/// One acquire in `backend`: ids are drawn at random; one the key already
+/// holds (one in 2^64 per slot held) is drawn again.
+async fn take<S: Backend>(
+    backend: &S,
+    name: &str,
+    policy: Policy,
+    key: &str,
+    cost: u64,
+    deadline: Deadline,
+    acquires: &metrics::Counter,
+) -> Result<Acquired, BackendError> {
+    for _ in 0..4 {
+        let item = CheckItem::acquire(name, policy, key, cost, new_slot_id())
+            .map_err(|e| BackendError::Internal(e.to_string()))?;
+        acquires.increment(1);
+        match backend.acquire(&item, deadline).await? {
+            Ok(acquired) => return Ok(acquired),
+            Err(SlotError::IdInUse) => {}
+            Err(e @ SlotError::NotConcurrency(_)) => {
+                return Err(BackendError::Internal(e.to_string()));
+            }
+        }
+    }
+    Err(BackendError::Internal(
+        "four random slot ids were all in use".to_owned(),
+    ))
 }
 
 #[tonic::async_trait]

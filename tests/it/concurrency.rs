@@ -564,6 +564,53 @@ async fn a_stalled_redis_acquires_nothing_late_and_on_error_applies() {
     );
 }
 
+#[tokio::test]
+async fn on_redis_an_acquire_whose_caller_went_away_strands_no_slot() {
+    let mut redis = RedisServer::start();
+    let server = TestServer::start_toml(
+        &redis_config_within(&redis, 1, "30s", "error", "3s"),
+        Arc::new(quotad_core::SystemClock),
+    )
+    .await;
+    let mut client = ConcurrencyClient::new(server.channel().await);
+    let warm = acquire(&mut client, acquire_req("warm", "jobs", None)).await;
+    assert!(warm.decision.expect("a decision").allowed);
+    for round in 0..2 {
+        let key = format!("gone-{round}");
+        // The script is sent to a stalled Redis; the caller goes away (its
+        // call cancelled) before Redis wakes and runs it, within its 3 s
+        // deadline, taking the key's one 30 s slot for no one.
+        redis.pause();
+        let gone = tokio::time::timeout(
+            Duration::from_millis(300),
+            client.acquire(acquire_req(&key, "jobs", None)),
+        )
+        .await;
+        assert!(gone.is_err(), "the caller stopped waiting");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        redis.resume();
+        // quotad released it: the key's slot is free again long before 30 s.
+        let probe = client.clone();
+        crate::common::eventually(
+            Duration::from_secs(3),
+            "the slot taken for no one is released",
+            || {
+                let mut probe = probe.clone();
+                let key = key.clone();
+                async move {
+                    let answer = acquire(&mut probe, acquire_req(&key, "jobs", None)).await;
+                    let allowed = answer.decision.expect("a decision").allowed;
+                    if allowed {
+                        assert!(release(&mut probe, slot_req(&key, "jobs", &answer.slot_id)).await);
+                    }
+                    allowed
+                }
+            },
+        )
+        .await;
+    }
+}
+
 /// A `quotad acquire --hold 1h` process: it takes a slot, prints it, and
 /// renews it until it is killed (by its own handle, on drop too).
 struct Holder(std::process::Child);
