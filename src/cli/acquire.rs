@@ -9,28 +9,29 @@
 //! denied remaining=0 retry_after=12s 400ms limit=5
 //! ```
 //!
-//! and `released slot=...` once it let the slot go. A slot whose renewal
-//! fails (it ended: the process stalled past its TTL) is reported and the
-//! command exits 1. It speaks to quotad's `quotad.v1.Concurrency` service
-//! directly, over plaintext http.
+//! and `released slot=... was_held=true` once it let the slot go. A slot
+//! that may have ended (a renewal found it gone, or its TTL passed with no
+//! renewal answered: quotad unreachable, or the process stalled) is
+//! reported as `lost slot=...`, released if it is still held, and the
+//! command exits 1. It holds the slot through quotad-client's
+//! [`SlotGuard`](quotad_client::SlotGuard), so it reaches quotad as
+//! `quotad check` does: http, https with `--tls-ca` (and mTLS), or a unix
+//! socket; `--output json` prints the same lines as JSON objects.
 
 use std::io::Write;
 use std::time::Duration;
 
 use clap::builder::NonEmptyStringValueParser;
-use quotad_proto::v1 as pb;
-use quotad_proto::v1::concurrency_client::ConcurrencyClient;
-use tonic::transport::Endpoint;
+use quotad_client::{Acquired, Check};
 
-use super::args::endpoint;
-use super::{DEFAULT_ADDR, Failure, human, status_detail};
+use super::args::{Connection, Output};
+use super::{Failure, failure, human};
 
 /// `quotad acquire`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct AcquireArgs {
-    /// quotad's gRPC address (`http://host:port` or `host:port`)
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_ADDR)]
-    addr: String,
+    #[command(flatten)]
+    connection: Connection,
     /// The named concurrency policy
     #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
     policy: String,
@@ -43,119 +44,112 @@ pub(crate) struct AcquireArgs {
     /// How long to hold the slot before releasing it; renewed meanwhile
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = humantime::parse_duration)]
     hold: Duration,
-    /// Longest wait for each answer, connecting included
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
 }
 
-/// Acquires, holds, renews and releases one slot, printing each step.
+/// Acquires, holds and releases one slot, printing each step.
 ///
 /// # Errors
 ///
-/// [`Failure`] when quotad cannot be reached, refuses the request, or a
-/// renewal finds the slot gone.
+/// [`Failure`] when quotad cannot be reached, refuses the request, or the
+/// slot is lost while held.
 pub(crate) async fn acquire(args: AcquireArgs, mut out: impl Write) -> Result<(), Failure> {
-    let uri = endpoint(&args.addr, false)?;
-    if uri.starts_with("unix:") {
-        return Err(Failure::Usage(
-            "--addr: quotad acquire speaks plaintext http:// only".to_owned(),
-        ));
-    }
-    let channel = Endpoint::from_shared(uri.clone())
-        .map_err(|e| Failure::Usage(format!("--addr: {e}")))?
-        .connect_timeout(args.timeout)
-        .timeout(args.timeout)
-        .connect_lazy();
-    let mut client = ConcurrencyClient::new(channel);
-    let failed = |status: tonic::Status| match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
-            Failure::Failed(format!(
-                "cannot reach quotad at {uri}: {}",
-                status_detail(&status)
-            ))
-        }
-        code => Failure::Failed(format!(
-            "quotad refused the request ({}): {}",
-            quotad_proto::convert::code_name(code),
-            status.message()
-        )),
-    };
-    let answer = client
-        .acquire(pb::AcquireRequest {
-            key: args.key.clone(),
-            cost: Some(args.cost),
-            policy: Some(pb::acquire_request::Policy::PolicyName(args.policy.clone())),
-        })
+    let connected = args.connection.connect(None)?;
+    let (uri, output) = (connected.uri.as_str(), connected.output);
+    let check = Check::named(args.policy.clone(), args.key.clone()).cost(args.cost);
+    let answer = connected
+        .client
+        .acquire(&check)
         .await
-        .map_err(failed)?
-        .into_inner();
-    let decision = answer.decision.unwrap_or_default();
-    if !decision.allowed {
-        writeln!(
-            out,
-            "denied remaining={} retry_after={} limit={}",
-            decision.remaining,
-            human(decision.retry_after_ms),
-            decision.limit
-        )?;
-        out.flush()?;
-        return Ok(());
-    }
-    writeln!(
-        out,
-        "acquired slot={} ttl={} remaining={} limit={}",
-        if answer.slot_id.is_empty() {
-            "none"
-        } else {
-            &answer.slot_id
+        .map_err(|e| failure(uri, e))?;
+    let guard = match answer {
+        Acquired::Denied(d) => {
+            output.line(
+                &mut out,
+                || {
+                    format!(
+                        "denied remaining={} retry_after={} limit={}",
+                        d.remaining,
+                        human(d.retry_after_ms),
+                        d.limit
+                    )
+                },
+                || {
+                    serde_json::json!({
+                        "outcome": "denied", "key": args.key, "policy": args.policy,
+                        "remaining": d.remaining, "retry_after_ms": d.retry_after_ms,
+                        "limit": d.limit, "reason": d.reason.to_string(),
+                    })
+                },
+            )?;
+            return Ok(());
+        }
+        Acquired::Held(guard) => guard,
+    };
+    let slot = guard.slot_id().to_owned();
+    let shown = if slot.is_empty() { "none" } else { &slot };
+    let (d, ttl) = (guard.decision(), millis(guard.ttl()));
+    output.line(
+        &mut out,
+        || {
+            format!(
+                "acquired slot={shown} ttl={} remaining={} limit={}",
+                human(ttl),
+                d.remaining,
+                d.limit
+            )
         },
-        human(answer.ttl_ms),
-        decision.remaining,
-        decision.limit
+        || {
+            serde_json::json!({
+                "outcome": "acquired", "key": args.key, "policy": args.policy,
+                "slot_id": slot, "ttl_ms": ttl, "remaining": d.remaining,
+                "limit": d.limit, "reason": d.reason.to_string(),
+            })
+        },
     )?;
-    out.flush()?;
-    if answer.slot_id.is_empty() {
+    if slot.is_empty() {
         // Admitted by on_error = "fail_open": no slot to hold.
         return Ok(());
     }
-    let request = || pb::SlotRequest {
-        key: args.key.clone(),
-        policy: Some(pb::slot_request::Policy::PolicyName(args.policy.clone())),
-        slot_id: answer.slot_id.clone(),
+    let lost = tokio::select! {
+        () = tokio::time::sleep(args.hold) => false,
+        () = guard.lost() => true,
     };
-    // Renew at a third of the TTL: two renewals may fail or come late
-    // before the slot ends.
-    let every = Duration::from_millis((answer.ttl_ms / 3).max(1));
-    let until = tokio::time::Instant::now() + args.hold;
-    loop {
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        tokio::time::sleep(left.min(every)).await;
-        if tokio::time::Instant::now() >= until {
-            break;
-        }
-        let renewed = client.renew(request()).await.map_err(failed)?;
-        if !renewed.into_inner().renewed {
-            writeln!(out, "lost slot={}", answer.slot_id)?;
-            out.flush()?;
-            return Err(Failure::Failed(format!(
-                "slot {} ended before it was renewed",
-                answer.slot_id
-            )));
-        }
+    if lost {
+        line(output, &mut out, "lost", &slot, None)?;
     }
-    let released = client
-        .release(request())
-        .await
-        .map_err(failed)?
-        .into_inner();
-    writeln!(
+    let released = guard.release().await;
+    if let Ok(was_held) = released {
+        line(output, &mut out, "released", &slot, Some(was_held))?;
+    }
+    if lost {
+        return Err(Failure::Failed(format!(
+            "slot {slot} may have ended before it was renewed"
+        )));
+    }
+    released.map(|_| ()).map_err(|e| failure(uri, e))
+}
+
+/// A `lost` or `released` line.
+fn line(
+    output: Output,
+    out: &mut impl Write,
+    what: &str,
+    slot: &str,
+    was_held: Option<bool>,
+) -> std::io::Result<()> {
+    output.line(
         out,
-        "released slot={} was_held={} remaining={}",
-        answer.slot_id, released.was_held, released.remaining
-    )?;
-    out.flush()?;
-    Ok(())
+        || match was_held {
+            Some(held) => format!("{what} slot={slot} was_held={held}"),
+            None => format!("{what} slot={slot}"),
+        },
+        || match was_held {
+            Some(held) => serde_json::json!({"outcome": what, "slot_id": slot, "was_held": held}),
+            None => serde_json::json!({"outcome": what, "slot_id": slot}),
+        },
+    )
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
