@@ -228,7 +228,9 @@ impl<S: Backend> ConcurrencyService<S> {
             .await;
         let acquired = match taken {
             Ok(acquired) => acquired,
-            Err(error) => {
+            // Not the store's failure: the call's error, on_error aside.
+            Err(Taken::Fault(error)) => return Err(error.into()),
+            Err(Taken::Store(error)) => {
                 store_failed(&error);
                 let decision =
                     on_backend_error(&error, target.on_error, &target.policy, Answer::Whole)?;
@@ -260,42 +262,44 @@ impl<S: Backend> ConcurrencyService<S> {
         key: String,
         cost: u64,
         deadline: Deadline,
-    ) -> Result<Acquired, BackendError> {
-        let backend = Arc::clone(&self.backend);
-        let (acquires, releases) = (self.store_acquire.clone(), self.store_release.clone());
-        let grace = self.limits.request_timeout;
+    ) -> Result<Acquired, Taken> {
+        let orphan = Orphan {
+            backend: Arc::clone(&self.backend),
+            releases: self.store_release.clone(),
+            grace: self.limits.request_timeout,
+            name,
+            key,
+            policy,
+        };
+        let acquires = self.store_acquire.clone();
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let by_task = orphan.clone();
         tokio::spawn(async move {
-            let taken = take(&*backend, &name, policy, &key, cost, deadline, &acquires).await;
-            let Err(Ok(unheard)) = answer.send(taken) else {
-                return;
-            };
-            let Some(slot) = unheard.slot.filter(|_| unheard.decision.allowed) else {
-                return;
-            };
-            releases.increment(1);
-            let item = SlotItem {
-                name: &name,
-                key: &key,
-                policy,
-                id: slot.id,
-            };
-            match backend.release(&item, Deadline::after(grace)).await {
-                Ok(_) => tracing::debug!(
-                    policy = %name,
-                    "a slot taken for a caller gone away was released"
-                ),
-                Err(error) => tracing::warn!(
-                    policy = %name,
-                    %error,
-                    "a slot taken for a caller gone away was not released; it ends by its TTL"
-                ),
+            let o = &by_task;
+            let taken = take(
+                &*o.backend,
+                &o.name,
+                o.policy,
+                &o.key,
+                cost,
+                deadline,
+                &acquires,
+            )
+            .await;
+            if let Err(unheard) = answer.send(taken) {
+                by_task.release(&unheard).await;
             }
         });
-        answered.await.unwrap_or_else(|_| {
-            Err(BackendError::Internal(
+        let mut pending = Pending {
+            answered,
+            orphan: Some(orphan),
+        };
+        let answer = (&mut pending.answered).await;
+        pending.orphan = None;
+        answer.unwrap_or_else(|_| {
+            Err(Taken::Fault(BackendError::Internal(
                 "the acquire task ended without an answer".to_owned(),
-            ))
+            )))
         })
     }
 
@@ -376,6 +380,16 @@ impl<S: Backend> ConcurrencyService<S> {
     }
 }
 
+/// Why an acquire took no slot, when not by a decision.
+#[derive(Debug)]
+enum Taken {
+    /// The store failed: the policy's `on_error` answers.
+    Store(BackendError),
+    /// Not the store's failure (an id clash four times over, a task lost):
+    /// the call's error.
+    Fault(BackendError),
+}
+
 /// One acquire in `backend`: ids are drawn at random; one the key already
 /// holds (one in 2^64 per slot held) is drawn again.
 async fn take<S: Backend>(
@@ -386,22 +400,107 @@ async fn take<S: Backend>(
     cost: u64,
     deadline: Deadline,
     acquires: &metrics::Counter,
-) -> Result<Acquired, BackendError> {
+) -> Result<Acquired, Taken> {
+    let fault = |message: String| Taken::Fault(BackendError::Internal(message));
     for _ in 0..4 {
         let item = CheckItem::acquire(name, policy, key, cost, new_slot_id())
-            .map_err(|e| BackendError::Internal(e.to_string()))?;
+            .map_err(|e| fault(e.to_string()))?;
         acquires.increment(1);
-        match backend.acquire(&item, deadline).await? {
+        match backend
+            .acquire(&item, deadline)
+            .await
+            .map_err(Taken::Store)?
+        {
             Ok(acquired) => return Ok(acquired),
             Err(SlotError::IdInUse) => {}
-            Err(e @ SlotError::NotConcurrency(_)) => {
-                return Err(BackendError::Internal(e.to_string()));
-            }
+            Err(e @ SlotError::NotConcurrency(_)) => return Err(fault(e.to_string())),
         }
     }
-    Err(BackendError::Internal(
-        "four random slot ids were all in use".to_owned(),
-    ))
+    Err(fault("four random slot ids were all in use".to_owned()))
+}
+
+/// What releasing a slot taken for a caller gone away needs.
+struct Orphan<S> {
+    backend: Arc<S>,
+    releases: metrics::Counter,
+    grace: std::time::Duration,
+    name: String,
+    key: String,
+    policy: Policy,
+}
+
+impl<S> Clone for Orphan<S> {
+    fn clone(&self) -> Self {
+        Orphan {
+            backend: Arc::clone(&self.backend),
+            releases: self.releases.clone(),
+            grace: self.grace,
+            name: self.name.clone(),
+            key: self.key.clone(),
+            policy: self.policy,
+        }
+    }
+}
+
+impl<S: Backend> Orphan<S> {
+    /// Releases the slot `unheard` took, if it took one.
+    async fn release(&self, unheard: &Result<Acquired, Taken>) {
+        let Ok(Acquired {
+            decision,
+            slot: Some(slot),
+        }) = unheard
+        else {
+            return;
+        };
+        if !decision.allowed {
+            return;
+        }
+        self.releases.increment(1);
+        let item = SlotItem {
+            name: &self.name,
+            key: &self.key,
+            policy: self.policy,
+            id: slot.id,
+        };
+        match self
+            .backend
+            .release(&item, Deadline::after(self.grace))
+            .await
+        {
+            Ok(_) => tracing::debug!(
+                policy = %self.name,
+                "a slot taken for a caller gone away was released"
+            ),
+            Err(error) => tracing::warn!(
+                policy = %self.name,
+                %error,
+                "a slot taken for a caller gone away was not released; it ends by its TTL"
+            ),
+        }
+    }
+}
+
+/// The handler's end of an acquire sent on a task. Dropped before the
+/// answer was taken (tonic dropped the handler: the caller went away), it
+/// closes the hand-off and releases a slot an answer already handed over
+/// holds; an answer not yet handed over is then refused to the task, which
+/// releases it. Exactly one side sees each answer.
+struct Pending<S: Backend> {
+    answered: tokio::sync::oneshot::Receiver<Result<Acquired, Taken>>,
+    /// `None` once the answer was taken.
+    orphan: Option<Orphan<S>>,
+}
+
+impl<S: Backend> Drop for Pending<S> {
+    fn drop(&mut self) {
+        let Some(orphan) = self.orphan.take() else {
+            return;
+        };
+        self.answered.close();
+        if let Ok(unheard) = self.answered.try_recv() {
+            tokio::spawn(async move { orphan.release(&unheard).await });
+        }
+    }
 }
 
 #[tonic::async_trait]

@@ -110,16 +110,26 @@ pub(crate) async fn acquire(args: AcquireArgs, mut out: impl Write) -> Result<()
         // Admitted by on_error = "fail_open": no slot to hold.
         return Ok(());
     }
+    // Interrupted (Ctrl-C), it releases the slot as at the end of --hold.
     let lost = tokio::select! {
         () = tokio::time::sleep(args.hold) => false,
+        _ = tokio::signal::ctrl_c() => false,
         () = guard.lost() => true,
     };
-    if lost {
-        line(output, &mut out, "lost", &slot, None)?;
-    }
+    let said = Said {
+        output,
+        key: &args.key,
+        policy: &args.policy,
+        slot: &slot,
+    };
+    // The release is sent before anything more is printed: an output that
+    // fails must not leave the slot to its TTL.
     let released = guard.release().await;
+    if lost {
+        said.line(&mut out, "lost", None)?;
+    }
     if let Ok(was_held) = released {
-        line(output, &mut out, "released", &slot, Some(was_held))?;
+        said.line(&mut out, "released", Some(was_held))?;
     }
     if lost {
         return Err(Failure::Failed(format!(
@@ -129,25 +139,40 @@ pub(crate) async fn acquire(args: AcquireArgs, mut out: impl Write) -> Result<()
     released.map(|_| ()).map_err(|e| failure(uri, e))
 }
 
-/// A `lost` or `released` line.
-fn line(
+/// What the `lost` and `released` lines name.
+struct Said<'a> {
     output: Output,
-    out: &mut impl Write,
-    what: &str,
-    slot: &str,
-    was_held: Option<bool>,
-) -> std::io::Result<()> {
-    output.line(
-        out,
-        || match was_held {
-            Some(held) => format!("{what} slot={slot} was_held={held}"),
-            None => format!("{what} slot={slot}"),
-        },
-        || match was_held {
-            Some(held) => serde_json::json!({"outcome": what, "slot_id": slot, "was_held": held}),
-            None => serde_json::json!({"outcome": what, "slot_id": slot}),
-        },
-    )
+    key: &'a str,
+    policy: &'a str,
+    slot: &'a str,
+}
+
+impl Said<'_> {
+    /// A `lost` or `released` line.
+    fn line(
+        &self,
+        out: &mut impl Write,
+        what: &str,
+        was_held: Option<bool>,
+    ) -> std::io::Result<()> {
+        let slot = self.slot;
+        self.output.line(
+            out,
+            || match was_held {
+                Some(held) => format!("{what} slot={slot} was_held={held}"),
+                None => format!("{what} slot={slot}"),
+            },
+            || {
+                let mut line = serde_json::json!({
+                    "outcome": what, "key": self.key, "policy": self.policy, "slot_id": slot,
+                });
+                if let Some(held) = was_held {
+                    line["was_held"] = held.into();
+                }
+                line
+            },
+        )
+    }
 }
 
 fn millis(d: Duration) -> u64 {

@@ -608,6 +608,14 @@ async fn on_redis_an_acquire_whose_caller_went_away_strands_no_slot() {
             },
         )
         .await;
+        // Released once by quotad (and once by the probe), per round: the
+        // orphaned script did take the slot, and exactly one side of the
+        // hand-off released it.
+        let releases = server.metrics().await.value(
+            "quotad_store_operations_total",
+            &[("backend", "redis"), ("op", "release")],
+        );
+        assert_eq!(releases, f64::from(2 * (round + 1)), "round {round}");
     }
 }
 

@@ -14,10 +14,13 @@
 //! TTL.
 //!
 //! The guard knows when its slot may have ended: a renewal answered that
-//! it was gone, or its TTL passed, counted from when the last renewal that
-//! was answered was sent, with no renewal answered since (quotad
-//! unreachable). [`SlotGuard::is_lost`] says so, and [`SlotGuard::lost`]
-//! waits for it, so work that must not run unguarded can stop.
+//! it was gone (final), or its TTL passed, counted from when the last
+//! renewal that was answered was sent, with no renewal answered since
+//! (quotad unreachable: the earliest the slot can have ended). A renewal
+//! answered later that finds the slot live shows it never ended (quotad
+//! renews only a live slot), and the guard holds it again.
+//! [`SlotGuard::is_lost`] says so, and [`SlotGuard::lost`] waits for it, so
+//! work that must not run unguarded can stop.
 
 use std::fmt;
 use std::sync::Arc;
@@ -56,12 +59,14 @@ struct Held {
     /// fail-open).
     slot_id: String,
     deadline: Duration,
+    /// The runtime the acquire was sent on: renewals and the release of a
+    /// dropped guard go there too.
+    runtime: Option<tokio::runtime::Handle>,
     /// Until when the slot lasts at the least, as far as this client
     /// knows: when the last answered acquire or renewal was sent, plus the
     /// TTL it answered. `None` for an admission with no slot.
     lasts_until: Mutex<Option<Instant>>,
-    /// Set once a renewal answers that the slot is gone, or its TTL is
-    /// seen to pass unrenewed.
+    /// Set once a renewal answers that the slot is gone: final.
     lost: watch::Sender<bool>,
 }
 
@@ -77,11 +82,11 @@ impl Held {
         }
     }
 
-    /// Renews the slot; on an answer, moves [`Held::lasts_until`] and
-    /// answers the TTL it now has (`None`: the slot is gone).
-    async fn renew(&self) -> Result<Option<Duration>, tonic::Status> {
+    /// Renews the slot, sent at `sent`; on an answer, moves
+    /// [`Held::lasts_until`] and answers the TTL it now has (`None`: the
+    /// slot is gone).
+    async fn renew(&self, sent: Instant) -> Result<Option<Duration>, tonic::Status> {
         let mut rpc = self.rpc.clone();
-        let sent = Instant::now();
         let answer = call(
             |r| async move { rpc.renew(r).await },
             self.request(),
@@ -97,23 +102,36 @@ impl Held {
     }
 
     /// Whether the slot is known gone, or may be: see the module's docs.
-    /// Once true, stays true.
     fn is_lost(&self) -> bool {
-        if *self.lost.borrow() {
-            return true;
-        }
-        let passed = self
-            .lasts_until
-            .lock()
-            .is_some_and(|until| Instant::now() >= until);
-        if passed {
-            self.mark_lost();
-        }
-        passed
+        *self.lost.borrow()
+            || self
+                .lasts_until
+                .lock()
+                .is_some_and(|until| Instant::now() >= until)
     }
 
     fn mark_lost(&self) {
         self.lost.send_replace(true);
+    }
+
+    /// Spawns a release of the slot (for a guard dropped, or a slot nobody
+    /// waited for); without a runtime it ends by its TTL.
+    fn release_later(self: Arc<Self>, why: &'static str) {
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let Some(runtime) = runtime else {
+            tracing::warn!(slot = %self.slot_id, "slot not released (no runtime); it ends by its TTL");
+            return;
+        };
+        runtime.spawn(async move {
+            metrics::counter!("quotad_client_calls_total", "method" => "release").increment(1);
+            match self.release().await {
+                Ok(_) => tracing::debug!(slot = %self.slot_id, why, "slot released"),
+                Err(status) => tracing::warn!(slot = %self.slot_id, why, %status, "slot not released; it ends by its TTL"),
+            }
+        });
     }
 
     async fn release(&self) -> Result<bool, tonic::Status> {
@@ -155,8 +173,9 @@ impl SlotGuard {
         &self.decision
     }
 
-    /// How long the slot lasts unless renewed, as the acquire answered
-    /// (zero when the admission holds no slot).
+    /// How long the slot lasted unless renewed, as the acquire answered
+    /// (zero when the admission holds no slot); renewals may answer
+    /// another TTL (a reload changed `slot_ttl`), which the guard follows.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -168,11 +187,11 @@ impl SlotGuard {
     }
 
     /// Whether the slot has ended or may have: a renewal answered that it
-    /// was gone (renewals failed for longer than its TTL), or its TTL has
-    /// passed since the last renewal that was answered. Its units may be
-    /// someone else's now; the work it guarded is no longer counted. Once
-    /// true, stays true (the guard goes on renewing: a renewal that finds
-    /// the slot still live keeps it, but the gap was unguarded).
+    /// was gone (final), or its TTL has passed since the last renewal that
+    /// was answered was sent. Its units may be someone else's then; the
+    /// work it guarded may no longer be counted. The guard goes on renewing
+    /// in the second case: a renewal answered later that finds the slot
+    /// live shows it never ended, and this is false again.
     pub fn is_lost(&self) -> bool {
         self.held.is_lost()
     }
@@ -214,12 +233,16 @@ impl SlotGuard {
     /// ends by its TTL.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.stop_renewing();
-        self.released = true;
         if self.held.slot_id.is_empty() {
+            self.released = true;
             return Ok(false);
         }
         metrics::counter!("quotad_client_calls_total", "method" => "release").increment(1);
-        self.held.release().await.map_err(crate::client::classify)
+        // Marked released only once answered: a release cancelled on the
+        // way drops the guard unreleased, which releases it on a task.
+        let answer = self.held.release().await;
+        self.released = true;
+        answer.map_err(crate::client::classify)
     }
 
     fn stop_renewing(&mut self) {
@@ -236,30 +259,25 @@ impl Drop for SlotGuard {
             return;
         }
         // Dropped while held (scope end, panic, cancelled future): release
-        // on a task, since drop cannot wait. Without a runtime the slot
-        // ends by its TTL.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let held = Arc::clone(&self.held);
-            runtime.spawn(async move {
-                metrics::counter!("quotad_client_calls_total", "method" => "release").increment(1);
-                if let Err(status) = held.release().await {
-                    tracing::warn!(slot = %held.slot_id, %status, "slot not released; it ends by its TTL");
-                }
-            });
-        }
+        // on a task, since drop cannot wait.
+        Arc::clone(&self.held).release_later("guard dropped");
     }
 }
 
-/// Renews `held` at a third of its TTL (as each renewal answers it) until
-/// the slot is found gone; a failed call is tried again a third of the
-/// TTL later (the TTL leaves room for two).
+/// Renews `held` at a third of its TTL (as each renewal answers it),
+/// counted from when the last renewal was sent, until the slot is found
+/// gone. A renewal that fails (after at most the client's deadline) is
+/// sent again at the next third, or at once if that has passed, so one
+/// renewal may fail before the slot ends.
 async fn renew_every(held: Arc<Held>, ttl: Duration) {
-    let mut every = third(ttl);
+    let mut next = Instant::now() + third(ttl);
+    let mut ttl = ttl;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep_until(next).await;
         metrics::counter!("quotad_client_calls_total", "method" => "renew").increment(1);
-        match held.renew().await {
-            Ok(Some(ttl)) => every = third(ttl),
+        let sent = Instant::now();
+        match held.renew(sent).await {
+            Ok(Some(renewed)) => ttl = renewed,
             Ok(None) => {
                 held.mark_lost();
                 tracing::warn!(slot = %held.slot_id, "slot lost: it ended before it was renewed");
@@ -273,6 +291,7 @@ async fn renew_every(held: Arc<Held>, ttl: Duration) {
                 }
             }
         }
+        next = sent + third(ttl);
     }
 }
 
@@ -308,17 +327,21 @@ impl Client {
                 }
             }),
         };
+        let runtime = self.shared.runtime();
         let held = |slot_id: String| Held {
             rpc: self.shared.slots.clone(),
             key: check.key().to_owned(),
             policy: check.policy().clone(),
             slot_id,
             deadline: self.deadline,
+            runtime: runtime.clone(),
             lasts_until: Mutex::new(None),
             lost: watch::Sender::new(false),
         };
         let sent = Instant::now();
-        let answer = self.acquire_call(request, sent, held(String::new())).await;
+        let answer = self
+            .acquire_call(request, sent, [held(String::new()), held(String::new())])
+            .await;
         let answer = match answer {
             Ok(answer) => answer,
             Err(status) => {
@@ -344,7 +367,17 @@ impl Client {
                 return Ok(Acquired::Denied(decision));
             }
         };
-        let decision = crate::client::decision(answer.decision)?;
+        let decision = match crate::client::decision(answer.decision) {
+            Ok(decision) => decision,
+            Err(error) => {
+                // An answer this client cannot read: a slot it names is
+                // released rather than stranded.
+                if !answer.slot_id.is_empty() {
+                    Arc::new(held(answer.slot_id)).release_later("unreadable acquire answer");
+                }
+                return Err(error);
+            }
+        };
         if !decision.allowed {
             return Ok(Acquired::Denied(decision));
         }
@@ -352,7 +385,11 @@ impl Client {
         let ttl = Duration::from_millis(answer.ttl_ms);
         let renewer = (!held.slot_id.is_empty() && answer.ttl_ms > 0).then(|| {
             *held.lasts_until.lock() = Some(sent + ttl);
-            tokio::spawn(renew_every(Arc::clone(&held), ttl))
+            let renewing = renew_every(Arc::clone(&held), ttl);
+            match &held.runtime {
+                Some(runtime) => runtime.spawn(renewing),
+                None => tokio::spawn(renewing),
+            }
         });
         Ok(Acquired::Held(SlotGuard {
             held,
@@ -364,14 +401,16 @@ impl Client {
     }
 
     /// Sends an acquire on a task of its own, so that a caller who stops
-    /// waiting does not cancel it: if the caller is gone when a slot is
-    /// answered, the task releases it (through `release`, the request's
-    /// key and policy with no slot id yet).
+    /// waiting does not cancel it. A slot answered to no one is released
+    /// (through one of `releases`: the request's key and policy, no slot id
+    /// yet), by the task if the caller was gone when the answer came, or
+    /// by the caller's end ([`Pending`]) if the answer was handed over but
+    /// not taken.
     async fn acquire_call(
         &self,
         request: pb::AcquireRequest,
         sent: Instant,
-        mut release: Held,
+        releases: [Held; 2],
     ) -> Result<pb::AcquireResponse, tonic::Status> {
         let mut rpc = self.shared.slots.clone();
         let deadline = sent + self.deadline;
@@ -382,26 +421,55 @@ impl Client {
         let Some(runtime) = self.shared.runtime() else {
             return call.await;
         };
+        let [by_task, by_caller] = releases;
         let (answer, answered) = oneshot::channel();
         runtime.spawn(async move {
-            let Err(Ok(unheard)) = answer.send(call.await) else {
-                return;
-            };
-            let slot = unheard.decision.as_ref().is_some_and(|d| d.allowed);
-            if !slot || unheard.slot_id.is_empty() {
-                return;
-            }
-            release.slot_id = unheard.slot_id;
-            metrics::counter!("quotad_client_calls_total", "method" => "release").increment(1);
-            match release.release().await {
-                Ok(_) => tracing::debug!(slot = %release.slot_id, "acquired after its caller stopped waiting; released"),
-                Err(status) => tracing::warn!(slot = %release.slot_id, %status, "acquired after its caller stopped waiting and not released; it ends by its TTL"),
+            if let Err(Ok(unheard)) = answer.send(call.await) {
+                release_unheard(by_task, unheard);
             }
         });
-        answered.await.unwrap_or_else(|_| {
-            Err(tonic::Status::internal(
-                "the acquire task ended without an answer",
+        let mut pending = Pending {
+            answered,
+            release: Some(by_caller),
+        };
+        let answer = (&mut pending.answered).await;
+        pending.release = None;
+        answer.unwrap_or_else(|_| {
+            Err(tonic::Status::unavailable(
+                "the acquire's task ended without an answer (its runtime shut down)",
             ))
         })
+    }
+}
+
+/// The caller's end of an acquire sent on a task. Dropped before the answer
+/// was taken (the caller stopped waiting), it closes the hand-off and
+/// releases a slot an answer already handed over holds; an answer not yet
+/// handed over is then refused to the task, which releases it. Exactly one
+/// side sees each answer.
+struct Pending {
+    answered: oneshot::Receiver<Result<pb::AcquireResponse, tonic::Status>>,
+    /// `None` once the answer was taken.
+    release: Option<Held>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(release) = self.release.take() else {
+            return;
+        };
+        self.answered.close();
+        if let Ok(Ok(unheard)) = self.answered.try_recv() {
+            release_unheard(release, unheard);
+        }
+    }
+}
+
+/// Releases the slot of an acquire answer no one took, if it holds one.
+fn release_unheard(mut release: Held, unheard: pb::AcquireResponse) {
+    let slot = unheard.decision.as_ref().is_some_and(|d| d.allowed);
+    if slot && !unheard.slot_id.is_empty() {
+        release.slot_id = unheard.slot_id;
+        Arc::new(release).release_later("acquired after its caller stopped waiting");
     }
 }

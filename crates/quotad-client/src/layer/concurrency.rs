@@ -44,9 +44,31 @@ impl<B> SlotBody<B> {
         SlotBody { inner, slot }
     }
 
-    /// Whether the body still holds its slot (it has not ended).
+    /// Whether the body holds a slot now: one of a request admitted whose
+    /// body has not ended (never for the layer's own 400, 429 and 503).
     pub fn holds_slot(&self) -> bool {
         self.slot.is_some()
+    }
+
+    /// The inner body; its slot, if it still held one, is released.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+/// A body of the text (holding no slot), so that a layer above this one
+/// that answers text of its own (a [`super::RateLimitLayer`], another
+/// `ConcurrencyLayer`) composes with it.
+impl<B: From<&'static str>> From<&'static str> for SlotBody<B> {
+    fn from(text: &'static str) -> Self {
+        SlotBody::new(B::from(text), None)
+    }
+}
+
+/// An empty body holding no slot (for layers that need `Default` bodies).
+impl<B: Default> Default for SlotBody<B> {
+    fn default() -> Self {
+        SlotBody::new(B::default(), None)
     }
 }
 
