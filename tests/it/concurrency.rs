@@ -492,6 +492,72 @@ async fn two_hundred_acquirers_over_three_replicas_never_hold_more_than_the_limi
     }
 }
 
+/// The same over a three-master Redis Cluster: each key's slots live in
+/// its own Cluster slot, whichever node holds it; keys on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_two_hundred_acquirers_over_three_replicas_never_hold_more_than_the_limit() {
+    let cluster = crate::common::redis::RedisCluster::start();
+    let clock = Arc::new(quotad_core::SystemClock);
+    let toml = format!(
+        r#"
+[store]
+backend = "redis"
+
+[store.redis]
+cluster_nodes = {nodes:?}
+timeout = "5s"
+
+[policies.jobs]
+algorithm = "concurrency"
+limit = 5
+slot_ttl = "10s"
+on_error = "error"
+"#,
+        nodes = cluster.urls()
+    );
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(TestServer::start_toml(&toml, clock.clone()).await);
+    }
+    let intervals = hold_many(&replicas, 200).await;
+    let most = most_at_once(&intervals);
+    assert!(most <= 5, "{most} held at once");
+    assert!(most >= 2, "the slots were shared ({most} at most)");
+    // Keys on each of the three nodes: their own limits, all released.
+    let mut conc = ConcurrencyClient::new(replicas[2].channel().await);
+    for node in 0..3 {
+        for key in cluster.keys_on(node, "tenant-", 2) {
+            let full = acquire(
+                &mut conc,
+                pb::AcquireRequest {
+                    cost: Some(5),
+                    ..acquire_req(&key, "jobs", None)
+                },
+            )
+            .await;
+            assert!(
+                full.decision.expect("a decision").allowed,
+                "{key} on node {node}"
+            );
+            let more = acquire(&mut conc, acquire_req(&key, "jobs", None)).await;
+            assert!(!more.decision.expect("a decision").allowed, "{key}: full");
+            assert!(release(&mut conc, slot_req(&key, "jobs", &full.slot_id)).await);
+        }
+    }
+    let answer = acquire(
+        &mut conc,
+        pb::AcquireRequest {
+            cost: Some(5),
+            ..acquire_req("hot", "jobs", None)
+        },
+    )
+    .await;
+    assert!(
+        answer.decision.expect("a decision").allowed,
+        "all 5 of hot free"
+    );
+}
+
 #[tokio::test]
 async fn on_redis_a_release_of_an_ended_slot_frees_no_one_elses() {
     let redis = RedisServer::start();
