@@ -139,3 +139,91 @@ test("a lease is never spent past its end: with a fake clock past send + ttl, ch
   assert.equal(client.stats().checkCalls, 2, "the lease had ended");
   await client.close();
 });
+
+test("a lease is renewed at half its TTL though little of it was spent", async () => {
+  let now = 1_000_000;
+  const client = new Client(quotad.url, { leases: { want: 4 }, clock: () => now });
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  await until("a lease", () => client.leaseStats().acquired === 1);
+  await client.check({ policy: "leased", key });
+  assert.equal(client.stats().leaseCalls, 1, "1 of 4 spent: no renewal yet");
+  // Half the 10 s TTL later (send time + 5,000), a spend starts the renewal.
+  now += 5_000;
+  const d = await client.check({ policy: "leased", key });
+  assert.equal(d.reason, "within_limit");
+  await until("a renewal", () => client.leaseStats().renewed === 1);
+  assert.equal(client.stats().checkCalls, 1, "both spends were local");
+  await client.close();
+});
+
+test("a check of cost 0 goes to quotad (and is refused) even with a lease held", async () => {
+  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  await until("a lease", () => client.leaseStats().acquired === 1);
+  await assert.rejects(client.check({ policy: "leased", key, cost: 0 }), (e) => e.codeName === "INVALID_ARGUMENT" && e.field === "cost");
+  assert.equal(client.stats().checkCalls, 2);
+  assert.equal(client.leaseStats().localAdmissions, 0, "nothing admitted for nothing");
+  await client.close();
+});
+
+test("a refusal naming the key stops leasing for that key only: the policy's other keys keep leasing", async () => {
+  const client = new Client(quotad.url, { leases: { want: 4 } });
+  // Longer than quotad's store.max_key_bytes (256): the check and its lease call are refused, naming `key`.
+  const bad = `${fresh()}-${"x".repeat(300)}`;
+  await assert.rejects(client.check({ policy: "leased", key: bad }), (e) => e.field === "key");
+  await until("the key's lease refused", () => client.leaseStats().failed === 1);
+  assert.equal(client.leaseStats().notLeasable, 0, "the key, not the policy");
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  await until("the other key holds a lease", () => client.leaseStats().acquired === 1);
+  const local = await client.check({ policy: "leased", key });
+  assert.equal(local.reason, "within_limit");
+  assert.equal(client.stats().checkCalls, 2, "the good key's second check was local");
+  // The refused key is not asked for again within the recheck.
+  await assert.rejects(client.check({ policy: "leased", key: bad }));
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(client.stats().leaseCalls, 2);
+  await client.close();
+});
+
+test("many concurrent checks of one key admit exactly the lease's units locally", async () => {
+  for (let repeat = 0; repeat < 5; repeat++) {
+    const client = new Client(quotad.url, { leases: { want: 4 } });
+    const key = fresh();
+    await client.check({ policy: "leased", key });
+    await until("a lease", () => client.leaseStats().acquired === 1);
+    const before = client.stats().checkCalls;
+    const answers = await Promise.all(Array.from({ length: 30 }, () => client.check({ policy: "leased", key })));
+    const local = client.leaseStats().localAdmissions;
+    assert.equal(answers.length - (client.stats().checkCalls - before), local, "each check local or a call, never both");
+    assert.ok(answers.filter((d) => d.allowed).length <= 9, "never more than the 9 left after the first");
+    await client.close();
+    const other = new Client(quotad.url);
+    const admitted = 1 + answers.filter((d) => d.allowed).length;
+    assert.equal((await other.peek({ policy: "leased", key })).remaining, 10 - admitted, "every unspent unit went back");
+    other.close();
+  }
+});
+
+test("while quotad is unreachable a lease is spent to its end, then the failure policy answers", async () => {
+  const own = await startQuotad({ config: CONFIG });
+  const client = new Client(own.url, { leases: { want: 4 }, onUnavailable: "fail_closed", deadlineMs: 300 });
+  const key = fresh();
+  try {
+    await client.check({ policy: "leased", key });
+    await until("a lease", () => client.leaseStats().acquired === 1);
+    process.kill(own.pid, "SIGSTOP");
+    // The lease's 4 units were charged: spent locally with quotad stopped.
+    const held = [];
+    for (let i = 0; i < 4; i++) held.push(await client.check({ policy: "leased", key }));
+    assert.deepEqual(held.map((d) => d.reason), ["within_limit", "within_limit", "within_limit", "within_limit"]);
+    const after = await client.check({ policy: "leased", key });
+    assert.deepEqual([after.allowed, after.reason], [false, "fail_closed"]);
+  } finally {
+    process.kill(own.pid, "SIGCONT");
+    await client.close();
+    await own.stop();
+  }
+});
