@@ -68,7 +68,7 @@ function checkFields(c) {
   known(c.client, ["deadline_ms", "on_unavailable", "deny_cache", "leases"], `${c.name}: client`);
   for (const [i, step] of (c.steps ?? []).entries()) {
     const at = `${c.name}: step ${i}`;
-    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "pause_ms", "expect"], at);
+    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "pause_ms", "concurrently", "expect"], at);
     known(step.policy, ["name", "inline"], `${at}: policy`);
     known(step.policy?.inline, ["algorithm", "limit", "window_ms", "burst"], `${at}: policy.inline`);
     for (const item of step.items ?? []) known(item, ["key", "cost", "policy"], `${at}: item`);
@@ -288,10 +288,18 @@ describe(
           };
           try {
             for (const [i, step] of c.steps.entries()) {
-              for (let n = 0; n < (step.repeat ?? 1); n++) {
-                if (n > 0 && step.pause_ms !== undefined) await new Promise((r) => setTimeout(r, step.pause_ms));
-                for (const client of targets(step, ctx)) {
-                  await runStep(step, client, ctx, `${c.name}: step ${i} (${step.call}${step.repeat ? ` #${n + 1}` : ""})`);
+              const at = (n) => `${c.name}: step ${i} (${step.call}${step.repeat ? ` #${n + 1}` : ""})`;
+              if (step.concurrently) {
+                // Concurrent callers of one client: every repeat through every target at once.
+                const calls = [];
+                for (let n = 0; n < (step.repeat ?? 1); n++) {
+                  for (const client of targets(step, ctx)) calls.push(runStep(step, client, ctx, at(n)));
+                }
+                await Promise.all(calls);
+              } else {
+                for (let n = 0; n < (step.repeat ?? 1); n++) {
+                  if (n > 0 && step.pause_ms !== undefined) await new Promise((r) => setTimeout(r, step.pause_ms));
+                  for (const client of targets(step, ctx)) await runStep(step, client, ctx, at(n));
                 }
               }
               if (step.expect?.allowed_total !== undefined) {

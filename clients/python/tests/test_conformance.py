@@ -6,9 +6,11 @@ the sync Client). A case answered differently fails naming the case and step."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -185,12 +187,31 @@ async def _async_step(runner: Runner, target: quotad.AsyncClient, step: dict[str
 
 
 def _steps(case: dict[str, Any]):
-    """Every (where, step, pause before it in seconds, last repeat of the step)."""
+    """Every (where, step, pause before it in seconds, last repeat of the step); a
+    step run ``concurrently`` comes once, its repeats sent at once."""
     for index, step in enumerate(case["steps"]):
-        repeat = step.get("repeat", 1)
+        repeat = 1 if step.get("concurrently") else step.get("repeat", 1)
         for n in range(repeat):
             pause = step.get("pause_ms", 0) / 1000 if n > 0 else 0
             yield f"step {index} ({step['call']}, repeat {n + 1})", step, pause, n == repeat - 1
+
+
+def _timed(call: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    try:
+        got = call()
+    except quotad.QuotadError as error:
+        got = error
+    return got, (time.monotonic() - start) * 1000
+
+
+async def _timed_async(call: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    try:
+        got = await call()
+    except quotad.QuotadError as error:
+        got = error
+    return got, (time.monotonic() - start) * 1000
 
 
 def run_sync(case: dict[str, Any], address: str) -> None:
@@ -206,14 +227,19 @@ def run_sync(case: dict[str, Any], address: str) -> None:
                 time.sleep(step["ms"] / 1000)
                 continue
             time.sleep(pause)
-            for target in _targets(step, client, peer, other):
-                start = time.monotonic()
-                try:
-                    got = _sync_step(runner, target, step)
-                except quotad.QuotadError as error:
-                    got = error
+            calls = [
+                functools.partial(_sync_step, runner, target, step)
+                for target in _targets(step, client, peer, other)
+            ]
+            if step.get("concurrently"):
+                # Concurrent callers of one client: a thread each.
+                calls *= step.get("repeat", 1)
+                with ThreadPoolExecutor(len(calls)) as pool:
+                    outcomes = list(pool.map(_timed, calls))
+            else:
+                outcomes = [_timed(c) for c in calls]
+            for got, elapsed in outcomes:
                 runner.count(step, got)
-                elapsed = (time.monotonic() - start) * 1000
                 runner.compare(where, step.get("expect", {}), got, elapsed)
             if last:
                 runner.compare_total(where, step)
@@ -231,14 +257,17 @@ async def run_async(case: dict[str, Any], address: str) -> None:
                 await asyncio.sleep(step["ms"] / 1000)
                 continue
             await asyncio.sleep(pause)
-            for target in _targets(step, client, peer, other):
-                start = time.monotonic()
-                try:
-                    got = await _async_step(runner, target, step)
-                except quotad.QuotadError as error:
-                    got = error
+            calls = [
+                functools.partial(_async_step, runner, target, step)
+                for target in _targets(step, client, peer, other)
+            ]
+            if step.get("concurrently"):
+                calls *= step.get("repeat", 1)
+                outcomes = list(await asyncio.gather(*(_timed_async(c) for c in calls)))
+            else:
+                outcomes = [await _timed_async(c) for c in calls]
+            for got, elapsed in outcomes:
                 runner.count(step, got)
-                elapsed = (time.monotonic() - start) * 1000
                 runner.compare(where, step.get("expect", {}), got, elapsed)
             if last:
                 runner.compare_total(where, step)
@@ -409,6 +438,7 @@ KNOWN = {
         "ms",
         "repeat",
         "pause_ms",
+        "concurrently",
         "expect",
     },
     "item": {"key", "cost", "policy"},

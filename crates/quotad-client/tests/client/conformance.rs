@@ -499,21 +499,34 @@ async fn run_steps(case: &Value, address: &str, prefix: &str) -> Result<(), Stri
         };
         let pause = step["pause_ms"].as_u64().map(Duration::from_millis);
         let at = |n: u64, m: String| format!("step {index} ({call}, repeat {}): {m}", n + 1);
-        for n in 0..step["repeat"].as_u64().unwrap_or(1) {
+        let repeat = step["repeat"].as_u64().unwrap_or(1);
+        let concurrently = step["concurrently"] == Value::Bool(true);
+        // Concurrently: every repeat through every target at once, as
+        // concurrent callers; else one after another, each repeat through
+        // each target in turn.
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..repeat {
             if n > 0
+                && !concurrently
                 && let Some(pause) = pause
             {
                 tokio::time::sleep(pause).await;
             }
             for target in &targets {
-                let start = Instant::now();
-                let got = run_step(target, prefix, step).await;
-                if call == "check" && matches!(&got, Got::One(d) if d.allowed) {
-                    allowed_total += 1;
+                let (client, prefix, owned) = ((*target).clone(), prefix.to_owned(), step.clone());
+                let one = async move {
+                    let start = Instant::now();
+                    let got = run_step(&client, &prefix, &owned).await;
+                    (n, got, start.elapsed())
+                };
+                if concurrently {
+                    calls.spawn(one);
+                } else {
+                    tally(step, &[one.await], &mut allowed_total, &at)?;
                 }
-                compare(&step["expect"], &got, start.elapsed()).map_err(|m| at(n, m))?;
             }
         }
+        tally(step, &calls.join_all().await, &mut allowed_total, &at)?;
         if let Some(want) = step["expect"].get("allowed_total")
             && !matches_number(want, allowed_total)
         {
@@ -521,6 +534,23 @@ async fn run_steps(case: &Value, address: &str, prefix: &str) -> Result<(), Stri
                 "step {index} ({call}): {allowed_total} checks allowed so far, expected {want}"
             ));
         }
+    }
+    Ok(())
+}
+
+/// Compares each outcome of a step with its expectation, and counts the
+/// checks allowed.
+fn tally(
+    step: &Value,
+    outcomes: &[(u64, Got, Duration)],
+    allowed_total: &mut u64,
+    at: &impl Fn(u64, String) -> String,
+) -> Result<(), String> {
+    for (n, got, elapsed) in outcomes {
+        if step["call"] == "check" && matches!(got, Got::One(d) if d.allowed) {
+            *allowed_total += 1;
+        }
+        compare(&step["expect"], got, *elapsed).map_err(|m| at(*n, m))?;
     }
     Ok(())
 }
@@ -644,7 +674,17 @@ const KNOWN: &[(&str, &[&str])] = &[
     (
         "step",
         &[
-            "call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "pause_ms",
+            "call",
+            "key",
+            "cost",
+            "policy",
+            "items",
+            "mode",
+            "via",
+            "ms",
+            "repeat",
+            "pause_ms",
+            "concurrently",
             "expect",
         ],
     ),
