@@ -43,7 +43,7 @@ function assertExact(answers) {
 }
 
 test("a lone check goes out at once as a Check", async () => {
-  const client = new Client(quotad.url, { coalescing: { maxInFlight: 1 } });
+  const client = new Client(quotad.url, { deadlineMs: 5_000, coalescing: { maxInFlight: 1 } });
   const before = await decidingCalls(quotad);
   const d = await client.check({ policy: TWENTY, key: fresh() });
   assert.deepEqual([d.allowed, d.remaining], [true, 19]);
@@ -54,7 +54,7 @@ test("a lone check goes out at once as a Check", async () => {
 
 test("with one slot, 50 concurrent checks are 2 calls: the first alone, the rest one CheckBatch", async () => {
   for (let repeat = 0; repeat < 5; repeat++) {
-    const client = new Client(quotad.url, { coalescing: { maxInFlight: 1 }, denyCache: 0 });
+    const client = new Client(quotad.url, { deadlineMs: 5_000, coalescing: { maxInFlight: 1 }, denyCache: 0 });
     const before = await decidingCalls(quotad);
     assertExact(await burst(client, 50, fresh()));
     assert.equal((await decidingCalls(quotad)) - before, 2, "calls quotad decided");
@@ -66,7 +66,7 @@ test("with one slot, 50 concurrent checks are 2 calls: the first alone, the rest
 
 test("with the default 8 slots, 50 concurrent checks are 8 Checks and one CheckBatch of the other 42", async () => {
   for (let repeat = 0; repeat < 5; repeat++) {
-    const client = new Client(quotad.url, { denyCache: 0 });
+    const client = new Client(quotad.url, { deadlineMs: 5_000, denyCache: 0 });
     const before = await decidingCalls(quotad);
     assertExact(await burst(client, 50, fresh()));
     assert.equal((await decidingCalls(quotad)) - before, 9);
@@ -76,7 +76,7 @@ test("with the default 8 slots, 50 concurrent checks are 8 Checks and one CheckB
 });
 
 test("without coalescing every check is its own call", async () => {
-  const client = new Client(quotad.url, { coalescing: false, denyCache: 0 });
+  const client = new Client(quotad.url, { deadlineMs: 5_000, coalescing: false, denyCache: 0 });
   const before = await decidingCalls(quotad);
   assertExact(await burst(client, 50, fresh()));
   assert.equal((await decidingCalls(quotad)) - before, 50);
@@ -84,7 +84,7 @@ test("without coalescing every check is its own call", async () => {
 });
 
 test("a batch bound of 10 items sends the queue as batches of 10", async () => {
-  const client = new Client(quotad.url, { coalescing: { maxInFlight: 1, maxBatchItems: 10 }, denyCache: 0 });
+  const client = new Client(quotad.url, { deadlineMs: 5_000, coalescing: { maxInFlight: 1, maxBatchItems: 10 }, denyCache: 0 });
   const before = await decidingCalls(quotad);
   assertExact(await burst(client, 50, fresh()));
   // 1 alone, then 49 queued leave as 10 + 10 + 10 + 10 + 9, one after another on the one slot.
@@ -94,7 +94,7 @@ test("a batch bound of 10 items sends the queue as batches of 10", async () => {
 });
 
 test("a refusal naming an item of a coalesced batch is that caller's own error; the others are decided", async () => {
-  const client = new Client(quotad.url, { coalescing: { maxInFlight: 1 }, denyCache: 0 });
+  const client = new Client(quotad.url, { deadlineMs: 5_000, coalescing: { maxInFlight: 1 }, denyCache: 0 });
   const key = fresh();
   const results = await Promise.allSettled([
     client.check({ policy: TWENTY, key }),
@@ -133,6 +133,6 @@ test("queued checks against a stalled quotad each get the failure policy within 
 });
 
 test("coalescing settings out of range are refused naming the setting", () => {
-  assert.throws(() => new Client(quotad.url, { coalescing: { maxInFlight: 0 } }), /coalescing\.max_in_flight/);
-  assert.throws(() => new Client(quotad.url, { coalescing: { maxBatchItems: 1_001 } }), /coalescing\.max_batch_items/);
+  assert.throws(() => new Client(quotad.url, { deadlineMs: 5_000, coalescing: { maxInFlight: 0 } }), /coalescing\.max_in_flight/);
+  assert.throws(() => new Client(quotad.url, { deadlineMs: 5_000, coalescing: { maxBatchItems: 1_001 } }), /coalescing\.max_batch_items/);
 });

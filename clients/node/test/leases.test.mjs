@@ -142,7 +142,7 @@ test("a lease is never spent past its end: with a fake clock past send + ttl, ch
 
 test("a lease is renewed at half its TTL though little of it was spent", async () => {
   let now = 1_000_000;
-  const client = new Client(quotad.url, { leases: { want: 4 }, clock: () => now });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 }, clock: () => now });
   const key = fresh();
   await client.check({ policy: "leased", key });
   await until("a lease", () => client.leaseStats().acquired === 1);
@@ -158,7 +158,7 @@ test("a lease is renewed at half its TTL though little of it was spent", async (
 });
 
 test("a check of cost 0 goes to quotad (and is refused) even with a lease held", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   const key = fresh();
   await client.check({ policy: "leased", key });
   await until("a lease", () => client.leaseStats().acquired === 1);
@@ -169,7 +169,7 @@ test("a check of cost 0 goes to quotad (and is refused) even with a lease held",
 });
 
 test("a refusal naming the key stops leasing for that key only: the policy's other keys keep leasing", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   // Longer than quotad's store.max_key_bytes (256): the check and its lease call are refused, naming `key`.
   const bad = `${fresh()}-${"x".repeat(300)}`;
   await assert.rejects(client.check({ policy: "leased", key: bad }), (e) => e.field === "key");
@@ -190,7 +190,7 @@ test("a refusal naming the key stops leasing for that key only: the policy's oth
 
 test("many concurrent checks of one key admit exactly the lease's units locally", async () => {
   for (let repeat = 0; repeat < 5; repeat++) {
-    const client = new Client(quotad.url, { leases: { want: 4 } });
+    const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
     const key = fresh();
     await client.check({ policy: "leased", key });
     await until("a lease", () => client.leaseStats().acquired === 1);
