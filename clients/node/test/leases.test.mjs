@@ -229,3 +229,23 @@ test("while quotad is unreachable a lease is spent to its end, then the failure 
     await own.stop();
   }
 });
+
+test("a lease that arrives too late to spend goes straight back", async () => {
+  // The client's clock jumps 20 s once the lease call has left: its answer
+  // arrives after the lease's 10 s TTL, counted from the send.
+  let client;
+  const now = 1_000_000;
+  client = new Client(quotad.url, {
+    deadlineMs: 2_000,
+    leases: { want: 4 },
+    clock: () => (client !== undefined && client.stats().leaseCalls >= 1 ? now + 20_000 : now),
+  });
+  const key = fresh();
+  assert.equal((await client.check({ policy: "leased", key })).allowed, true);
+  await until("the lease given back", () => client.leaseStats().returned === 1);
+  const s = client.leaseStats();
+  assert.deepEqual([s.acquired, s.held, s.returnedUnits], [0, 0, 4], "never installed, all 4 units back");
+  const other = new Client(quotad.url, { deadlineMs: 2_000 });
+  assert.equal((await other.peek({ policy: "leased", key })).remaining, 9, "only the direct check counted");
+  await Promise.all([client.close(), other.close()]);
+});
