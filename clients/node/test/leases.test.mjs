@@ -29,7 +29,7 @@ async function until(what, condition) {
 }
 
 test("the first check goes to quotad; the lease acquired then admits locally, without calls", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   const key = fresh();
   const first = await client.check({ policy: "leased", key });
   assert.equal(first.allowed, true);
@@ -45,7 +45,7 @@ test("the first check goes to quotad; the lease acquired then admits locally, wi
   assert.equal((await client.peek({ policy: "leased", key })).remaining, 5);
   await client.close();
   // Closing returned the 3 unspent units.
-  const after = new Client(quotad.url);
+  const after = new Client(quotad.url, { deadlineMs: 2_000 });
   assert.equal((await after.peek({ policy: "leased", key })).remaining, 8);
   assert.equal(client.leaseStats().returned, 1);
   assert.equal(client.leaseStats().returnedUnits, 3);
@@ -53,7 +53,7 @@ test("the first check goes to quotad; the lease acquired then admits locally, wi
 });
 
 test("renewal asks for the next lease while the current one is spent on, and settles the old one with the next call", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   const key = fresh();
   await client.check({ policy: "leased", key });
   await until("a lease", () => client.leaseStats().acquired === 1);
@@ -73,7 +73,7 @@ test("renewal asks for the next lease while the current one is spent on, and set
   assert.equal(fromNew.reason, "within_limit");
   assert.equal(client.stats().checkCalls, 1, "spent from the new lease");
   await client.close();
-  const other = new Client(quotad.url);
+  const other = new Client(quotad.url, { deadlineMs: 2_000 });
   // 1 direct + 3 from the first lease + 1 from the second: 5 admitted, 5 left.
   assert.equal((await other.peek({ policy: "leased", key })).remaining, 5);
   other.close();
@@ -84,7 +84,7 @@ test("across clients with leases the global bound holds exactly, and near the en
   // direct checks of three clients interleave differently each time.
   for (let repeat = 0; repeat < 5; repeat++) {
     const key = fresh();
-    const clients = [0, 1, 2].map(() => new Client(quotad.url, { leases: { want: 4, directBackoffMs: 20 } }));
+    const clients = [0, 1, 2].map(() => new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4, directBackoffMs: 20 } }));
     let allowed = 0;
     for (let round = 0; round < 12; round++) {
       const answers = await Promise.all(clients.flatMap((c) => [c, c].map((x) => x.check({ policy: "leased", key }))));
@@ -93,7 +93,7 @@ test("across clients with leases the global bound holds exactly, and near the en
     }
     assert.ok(allowed <= 10, `${allowed} admitted of a limit of 10`);
     await Promise.all(clients.map((c) => c.close()));
-    const check = new Client(quotad.url);
+    const check = new Client(quotad.url, { deadlineMs: 2_000 });
     assert.equal((await check.peek({ policy: "leased", key })).remaining, 10 - allowed, "every unspent unit went back");
     assert.ok(clients.some((c) => c.leaseStats().direct > 0), "quotad answered direct near the end");
     check.close();
@@ -101,7 +101,7 @@ test("across clients with leases the global bound holds exactly, and near the en
 });
 
 test("a policy without lease settings is remembered: its checks go one by one, with no lease call each", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   await client.check({ policy: "login", key: fresh() });
   await until("the refusal", () => client.leaseStats().notLeasable === 1);
   for (let i = 0; i < 3; i++) await client.check({ policy: "login", key: fresh() });
@@ -114,7 +114,7 @@ test("a policy without lease settings is remembered: its checks go one by one, w
 });
 
 test("an inline policy with lease terms is leased", async () => {
-  const client = new Client(quotad.url, { leases: { want: 5 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 5 } });
   const key = fresh();
   const policy = { algorithm: "token_bucket", limit: 20, windowMs: 3_600_000 };
   const leaseTerms = { maxUnits: 5, minUnits: 1, maxTtlMs: 10_000 };
@@ -127,7 +127,7 @@ test("an inline policy with lease terms is leased", async () => {
 
 test("a lease is never spent past its end: with a fake clock past send + ttl, checks go to quotad again", async () => {
   let now = 1_000_000;
-  const client = new Client(quotad.url, { leases: { want: 4 }, clock: () => now });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 }, clock: () => now });
   const key = fresh();
   await client.check({ policy: "leased", key });
   await until("a lease", () => client.leaseStats().acquired === 1);
@@ -202,7 +202,7 @@ test("many concurrent checks of one key admit exactly the lease's units locally"
     assert.equal(answers.length - (sent() - before), local, "each check local or sent, never both");
     assert.ok(answers.filter((d) => d.allowed).length <= 9, "never more than the 9 left after the first");
     await client.close();
-    const other = new Client(quotad.url);
+    const other = new Client(quotad.url, { deadlineMs: 2_000 });
     const admitted = 1 + answers.filter((d) => d.allowed).length;
     assert.equal((await other.peek({ policy: "leased", key })).remaining, 10 - admitted, "every unspent unit went back");
     other.close();
