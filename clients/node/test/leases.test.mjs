@@ -249,3 +249,23 @@ test("a lease that arrives too late to spend goes straight back", async () => {
   assert.equal((await other.peek({ policy: "leased", key })).remaining, 9, "only the direct check counted");
   await Promise.all([client.close(), other.close()]);
 });
+
+test("a direct answer sends each check to quotad until the back-off ends, then asks again", async () => {
+  let now = 1_000_000;
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4, directBackoffMs: 1_000 }, clock: () => now });
+  const key = fresh();
+  // `scarce`: two an hour, leases of at least three: never enough to lease.
+  assert.equal((await client.check({ policy: "scarce", key })).allowed, true);
+  await until("direct", () => client.leaseStats().direct === 1);
+  const second = await client.check({ policy: "scarce", key });
+  assert.deepEqual([second.allowed, second.remaining], [true, 0], "decided by quotad");
+  assert.equal(client.stats().leaseCalls, 1, "no lease call within the back-off");
+  now += 999;
+  await client.check({ policy: "scarce", key });
+  assert.equal(client.stats().leaseCalls, 1, "still within it");
+  now += 1;
+  await client.check({ policy: "scarce", key });
+  await until("asked again", () => client.stats().leaseCalls === 2 && client.leaseStats().direct === 2);
+  assert.equal(client.leaseStats().held, 0);
+  await client.close();
+});
