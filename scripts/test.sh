@@ -29,13 +29,15 @@ cargo test --workspace --doc
 # --- Node: the TypeScript client (clients/node: its unit tests, its tests
 # against a real quotad, and the conformance cases of tests/clients/) and the
 # Express example, each with `node --test` against target/debug/quotad.
-if ! command -v npm >/dev/null 2>&1; then
-  echo "npm not found: the Node client's tests need Node.js 20 or later with npm" >&2
-  exit 1
-fi
+# Every client step has a time bound (scripts/bounded.sh): one that hangs
+# fails naming itself.
+scripts/check-node.sh
 cargo build --bin quotad
-(cd clients/node && npm ci --no-audit --no-fund && npm run build && npm test)
-(cd examples/express && npm ci --no-audit --no-fund && npm test)
+scripts/bounded.sh 600 clients/node npm ci --no-audit --no-fund
+scripts/bounded.sh 300 clients/node npm run build
+scripts/bounded.sh 1200 clients/node npm test
+scripts/bounded.sh 600 examples/express npm ci --no-audit --no-fund
+scripts/bounded.sh 600 examples/express npm test
 
 # --- The Python client (clients/python) and the FastAPI example: a venv
 # under target/ (never committed), the package and its test extras from
@@ -54,8 +56,17 @@ if [ ! -x "$PY_VENV/bin/python" ]; then
     python3 -m venv "$PY_VENV"
   fi
 fi
-"$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check "./clients/python[test]"
-"$PY_VENV/bin/ruff" check clients/python examples/fastapi
-"$PY_VENV/bin/ruff" format --check clients/python examples/fastapi
-(cd clients/python && "../../$PY_VENV/bin/python" -m mypy src/quotad)
-"$PY_VENV/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests examples/fastapi
+PY="$PWD/$PY_VENV/bin/python"
+scripts/bounded.sh 900 . "$PY" -m pip install -q --disable-pip-version-check "./clients/python[test]"
+scripts/bounded.sh 120 . "$PY" -m ruff check clients/python examples/fastapi
+scripts/bounded.sh 120 . "$PY" -m ruff format --check clients/python examples/fastapi
+scripts/bounded.sh 600 clients/python "$PY" -m mypy src/quotad
+scripts/bounded.sh 1800 . "$PY" -m pytest -q -p no:cacheprovider clients/python/tests examples/fastapi
+
+# --- Go and Java: examples/go and examples/java, built from Debian's
+# packages (Go in GOPATH mode over /usr/share/gocode, no module proxy; Java
+# with javac against /usr/share/java, no Maven) and run against
+# target/debug/quotad. .ci/run installs the packages; without them each
+# build.sh fails saying which to install (docs/clients.md, "From Go and Java").
+scripts/bounded.sh 600 . examples/go/check.sh
+scripts/bounded.sh 600 . examples/java/check.sh

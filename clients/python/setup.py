@@ -4,14 +4,19 @@ The protos are read from ``proto/`` beside this file when it exists (an
 sdist carries them there), else from the repository's
 ``crates/quotad-proto/proto/``, or from the folder named by
 ``QUOTAD_PROTO_DIR``. The stubs land in ``quotad/v1/`` of the build, with
-``.pyi`` type stubs; nothing generated is written into the source tree.
+``.pyi`` type stubs. An editable install (``pip install -e``) imports the
+package from ``src/``, so there they are generated into ``src/quotad/v1/``
+(ignored by git), the one place such an install reads them from.
+
+The runtime floors (``grpcio``, ``protobuf``) are static, in
+``pyproject.toml``, matching the pinned ``grpcio-tools``: never whatever the
+build machine happens to have.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from importlib.metadata import version
 from pathlib import Path
 
 from setuptools import setup
@@ -59,20 +64,14 @@ def generate(out: Path) -> None:
     )
 
 
-def requirements() -> list[str]:
-    """grpcio and protobuf at least as new as the build's grpcio-tools and protobuf:
-    the stubs check at import that their runtime is not older than their generator,
-    and protobuf's generated code needs the same major version."""
-    tools = version("grpcio-tools")
-    protobuf = version("protobuf")
-    major = int(protobuf.split(".")[0])
-    return [f"grpcio>={tools}", f"protobuf>={protobuf},<{major + 1}"]
-
-
 class BuildWithStubs(build_py):
     def run(self) -> None:
         super().run()
-        generate(Path(self.build_lib))
+        if getattr(self, "editable_mode", False):
+            # An editable install imports from src/: the stubs go there.
+            generate(HERE / "src")
+        else:
+            generate(Path(self.build_lib))
 
 
 class SdistWithProtos(sdist):
@@ -86,6 +85,5 @@ class SdistWithProtos(sdist):
 
 
 setup(
-    install_requires=requirements(),
     cmdclass={"build_py": BuildWithStubs, "sdist": SdistWithProtos},
 )

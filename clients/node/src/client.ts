@@ -8,6 +8,7 @@ import { QuotadError } from "./errors.js";
 import { services, type WireDecision } from "./grpc.js";
 import { keyText, policyFields, policyLabel, units } from "./policy.js";
 import { Lessee, type LeaseOptions, type LeaseStats } from "./lease.js";
+import { AbortedInQueue, Coalescer, MalformedBatch, type CoalescingOptions } from "./coalesce.js";
 import type {
   BatchMode,
   CallOptions,
@@ -52,6 +53,11 @@ export interface ClientOptions {
   tls?: TlsOptions;
   /** Leases for policies that allow them; off by default. */
   leases?: LeaseOptions;
+  /**
+   * Concurrent checks coalesced into one `CheckBatch` while every in-flight
+   * slot is busy (as the Rust client); on by default, `false` turns it off.
+   */
+  coalescing?: CoalescingOptions | false;
   /** Receives `quotad unavailable` warnings (at most one per 10 s). */
   logger?: Logger;
   /** Extra `@grpc/grpc-js` channel options. */
@@ -64,8 +70,11 @@ export interface ClientOptions {
 export interface ClientStats {
   /** `Check` calls sent to quotad. */
   checkCalls: number;
-  /** `CheckBatch` calls sent. */
+  /** `CheckBatch` calls sent, coalesced ones included. */
   batchCalls: number;
+  /** Batches that coalesced concurrent checks, and the checks they carried. */
+  coalescedBatches: number;
+  coalescedChecks: number;
   /** `Lease` calls sent. */
   leaseCalls: number;
   /** Checks answered from the deny cache, without a call. */
@@ -92,6 +101,7 @@ export interface Shared {
   lastLogMs: number | undefined;
   quiet: number;
   lessee: Lessee | undefined;
+  coalescer: Coalescer | undefined;
 }
 
 /** A gRPC call that ended before an answer: the status, or the caller's abort. */
@@ -268,6 +278,8 @@ export class Client {
       stats: {
         checkCalls: 0,
         batchCalls: 0,
+        coalescedBatches: 0,
+        coalescedChecks: 0,
         leaseCalls: 0,
         localDenials: 0,
         unavailable: { fail_open: 0, fail_closed: 0, error: 0 },
@@ -276,9 +288,22 @@ export class Client {
       lastLogMs: undefined,
       quiet: 0,
       lessee: undefined,
+      coalescer: undefined,
     };
     this.deadlineMs = deadlineMs;
     this.onUnavailable = onUnavailable;
+    if (options.coalescing !== false) {
+      const stats = this.shared.stats;
+      this.shared.coalescer = new Coalescer(
+        options.coalescing ?? {},
+        (method, request, ms, signal) => {
+          if (method === "Check") stats.checkCalls += 1;
+          else stats.batchCalls += 1;
+          return this.unary(quota, method, request, { deadlineMs: ms, signal });
+        },
+        () => performance.now(),
+      );
+    }
     if (options.leases !== undefined) {
       const stats = this.shared.stats;
       this.shared.lessee = new Lessee(
@@ -305,7 +330,13 @@ export class Client {
   /** What this client has done so far (a copy). */
   stats(): ClientStats {
     const s = this.shared.stats;
-    return { ...s, unavailable: { ...s.unavailable } };
+    const coalesced = this.shared.coalescer?.counts;
+    return {
+      ...s,
+      coalescedBatches: coalesced?.batches ?? 0,
+      coalescedChecks: coalesced?.checks ?? 0,
+      unavailable: { ...s.unavailable },
+    };
   }
 
   /** What this client's leases have done (all zero with leases off). */
@@ -347,12 +378,24 @@ export class Client {
       }
     }
     const sent = cache?.sent(shared.clock());
-    shared.stats.checkCalls += 1;
     let answer: { decision: WireDecision | null };
-    try {
-      answer = (await this.unary(shared.quota, "Check", wire, options)) as typeof answer;
-    } catch (error) {
-      return this.unavailable(error, 1)[0]!;
+    if (shared.coalescer !== undefined) {
+      const got = await shared.coalescer.submit(wire, options?.deadlineMs ?? this.deadlineMs, options?.signal);
+      if ("error" in got) {
+        if (got.error instanceof AbortedInQueue) throw got.error.reason;
+        if (got.error instanceof MalformedBatch) {
+          throw new QuotadError("bad_response", grpc.status.INTERNAL, "the number of decisions differs from the number of checks");
+        }
+        return this.unavailable(got.error, 1)[0]!;
+      }
+      answer = got;
+    } else {
+      shared.stats.checkCalls += 1;
+      try {
+        answer = (await this.unary(shared.quota, "Check", wire, options)) as typeof answer;
+      } catch (error) {
+        return this.unavailable(error, 1)[0]!;
+      }
     }
     const decision = fromWire(answer.decision);
     if (cache !== undefined && sent !== undefined) cache.record(check, decision, sent, shared.clock());

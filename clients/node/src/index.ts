@@ -30,4 +30,6 @@ export type {
   Reason,
 } from "./types.js";
 export { NOT_LEASABLE_RECHECK_MS } from "./lease.js";
+export { BATCH_REFUSAL_BACKOFF_MS, DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_IN_FLIGHT, MAX_RESENT_ALONE } from "./coalesce.js";
+export type { CoalescingOptions } from "./coalesce.js";
 export type { LeaseOptions, LeaseStats, LeaseTerms } from "./lease.js";

@@ -12,7 +12,8 @@
 //   the old one stops and is settled (with what was spent of it) in the
 //   next lease call, so a lease is never settled while it can be spent;
 // - `direct` (near the end of the budget) sends the key's checks to quotad
-//   for the back-off; a policy quotad will not lease is remembered for 60 s;
+//   for the back-off; a policy quotad will not lease is remembered for 60 s,
+//   and so is a key it refuses (a refusal naming `key`), for that key only;
 // - after a failed call the lease held is spent on until its end, the
 //   stopped one is settled again with the next call.
 import * as grpc from "@grpc/grpc-js";
@@ -115,6 +116,12 @@ const REFUSED = new Set<number>([
   grpc.status.UNAUTHENTICATED,
   grpc.status.UNIMPLEMENTED,
 ]);
+
+/** Whether a refusal names the request's `key` (quotad words one as `<field>: <what is wrong>`). */
+function namesTheKey(error: unknown): boolean {
+  const details = (error as { details?: unknown })?.details;
+  return typeof details === "string" && details.startsWith("key: ");
+}
 
 /** The client's side of `quotad.v1.Leases`. */
 export class Lessee {
@@ -317,6 +324,11 @@ export class Lessee {
       // The key no longer holds the stopped lease (it was reset): nothing to settle.
       this.counts.failed += 1;
       slot.directUntilMs = now;
+    } else if (code === grpc.status.INVALID_ARGUMENT && namesTheKey(error)) {
+      // quotad refuses this key (too long, say), not the policy: only this
+      // key goes unleased until the recheck; the policy's other keys lease.
+      this.counts.failed += 1;
+      slot.directUntilMs = now + NOT_LEASABLE_RECHECK_MS;
     } else if (typeof code === "number" && REFUSED.has(code)) {
       this.counts.notLeasable += 1;
       const until = now + NOT_LEASABLE_RECHECK_MS;

@@ -16,6 +16,9 @@ import { REPO, closedPort, httpGet, listen, stalledServer, startQuotad } from ".
 const DIR = process.env.QUOTAD_CONFORMANCE_DIR ?? join(REPO, "tests", "clients");
 const CASES = join(DIR, "cases.json");
 
+/** The units a leasing client of a case asks for (tests/clients/README.md). */
+const LEASE_WANT = 4;
+
 /** A number expected exactly or as `{min, max}`. */
 function expectNumber(actual, expected, what) {
   if (typeof expected === "object" && expected !== null) {
@@ -62,18 +65,18 @@ function known(object, fields, what) {
 
 function checkFields(c) {
   known(c, ["name", "server", "client", "steps", "http"], c.name);
-  known(c.client, ["deadline_ms", "on_unavailable", "deny_cache", "leases", "lease_want"], `${c.name}: client`);
+  known(c.client, ["deadline_ms", "on_unavailable", "deny_cache", "leases"], `${c.name}: client`);
   for (const [i, step] of (c.steps ?? []).entries()) {
     const at = `${c.name}: step ${i}`;
-    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect"], at);
+    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "pause_ms", "concurrently", "expect"], at);
     known(step.policy, ["name", "inline"], `${at}: policy`);
     known(step.policy?.inline, ["algorithm", "limit", "window_ms", "burst"], `${at}: policy.inline`);
     for (const item of step.items ?? []) known(item, ["key", "cost", "policy"], `${at}: item`);
     const decision = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "reason"];
-    known(step.expect, [...decision, "decisions", "ok", "error", "within_ms"], `${at}: expect`);
+    known(step.expect, [...decision, "decisions", "ok", "error", "within_ms", "allowed_total"], `${at}: expect`);
     for (const d of step.expect?.decisions ?? []) known(d, decision, `${at}: expect.decisions`);
-    known(step.expect?.error, ["code", "message_contains"], `${at}: expect.error`);
-    if (step.via !== undefined) assert.equal(step.via, "other", `${at}: via`);
+    known(step.expect?.error, ["code", "message_contains", "field"], `${at}: expect.error`);
+    if (step.via !== undefined) assert.ok(["other", "peer", "both"].includes(step.via), `${at}: via ${step.via}`);
   }
   if (c.http !== undefined) {
     known(c.http, ["policy", "key", "cost", "requests", "window_secs"], `${c.name}: http`);
@@ -81,7 +84,7 @@ function checkFields(c) {
     for (const r of c.http.requests) {
       known(r, ["path", "headers", "expect_status", "expect_headers"], `${c.name}: http request`);
       for (const [name, e] of Object.entries(r.expect_headers ?? {})) {
-        if (typeof e === "object") known(e, ["prefix", "min", "max"], `${c.name}: expect_headers.${name}`);
+        if (typeof e === "object") known(e, ["prefix", "params", "min", "max"], `${c.name}: expect_headers.${name}`);
       }
     }
   }
@@ -92,15 +95,21 @@ function clientFor(target, c) {
     deadlineMs: c.deadline_ms,
     onUnavailable: c.on_unavailable,
     denyCache: c.deny_cache === false ? 0 : undefined,
-    // quotad bounds a lease by the policy's own settings; `lease_want` if a case names it.
-    ...(c.leases ? { leases: { want: c.lease_want ?? 100 } } : {}),
+    ...(c.leases ? { leases: { want: LEASE_WANT } } : {}),
   });
 }
 
-async function runStep(step, ctx, what) {
+/** The clients a step goes through: the one under test, `other`, its `peer`, or both. */
+function targets(step, ctx) {
+  if (step.via === "other") return [ctx.other];
+  if (step.via === "peer") return [ctx.peer];
+  if (step.via === "both") return [ctx.client, ctx.peer];
+  return [ctx.client];
+}
+
+async function runStep(step, client, ctx, what) {
   const expect = step.expect ?? {};
   const k = (key) => (key === "" ? "" : `${ctx.prefix}${key}`);
-  const client = step.via === "other" ? ctx.other : ctx.client;
   const started = performance.now();
   let result;
   let error;
@@ -125,6 +134,9 @@ async function runStep(step, ctx, what) {
           { mode: step.mode ?? "independent" },
         );
         break;
+      case "close":
+        await client.close();
+        return;
       default:
         throw new Error(`unknown call ${step.call}`);
     }
@@ -145,9 +157,13 @@ async function runStep(step, ctx, what) {
     if (expect.error.message_contains !== undefined) {
       assert.ok(error.details.includes(expect.error.message_contains), `${what}: message ${JSON.stringify(error.details)}`);
     }
+    if (expect.error.field !== undefined) {
+      assert.equal(error.field, expect.error.field, `${what}: field (${error.details})`);
+    }
     return;
   }
   if (error !== undefined) throw new assert.AssertionError({ message: `${what}: unexpected error ${error.message}` });
+  if (step.call === "check" && result.allowed) ctx.allowedTotal += 1;
   if (expect.ok !== undefined) assert.deepEqual(result, { ok: true }, `${what}: ok`);
   if (expect.decisions !== undefined) {
     assert.equal(result.length, expect.decisions.length, `${what}: decisions`);
@@ -162,7 +178,22 @@ function expectHeader(actual, expected, what) {
   assert.notEqual(actual, undefined, `${what}: missing`);
   if (expected === "present") return;
   if (typeof expected === "string") return assert.equal(actual, expected, what);
-  if ("prefix" in expected) return assert.ok(actual.startsWith(expected.prefix), `${what}: ${actual} does not start with ${expected.prefix}`);
+  if ("prefix" in expected || "params" in expected) {
+    assert.ok(actual.startsWith(expected.prefix ?? ""), `${what}: ${actual} does not start with ${expected.prefix}`);
+    // The whole-number parameters of a structured field such as `"login";r=2;t=1200`.
+    const params = Object.fromEntries(
+      actual
+        .split(";")
+        .slice(1)
+        .map((p) => p.trim().split("="))
+        .filter(([, v]) => /^\d+$/.test(v ?? "")),
+    );
+    for (const [name, want] of Object.entries(expected.params ?? {})) {
+      assert.ok(name in params, `${what}: no parameter ${name} in ${actual}`);
+      expectNumber(Number(params[name]), want, `${what}: parameter ${name} of ${actual}`);
+    }
+    return;
+  }
   expectNumber(Number(actual), expected, what);
 }
 
@@ -248,18 +279,36 @@ describe(
           const ctx = {
             prefix: `${run}${index}-`,
             client: clientFor(target, c.client ?? {}),
+            // Another replica of the application, set up as the client under test.
+            peer: clientFor(target, c.client ?? {}),
+            // Checks allowed so far in the case, by every client.
+            allowedTotal: 0,
             // A change made elsewhere: a second client, 2 s deadline, no deny cache.
             other: new Client(target.url, { deadlineMs: 2_000, denyCache: 0 }),
           };
           try {
             for (const [i, step] of c.steps.entries()) {
-              for (let n = 0; n < (step.repeat ?? 1); n++) {
-                await runStep(step, ctx, `${c.name}: step ${i} (${step.call}${step.repeat ? ` #${n + 1}` : ""})`);
+              const at = (n) => `${c.name}: step ${i} (${step.call}${step.repeat ? ` #${n + 1}` : ""})`;
+              if (step.concurrently) {
+                // Concurrent callers of one client: every repeat through every target at once.
+                const calls = [];
+                for (let n = 0; n < (step.repeat ?? 1); n++) {
+                  for (const client of targets(step, ctx)) calls.push(runStep(step, client, ctx, at(n)));
+                }
+                await Promise.all(calls);
+              } else {
+                for (let n = 0; n < (step.repeat ?? 1); n++) {
+                  if (n > 0 && step.pause_ms !== undefined) await new Promise((r) => setTimeout(r, step.pause_ms));
+                  for (const client of targets(step, ctx)) await runStep(step, client, ctx, at(n));
+                }
+              }
+              if (step.expect?.allowed_total !== undefined) {
+                expectNumber(ctx.allowedTotal, step.expect.allowed_total, `${c.name}: step ${i}: checks allowed so far`);
               }
             }
             if (c.http !== undefined) await runHttp(c.http, ctx, framework, c.name);
           } finally {
-            await Promise.all([ctx.client.close(), ctx.other.close()]);
+            await Promise.all([ctx.client.close(), ctx.peer.close(), ctx.other.close()]);
             await target.stop();
           }
         });

@@ -29,7 +29,7 @@ async function until(what, condition) {
 }
 
 test("the first check goes to quotad; the lease acquired then admits locally, without calls", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   const key = fresh();
   const first = await client.check({ policy: "leased", key });
   assert.equal(first.allowed, true);
@@ -45,7 +45,7 @@ test("the first check goes to quotad; the lease acquired then admits locally, wi
   assert.equal((await client.peek({ policy: "leased", key })).remaining, 5);
   await client.close();
   // Closing returned the 3 unspent units.
-  const after = new Client(quotad.url);
+  const after = new Client(quotad.url, { deadlineMs: 2_000 });
   assert.equal((await after.peek({ policy: "leased", key })).remaining, 8);
   assert.equal(client.leaseStats().returned, 1);
   assert.equal(client.leaseStats().returnedUnits, 3);
@@ -53,7 +53,7 @@ test("the first check goes to quotad; the lease acquired then admits locally, wi
 });
 
 test("renewal asks for the next lease while the current one is spent on, and settles the old one with the next call", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   const key = fresh();
   await client.check({ policy: "leased", key });
   await until("a lease", () => client.leaseStats().acquired === 1);
@@ -73,7 +73,7 @@ test("renewal asks for the next lease while the current one is spent on, and set
   assert.equal(fromNew.reason, "within_limit");
   assert.equal(client.stats().checkCalls, 1, "spent from the new lease");
   await client.close();
-  const other = new Client(quotad.url);
+  const other = new Client(quotad.url, { deadlineMs: 2_000 });
   // 1 direct + 3 from the first lease + 1 from the second: 5 admitted, 5 left.
   assert.equal((await other.peek({ policy: "leased", key })).remaining, 5);
   other.close();
@@ -84,7 +84,7 @@ test("across clients with leases the global bound holds exactly, and near the en
   // direct checks of three clients interleave differently each time.
   for (let repeat = 0; repeat < 5; repeat++) {
     const key = fresh();
-    const clients = [0, 1, 2].map(() => new Client(quotad.url, { leases: { want: 4, directBackoffMs: 20 } }));
+    const clients = [0, 1, 2].map(() => new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4, directBackoffMs: 20 } }));
     let allowed = 0;
     for (let round = 0; round < 12; round++) {
       const answers = await Promise.all(clients.flatMap((c) => [c, c].map((x) => x.check({ policy: "leased", key }))));
@@ -93,7 +93,7 @@ test("across clients with leases the global bound holds exactly, and near the en
     }
     assert.ok(allowed <= 10, `${allowed} admitted of a limit of 10`);
     await Promise.all(clients.map((c) => c.close()));
-    const check = new Client(quotad.url);
+    const check = new Client(quotad.url, { deadlineMs: 2_000 });
     assert.equal((await check.peek({ policy: "leased", key })).remaining, 10 - allowed, "every unspent unit went back");
     assert.ok(clients.some((c) => c.leaseStats().direct > 0), "quotad answered direct near the end");
     check.close();
@@ -101,7 +101,7 @@ test("across clients with leases the global bound holds exactly, and near the en
 });
 
 test("a policy without lease settings is remembered: its checks go one by one, with no lease call each", async () => {
-  const client = new Client(quotad.url, { leases: { want: 4 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
   await client.check({ policy: "login", key: fresh() });
   await until("the refusal", () => client.leaseStats().notLeasable === 1);
   for (let i = 0; i < 3; i++) await client.check({ policy: "login", key: fresh() });
@@ -114,7 +114,7 @@ test("a policy without lease settings is remembered: its checks go one by one, w
 });
 
 test("an inline policy with lease terms is leased", async () => {
-  const client = new Client(quotad.url, { leases: { want: 5 } });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 5 } });
   const key = fresh();
   const policy = { algorithm: "token_bucket", limit: 20, windowMs: 3_600_000 };
   const leaseTerms = { maxUnits: 5, minUnits: 1, maxTtlMs: 10_000 };
@@ -127,7 +127,7 @@ test("an inline policy with lease terms is leased", async () => {
 
 test("a lease is never spent past its end: with a fake clock past send + ttl, checks go to quotad again", async () => {
   let now = 1_000_000;
-  const client = new Client(quotad.url, { leases: { want: 4 }, clock: () => now });
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 }, clock: () => now });
   const key = fresh();
   await client.check({ policy: "leased", key });
   await until("a lease", () => client.leaseStats().acquired === 1);
@@ -137,5 +137,135 @@ test("a lease is never spent past its end: with a fake clock past send + ttl, ch
   now += 9_985;
   await client.check({ policy: "leased", key });
   assert.equal(client.stats().checkCalls, 2, "the lease had ended");
+  await client.close();
+});
+
+test("a lease is renewed at half its TTL though little of it was spent", async () => {
+  let now = 1_000_000;
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 }, clock: () => now });
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  await until("a lease", () => client.leaseStats().acquired === 1);
+  await client.check({ policy: "leased", key });
+  assert.equal(client.stats().leaseCalls, 1, "1 of 4 spent: no renewal yet");
+  // Half the 10 s TTL later (send time + 5,000), a spend starts the renewal.
+  now += 5_000;
+  const d = await client.check({ policy: "leased", key });
+  assert.equal(d.reason, "within_limit");
+  await until("a renewal", () => client.leaseStats().renewed === 1);
+  assert.equal(client.stats().checkCalls, 1, "both spends were local");
+  await client.close();
+});
+
+test("a check of cost 0 goes to quotad (and is refused) even with a lease held", async () => {
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  await until("a lease", () => client.leaseStats().acquired === 1);
+  await assert.rejects(client.check({ policy: "leased", key, cost: 0 }), (e) => e.codeName === "INVALID_ARGUMENT" && e.field === "cost");
+  assert.equal(client.stats().checkCalls, 2);
+  assert.equal(client.leaseStats().localAdmissions, 0, "nothing admitted for nothing");
+  await client.close();
+});
+
+test("a refusal naming the key stops leasing for that key only: the policy's other keys keep leasing", async () => {
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
+  // Longer than quotad's store.max_key_bytes (256): the check and its lease call are refused, naming `key`.
+  const bad = `${fresh()}-${"x".repeat(300)}`;
+  await assert.rejects(client.check({ policy: "leased", key: bad }), (e) => e.field === "key");
+  await until("the key's lease refused", () => client.leaseStats().failed === 1);
+  assert.equal(client.leaseStats().notLeasable, 0, "the key, not the policy");
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  await until("the other key holds a lease", () => client.leaseStats().acquired === 1);
+  const local = await client.check({ policy: "leased", key });
+  assert.equal(local.reason, "within_limit");
+  assert.equal(client.stats().checkCalls, 2, "the good key's second check was local");
+  // The refused key is not asked for again within the recheck.
+  await assert.rejects(client.check({ policy: "leased", key: bad }));
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(client.stats().leaseCalls, 2);
+  await client.close();
+});
+
+test("many concurrent checks of one key admit exactly the lease's units locally", async () => {
+  for (let repeat = 0; repeat < 5; repeat++) {
+    const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });
+    const key = fresh();
+    await client.check({ policy: "leased", key });
+    await until("a lease", () => client.leaseStats().acquired === 1);
+    // Checks sent to quotad: alone, or coalesced into a batch.
+    const sent = () => client.stats().checkCalls + client.stats().coalescedChecks;
+    const before = sent();
+    const answers = await Promise.all(Array.from({ length: 30 }, () => client.check({ policy: "leased", key })));
+    const local = client.leaseStats().localAdmissions;
+    assert.equal(answers.length - (sent() - before), local, "each check local or sent, never both");
+    assert.ok(answers.filter((d) => d.allowed).length <= 9, "never more than the 9 left after the first");
+    await client.close();
+    const other = new Client(quotad.url, { deadlineMs: 2_000 });
+    const admitted = 1 + answers.filter((d) => d.allowed).length;
+    assert.equal((await other.peek({ policy: "leased", key })).remaining, 10 - admitted, "every unspent unit went back");
+    other.close();
+  }
+});
+
+test("while quotad is unreachable a lease is spent to its end, then the failure policy answers", async () => {
+  const own = await startQuotad({ config: CONFIG });
+  const client = new Client(own.url, { leases: { want: 4 }, onUnavailable: "fail_closed", deadlineMs: 300 });
+  const key = fresh();
+  try {
+    await client.check({ policy: "leased", key });
+    await until("a lease", () => client.leaseStats().acquired === 1);
+    process.kill(own.pid, "SIGSTOP");
+    // The lease's 4 units were charged: spent locally with quotad stopped.
+    const held = [];
+    for (let i = 0; i < 4; i++) held.push(await client.check({ policy: "leased", key }));
+    assert.deepEqual(held.map((d) => d.reason), ["within_limit", "within_limit", "within_limit", "within_limit"]);
+    const after = await client.check({ policy: "leased", key });
+    assert.deepEqual([after.allowed, after.reason], [false, "fail_closed"]);
+  } finally {
+    process.kill(own.pid, "SIGCONT");
+    await client.close();
+    await own.stop();
+  }
+});
+
+test("a lease that arrives too late to spend goes straight back", async () => {
+  // The client's clock jumps 20 s once the lease call has left: its answer
+  // arrives after the lease's 10 s TTL, counted from the send.
+  let client;
+  const now = 1_000_000;
+  client = new Client(quotad.url, {
+    deadlineMs: 2_000,
+    leases: { want: 4 },
+    clock: () => (client !== undefined && client.stats().leaseCalls >= 1 ? now + 20_000 : now),
+  });
+  const key = fresh();
+  assert.equal((await client.check({ policy: "leased", key })).allowed, true);
+  await until("the lease given back", () => client.leaseStats().returned === 1);
+  const s = client.leaseStats();
+  assert.deepEqual([s.acquired, s.held, s.returnedUnits], [0, 0, 4], "never installed, all 4 units back");
+  const other = new Client(quotad.url, { deadlineMs: 2_000 });
+  assert.equal((await other.peek({ policy: "leased", key })).remaining, 9, "only the direct check counted");
+  await Promise.all([client.close(), other.close()]);
+});
+
+test("a direct answer sends each check to quotad until the back-off ends, then asks again", async () => {
+  let now = 1_000_000;
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4, directBackoffMs: 1_000 }, clock: () => now });
+  const key = fresh();
+  // `scarce`: two an hour, leases of at least three: never enough to lease.
+  assert.equal((await client.check({ policy: "scarce", key })).allowed, true);
+  await until("direct", () => client.leaseStats().direct === 1);
+  const second = await client.check({ policy: "scarce", key });
+  assert.deepEqual([second.allowed, second.remaining], [true, 0], "decided by quotad");
+  assert.equal(client.stats().leaseCalls, 1, "no lease call within the back-off");
+  now += 999;
+  await client.check({ policy: "scarce", key });
+  assert.equal(client.stats().leaseCalls, 1, "still within it");
+  now += 1;
+  await client.check({ policy: "scarce", key });
+  await until("asked again", () => client.stats().leaseCalls === 2 && client.leaseStats().direct === 2);
+  assert.equal(client.leaseStats().held, 0);
   await client.close();
 });

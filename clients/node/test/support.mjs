@@ -46,8 +46,10 @@ export function startQuotad({ config, args = [], grpcAddr = "127.0.0.1:0" } = {}
       const m = /quotad serving grpc_addr=(?:\x1b\[[0-9;]*m)*([0-9.]+:\d+)/.exec(log.replace(/\x1b\[[0-9;]*m/g, ""));
       if (m !== null) {
         clearTimeout(timer);
+        const admin = /admin_addr=([0-9.]+:\d+)/.exec(log.replace(/\x1b\[[0-9;]*m/g, ""));
         resolvePromise({
           addr: m[1],
+          adminAddr: admin?.[1],
           url: `http://${m[1]}`,
           pid: child.pid,
           log: () => log,
@@ -144,4 +146,17 @@ export function listen(server) {
   return new Promise((r) => {
     const s = server.listen(0, "127.0.0.1", () => r(s.address().port));
   });
+}
+
+/** The store calls a quotad made so far for `op` (`check`, `check_batch`, ...), from its /metrics. */
+export async function storeOperations(quotad, op) {
+  const text = await (await fetch(`http://${quotad.adminAddr}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith("quotad_store_operations_total{") && l.includes(`op="${op}"`));
+  if (line === undefined) throw new Error(`no quotad_store_operations_total for op ${op}`);
+  return Number(line.trim().split(/\s+/).pop());
+}
+
+/** The Check and CheckBatch calls quotad decided so far: one store call each. */
+export async function decidingCalls(quotad) {
+  return (await storeOperations(quotad, "check")) + (await storeOperations(quotad, "check_batch"));
 }

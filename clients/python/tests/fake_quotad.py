@@ -20,6 +20,8 @@ class Fake:
     ttl_ms: int = 60_000
     direct: bool = False
     refuse: grpc.StatusCode | None = None
+    # Keys whose leases are refused as quotad refuses a bad key.
+    refuse_keys: frozenset[str] = frozenset()
     limit: int = 100
     # When given, a call returning a lease (want 0) waits for it: a quotad
     # that stopped answering.
@@ -58,6 +60,8 @@ class _Leases(lease_pb2_grpc.LeasesServicer):
             fake.leases.append(request)
             if fake.refuse is not None:
                 context.abort(fake.refuse, "policy_name: no lease settings")
+            if request.key in fake.refuse_keys:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "key: must be at most 8 bytes")
             response = lease_pb2.LeaseResponse(limit=fake.limit, reset_after_ms=30_000)
             if request.HasField("settle"):
                 response.settled = lease_pb2.SETTLED_RETURNED

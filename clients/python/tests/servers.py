@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 REPO = Path(__file__).resolve().parents[3]
 CASES = REPO / "tests" / "clients" / "cases.json"
 CONFIG = REPO / "tests" / "clients" / "quotad.toml"
@@ -67,6 +69,7 @@ class Quotad:
             if "quotad serving" in line:
                 fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
                 self.grpc_addr = fields["grpc_addr"]
+                self.admin_addr = fields.get("admin_addr", "").strip()
                 unix = self.grpc_addr.startswith("unix:")
                 self.address = self.grpc_addr if unix else f"http://{self.grpc_addr}"
                 return
@@ -148,3 +151,16 @@ def server_for(kind: str) -> Iterator[str]:
             yield address
     else:
         raise ValueError(f"unknown server kind {kind!r}")
+
+
+def deciding_calls(server: Quotad) -> int:
+    """The Check and CheckBatch calls ``server`` decided so far: one store call each,
+    read from its ``quotad_store_operations_total`` metric."""
+    text = httpx.get(f"http://{server.admin_addr}/metrics", timeout=5).text
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("quotad_store_operations_total{") and (
+            'op="check"' in line or 'op="check_batch"' in line
+        ):
+            total += int(float(line.split()[-1]))
+    return total

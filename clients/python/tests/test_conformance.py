@@ -6,9 +6,11 @@ the sync Client). A case answered differently fails naming the case and step."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -17,6 +19,9 @@ from servers import CASES, server_for
 
 import quotad
 from quotad.middleware import KeyExtractor, RateLimitMiddleware, WSGIRateLimitMiddleware
+
+# The units a leasing client of a case asks for (tests/clients/README.md).
+LEASE_WANT = 4
 
 SUITE = json.loads(CASES.read_text())
 assert SUITE["version"] == 1
@@ -41,6 +46,8 @@ def _client_kwargs(case: dict[str, Any]) -> dict[str, Any]:
         kwargs["on_unavailable"] = c["on_unavailable"]
     if "deny_cache" in c:
         kwargs["deny_cache"] = bool(c["deny_cache"])
+    if c.get("leases"):
+        kwargs["leases"] = quotad.LeaseOptions(LEASE_WANT)
     return kwargs
 
 
@@ -50,6 +57,21 @@ class Runner:
     def __init__(self, case: dict[str, Any], prefix: str) -> None:
         self.case = case
         self.prefix = prefix
+        # Checks allowed so far in the case, by every client.
+        self.allowed_total = 0
+
+    def count(self, step: dict[str, Any], got: Any) -> None:
+        if step["call"] == "check" and isinstance(got, quotad.Decision) and got.allowed:
+            self.allowed_total += 1
+
+    def compare_total(self, where: str, step: dict[str, Any]) -> None:
+        want = step.get("expect", {}).get("allowed_total")
+        if want is None:
+            return
+        total = self.allowed_total
+        ok = want["min"] <= total <= want["max"] if isinstance(want, dict) else total == want
+        if not ok:
+            self.fail(where, f"{total} checks allowed so far, expected {want!r}")
 
     def key(self, key: str) -> str:
         # An empty key stays empty: the case is about quotad refusing it.
@@ -75,6 +97,8 @@ class Runner:
                     where,
                     f"expected the message to contain {want['message_contains']!r}, got {got!r}",
                 )
+            if "field" in want and got.field != want["field"]:
+                self.fail(where, f"expected the field {want['field']!r}, got {got.field!r}")
             return
         if isinstance(got, Exception):
             self.fail(where, f"expected {expect}, got the error {got!r}")
@@ -84,7 +108,7 @@ class Runner:
             for i, (e, d) in enumerate(zip(expect["decisions"], got, strict=True)):
                 self.compare_decision(f"{where}, decision {i}", e, d)
             return
-        if expect.get("ok"):
+        if expect.get("ok") or step_call_closes(expect, got):
             if got is not None:
                 self.fail(where, f"expected success, got {got!r}")
             return
@@ -112,10 +136,19 @@ class Runner:
         ]
 
 
-def _sync_step(
-    runner: Runner, client: quotad.Client, other: quotad.Client, step: dict[str, Any]
-) -> Any:
-    target = other if step.get("via") == "other" else client
+def step_call_closes(expect: dict[str, Any], got: Any) -> bool:
+    """A ``close`` step expects nothing: its answer is None."""
+    return not expect and got is None
+
+
+def _targets(step: dict[str, Any], client: Any, peer: Any, other: Any) -> list[Any]:
+    via = step.get("via")
+    if via is None:
+        return [client]
+    return {"other": [other], "peer": [peer], "both": [client, peer]}[via]
+
+
+def _sync_step(runner: Runner, target: quotad.Client, step: dict[str, Any]) -> Any:
     call = step["call"]
     if call == "check":
         return target.check(
@@ -129,13 +162,12 @@ def _sync_step(
         return target.reset(runner.key(step["key"]), _policy(step["policy"]))
     if call == "check_batch":
         return target.check_batch(runner.items(step), mode=step.get("mode", "independent"))
+    if call == "close":
+        return target.close()
     raise ValueError(f"unknown call {call!r}")
 
 
-async def _async_step(
-    runner: Runner, client: quotad.AsyncClient, other: quotad.AsyncClient, step: dict[str, Any]
-) -> Any:
-    target = other if step.get("via") == "other" else client
+async def _async_step(runner: Runner, target: quotad.AsyncClient, step: dict[str, Any]) -> Any:
     call = step["call"]
     if call == "check":
         return await target.check(
@@ -149,49 +181,96 @@ async def _async_step(
         return await target.reset(runner.key(step["key"]), _policy(step["policy"]))
     if call == "check_batch":
         return await target.check_batch(runner.items(step), mode=step.get("mode", "independent"))
+    if call == "close":
+        return await target.close()
     raise ValueError(f"unknown call {call!r}")
 
 
 def _steps(case: dict[str, Any]):
+    """Every (where, step, pause before it in seconds, last repeat of the step); a
+    step run ``concurrently`` comes once, its repeats sent at once."""
     for index, step in enumerate(case["steps"]):
-        for n in range(step.get("repeat", 1)):
-            yield f"step {index} ({step['call']}, repeat {n + 1})", step
+        repeat = 1 if step.get("concurrently") else step.get("repeat", 1)
+        for n in range(repeat):
+            pause = step.get("pause_ms", 0) / 1000 if n > 0 else 0
+            yield f"step {index} ({step['call']}, repeat {n + 1})", step, pause, n == repeat - 1
+
+
+def _timed(call: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    try:
+        got = call()
+    except quotad.QuotadError as error:
+        got = error
+    return got, (time.monotonic() - start) * 1000
+
+
+async def _timed_async(call: Any) -> tuple[Any, float]:
+    start = time.monotonic()
+    try:
+        got = await call()
+    except quotad.QuotadError as error:
+        got = error
+    return got, (time.monotonic() - start) * 1000
 
 
 def run_sync(case: dict[str, Any], address: str) -> None:
     runner = Runner(case, f"py-sync-{uuid.uuid4().hex[:8]}:")
     with (
         quotad.Client(address, **_client_kwargs(case)) as client,
+        # Another replica of the application, set up as the client under test.
+        quotad.Client(address, **_client_kwargs(case)) as peer,
         quotad.Client(address, deadline=2, deny_cache=False) as other,
     ):
-        for where, step in _steps(case):
+        for where, step, pause, last in _steps(case):
             if step["call"] == "sleep":
                 time.sleep(step["ms"] / 1000)
                 continue
-            start = time.monotonic()
-            try:
-                got = _sync_step(runner, client, other, step)
-            except quotad.QuotadError as error:
-                got = error
-            runner.compare(where, step["expect"], got, (time.monotonic() - start) * 1000)
+            time.sleep(pause)
+            calls = [
+                functools.partial(_sync_step, runner, target, step)
+                for target in _targets(step, client, peer, other)
+            ]
+            if step.get("concurrently"):
+                # Concurrent callers of one client: a thread each.
+                calls *= step.get("repeat", 1)
+                with ThreadPoolExecutor(len(calls)) as pool:
+                    outcomes = list(pool.map(_timed, calls))
+            else:
+                outcomes = [_timed(c) for c in calls]
+            for got, elapsed in outcomes:
+                runner.count(step, got)
+                runner.compare(where, step.get("expect", {}), got, elapsed)
+            if last:
+                runner.compare_total(where, step)
 
 
 async def run_async(case: dict[str, Any], address: str) -> None:
     runner = Runner(case, f"py-async-{uuid.uuid4().hex[:8]}:")
     async with (
         quotad.AsyncClient(address, **_client_kwargs(case)) as client,
+        quotad.AsyncClient(address, **_client_kwargs(case)) as peer,
         quotad.AsyncClient(address, deadline=2, deny_cache=False) as other,
     ):
-        for where, step in _steps(case):
+        for where, step, pause, last in _steps(case):
             if step["call"] == "sleep":
                 await asyncio.sleep(step["ms"] / 1000)
                 continue
-            start = time.monotonic()
-            try:
-                got = await _async_step(runner, client, other, step)
-            except quotad.QuotadError as error:
-                got = error
-            runner.compare(where, step["expect"], got, (time.monotonic() - start) * 1000)
+            await asyncio.sleep(pause)
+            calls = [
+                functools.partial(_async_step, runner, target, step)
+                for target in _targets(step, client, peer, other)
+            ]
+            if step.get("concurrently"):
+                calls *= step.get("repeat", 1)
+                outcomes = list(await asyncio.gather(*(_timed_async(c) for c in calls)))
+            else:
+                outcomes = [await _timed_async(c) for c in calls]
+            for got, elapsed in outcomes:
+                runner.count(step, got)
+                runner.compare(where, step.get("expect", {}), got, elapsed)
+            if last:
+                runner.compare_total(where, step)
 
 
 def _key_extractor(spec: dict[str, Any]) -> KeyExtractor:
@@ -237,12 +316,30 @@ def _check_response(
             ok = value is not None
         elif isinstance(spec, str):
             ok = value == spec
-        elif "prefix" in spec:
-            ok = value is not None and value.startswith(spec["prefix"])
+        elif "prefix" in spec or "params" in spec:
+            ok = value is not None and value.startswith(spec.get("prefix", ""))
+            params = _params(value or "")
+            for param, want in spec.get("params", {}).items():
+                got = params.get(param)
+                ok = ok and got is not None and _number_matches(want, got)
         else:
             ok = value is not None and value.isdigit() and spec["min"] <= int(value) <= spec["max"]
         if not ok:
             runner.fail(where, f"header {name} is {value!r}, expected {spec!r}")
+
+
+def _params(value: str) -> dict[str, int]:
+    """The whole-number parameters of a structured field such as ``"login";r=2;t=1200``."""
+    out = {}
+    for part in value.split(";")[1:]:
+        name, _, number = part.strip().partition("=")
+        if number.isdigit():
+            out[name] = int(number)
+    return out
+
+
+def _number_matches(want: Any, value: int) -> bool:
+    return want["min"] <= value <= want["max"] if isinstance(want, dict) else value == want
 
 
 def _http_requests(runner: Runner, case: dict[str, Any]):
@@ -330,7 +427,20 @@ def test_the_case_file_names_every_case_once() -> None:
 KNOWN = {
     "case": {"name", "server", "client", "steps", "http"},
     "client": {"deadline_ms", "on_unavailable", "deny_cache", "leases"},
-    "step": {"call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect"},
+    "step": {
+        "call",
+        "key",
+        "cost",
+        "policy",
+        "items",
+        "mode",
+        "via",
+        "ms",
+        "repeat",
+        "pause_ms",
+        "concurrently",
+        "expect",
+    },
     "item": {"key", "cost", "policy"},
     "expect": {
         "allowed",
@@ -343,7 +453,10 @@ KNOWN = {
         "decisions",
         "ok",
         "within_ms",
+        "allowed_total",
     },
+    "error": {"code", "message_contains", "field"},
+    "header": {"prefix", "params", "min", "max"},
     "http": {"policy", "key", "cost", "requests"},
     "request": {"path", "headers", "expect_status", "expect_headers"},
 }
@@ -360,16 +473,19 @@ def test_the_case_file_uses_only_fields_this_driver_knows() -> None:
         name = case["name"]
         check("case", case, name)
         check("client", case.get("client", {}), name)
-        assert not case.get("client", {}).get("leases"), f"{name}: lease cases are not run yet"
         for i, step in enumerate(case["steps"]):
             check("step", step, f"{name}, step {i}")
             for item in step.get("items", []):
                 check("item", item, f"{name}, step {i}")
             if "expect" in step:
                 check("expect", step["expect"], f"{name}, step {i}")
+                check("error", step["expect"].get("error", {}), f"{name}, step {i}")
                 for d in step["expect"].get("decisions", []):
                     check("expect", d, f"{name}, step {i}")
         if "http" in case:
             check("http", case["http"], name)
             for r in case["http"]["requests"]:
                 check("request", r, name)
+                for spec in r.get("expect_headers", {}).values():
+                    if isinstance(spec, dict):
+                        check("header", spec, name)

@@ -127,6 +127,43 @@ def test_a_policy_quotad_will_not_lease_is_remembered_for_every_key() -> None:
         assert len(fake.lease_calls()) == 1 and fake.checks == 4
 
 
+def test_a_refusal_naming_the_key_stops_leasing_for_that_key_only() -> None:
+    fake = Fake(refuse_keys=frozenset({"much-too-long"}))
+    with fake_quotad(fake) as address, leased_client(address) as client:
+        client.check("much-too-long", "api")
+        eventually("the key's lease refused", lambda: client.lease_stats().failed == 1)
+        assert client.lease_stats().not_leasable == 0, "the key, not the policy"
+        # The policy's other keys still lease.
+        client.check("k", "api")
+        eventually("k holds a lease", lambda: client.lease_stats().held == 1)
+        checks = fake.checks
+        assert client.check("k", "api").allowed
+        assert fake.checks == checks, "admitted locally"
+        # The refused key is not asked for again within the recheck.
+        client.check("much-too-long", "api")
+        time.sleep(0.1)
+        assert [c.key for c in fake.lease_calls()] == ["much-too-long", "k"]
+
+
+async def _async_refused_key(address: str) -> None:
+    async with quotad.AsyncClient(address, deadline=2, leases=LeaseOptions(10)) as client:
+        await client.check("much-too-long", "api")
+        while client.lease_stats().failed < 1:
+            await asyncio.sleep(0.005)
+        await client.check("k", "api")
+        while client.lease_stats().held < 1:
+            await asyncio.sleep(0.005)
+        assert client.lease_stats().not_leasable == 0
+
+
+def test_the_async_client_stops_leasing_for_a_refused_key_only() -> None:
+    fake = Fake(refuse_keys=frozenset({"much-too-long"}))
+    with fake_quotad(fake) as address:
+        asyncio.run(asyncio.wait_for(_async_refused_key(address), 10))
+    # Asked for: the refused key once, then `k` (closing gave `k`'s lease back).
+    assert [c.key for c in fake.lease_calls() if c.want > 0] == ["much-too-long", "k"]
+
+
 def test_inline_policies_with_terms_ask_for_leases_and_without_terms_never_do() -> None:
     fake = Fake()
     with fake_quotad(fake) as address, leased_client(address) as client:

@@ -165,7 +165,8 @@ pub struct LeaseStats {
     /// Refusals that marked a policy as not leasable.
     pub not_leasable: u64,
     /// Lease calls that failed (quotad unreachable, a deadline, a refusal
-    /// of the lease named).
+    /// of the lease named, or of the key: that key alone then goes
+    /// unleased until [`NOT_LEASABLE_RECHECK`]).
     pub failed: u64,
     /// Leases held now that can still be spent.
     pub held: u64,

@@ -1,8 +1,9 @@
 //! [`Lessee`]: the client's side of `quotad.v1.Leases`. It acquires a lease
 //! for a key in the background when a check finds none, renews it at half
 //! spent or half its TTL (reporting what was spent), backs off when quotad
-//! answers `direct` or fails, remembers policies quotad will not lease, and
-//! returns what is unspent on shutdown and drop.
+//! answers `direct` or fails, remembers policies quotad will not lease and
+//! keys it refuses (a refusal naming `key` stops leasing for that key only),
+//! and returns what is unspent on shutdown and drop.
 //!
 //! Every call is made by the one caller that claimed the key's slot, on a
 //! task of its own, so a check never waits for a lease call.
@@ -275,6 +276,18 @@ impl Lessee {
                 tracing::debug!(policy = %label(&slot.policy), "quotad no longer holds the lease");
                 slot.hold_off(now_ms);
             }
+            Code::InvalidArgument if names_the_key(status.message()) => {
+                // quotad refuses this key (too long, empty), not the policy:
+                // only this key goes unleased until the recheck, the
+                // policy's other keys keep leasing.
+                self.count(slot, Event::Failed);
+                slot.hold_off(now_ms.saturating_add(ms(NOT_LEASABLE_RECHECK)));
+                tracing::debug!(
+                    policy = %label(&slot.policy),
+                    error = status.message(),
+                    "quotad refuses this key's lease; its checks are sent one by one"
+                );
+            }
             code if refused(code) => {
                 // quotad will not lease this policy (and so not settle the
                 // stopped lease either: its units come back when it ends).
@@ -426,6 +439,12 @@ fn refused(code: Code) -> bool {
             | Code::Unauthenticated
             | Code::Unimplemented
     )
+}
+
+/// Whether a refusal names the request's `key` (quotad words a refusal as
+/// `<field>: <what is wrong>`), rather than the policy or the settle.
+fn names_the_key(message: &str) -> bool {
+    message.starts_with("key: ")
 }
 
 fn ms(d: Duration) -> u64 {

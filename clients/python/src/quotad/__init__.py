@@ -15,6 +15,7 @@ repository's ``tests/clients/``.
 (True, 99, 0)
 """
 
+from ._coalesce import Coalescing, CoalescingStats
 from ._deny_cache import DEFAULT_DENY_CACHE_CAPACITY
 from ._lease import LeaseOptions, LeaseStats
 from ._settings import DEFAULT_DEADLINE
@@ -50,6 +51,8 @@ __all__ = [
     "BatchMode",
     "Check",
     "Client",
+    "Coalescing",
+    "CoalescingStats",
     "Decision",
     "FailurePolicy",
     "InvalidAddressError",

@@ -13,8 +13,9 @@ still spent; when the new one is installed the old one is stopped, and what
 was spent of it is settled with the *next* lease call, so a lease that can
 still be spent is never settled. ``direct`` from quotad (near the end of the
 budget) sends the key's checks one by one for a back-off; a policy quotad
-will not lease is not asked again for a minute. Closing the client returns
-what is unspent.
+will not lease is not asked again for a minute, and neither is a key quotad
+refuses (a refusal naming ``key``: too long, empty), while the policy's other
+keys keep leasing. Closing the client returns what is unspent.
 
 An inline policy is leased only when it carries lease terms
 (``Policy(..., lease=LeaseTerms(...))``), as the Rust client's
@@ -30,6 +31,7 @@ import grpc
 
 from ._types import Decision, Policy, PolicyLike, Reason
 from ._wire import policy_proto
+from .errors import field_of
 from .v1 import lease_pb2
 
 MAX_LEASE_WANT = 1 << 53
@@ -346,12 +348,19 @@ def answered(
     return None
 
 
-def failed(table: LeaseTable, slot: Slot, p: Plan, code: grpc.StatusCode, now_ms: int) -> None:
+def failed(
+    table: LeaseTable, slot: Slot, p: Plan, code: grpc.StatusCode, details: str, now_ms: int
+) -> None:
     if code is grpc.StatusCode.NOT_FOUND and p.stopped is not None:
         # quotad no longer holds the lease settled (it ended, or the key was
         # reset): nothing to settle; ask again at once.
         table.bump("failed")
         slot.hold_off(now_ms)
+    elif code is grpc.StatusCode.INVALID_ARGUMENT and field_of(details) == "key":
+        # quotad refuses this key (too long, empty), not the policy: only this
+        # key goes unleased until the recheck; the policy's other keys lease.
+        table.bump("failed")
+        slot.hold_off(now_ms + NOT_LEASABLE_RECHECK_MS)
     elif code in _REFUSED:
         table.bump("not_leasable")
         until = now_ms + NOT_LEASABLE_RECHECK_MS

@@ -65,7 +65,7 @@ class Lessee:
         try:
             answer = self._send(p.request)
         except grpc.RpcError as error:
-            _lease.failed(self.table, slot, p, error.code(), now_ms())
+            _lease.failed(self.table, slot, p, error.code(), error.details() or "", now_ms())
             return
         late = _lease.answered(self.table, slot, p, answer, sent, now_ms())
         if late is not None:
@@ -154,7 +154,7 @@ class AsyncLessee:
         try:
             answer = await self._stub.Lease(p.request, timeout=self._deadline)
         except grpc.RpcError as error:
-            _lease.failed(self.table, slot, p, error.code(), now_ms())
+            _lease.failed(self.table, slot, p, error.code(), error.details() or "", now_ms())
             return
         late = _lease.answered(self.table, slot, p, answer, sent, now_ms())
         if late is not None:

@@ -9,11 +9,12 @@ import grpc
 import grpc.aio
 
 from . import _wire
+from ._coalesce import AsyncCoalescer, Coalescing, CoalescingStats
 from ._lease import LeaseOptions, LeaseStats, LeaseTable
 from ._lessee import AsyncLessee
 from ._settings import DEFAULT_DEADLINE, Settings, cache_key, now_ms, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
-from .errors import BadResponseError
+from .errors import BadResponseError, QuotadError
 from .tls import TLS
 from .v1 import quota_pb2_grpc
 
@@ -36,7 +37,10 @@ class AsyncClient:
     :class:`~quotad.LeaseOptions` turns leases on for named policies whose
     quotad settings allow them, and inline ones given ``lease`` terms (see
     ``quotad._lease`` for the rules);
-    :meth:`close` returns what is unspent.
+    :meth:`close` returns what is unspent. ``coalescing``: concurrent checks
+    beyond the in-flight slots leave together as one ``CheckBatch``, as the
+    Rust client's (on by default; a :class:`~quotad.Coalescing` tunes it,
+    ``False`` turns it off; see ``quotad._coalesce`` for the rules).
 
     The client connects on first use and reconnects by itself.
 
@@ -53,6 +57,7 @@ class AsyncClient:
         tls: TLS | None = None,
         deny_cache: int | bool = True,
         leases: LeaseOptions | None = None,
+        coalescing: Coalescing | bool = True,
     ) -> None:
         target = parse_address(address, tls)
         self._settings = Settings(deadline, on_unavailable, deny_cache)
@@ -63,6 +68,11 @@ class AsyncClient:
                 target.target, target.tls.credentials(), options=target.options
             )
         self._stub = quota_pb2_grpc.QuotaStub(self._channel)
+        if coalescing is True:
+            coalescing = Coalescing()
+        self._coalescer = (
+            AsyncCoalescer(coalescing, self._stub) if isinstance(coalescing, Coalescing) else None
+        )
         self._lessee = (
             None
             if leases is None
@@ -74,6 +84,14 @@ class AsyncClient:
         if self._lessee is None:
             return LeaseStats()
         return self._lessee.table.stats(now_ms())
+
+    def coalescing_stats(self) -> CoalescingStats:
+        """The ``Check`` and ``CheckBatch`` calls coalescing sent, and the checks its
+        batches carried (all zero with coalescing off)."""
+        if self._coalescer is None:
+            return CoalescingStats()
+        s = self._coalescer.stats
+        return CoalescingStats(s.check_calls, s.batch_calls, s.coalesced_checks)
 
     @property
     def deadline(self) -> float:
@@ -110,13 +128,18 @@ class AsyncClient:
             if local is not None:
                 return local
         sent = cache.sent(now_ms()) if cache is not None else None
-        try:
-            answer = await self._stub.Check(
-                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-            )
-        except grpc.RpcError as error:
-            return self._settings.failed(_wire.classify(error), 1)[0]
-        decision = _wire.decision(answer.decision)
+        request = _wire.check_request(key, policy, cost)
+        if self._coalescer is not None:
+            got = await self._coalescer.submit(request, self._timeout(deadline))
+            if isinstance(got, QuotadError):
+                return self._settings.failed(got, 1)[0]
+            decision = _wire.decision(got)
+        else:
+            try:
+                answer = await self._stub.Check(request, timeout=self._timeout(deadline))
+            except grpc.RpcError as error:
+                return self._settings.failed(_wire.classify(error), 1)[0]
+            decision = _wire.decision(answer.decision)
         if cache is not None and sent is not None:
             cache.record(ckey, cost, decision, sent, now_ms())
         return decision

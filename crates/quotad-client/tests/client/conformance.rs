@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use axum::extract::ConnectInfo;
 use http::{Request, Response};
 use quotad_client::{
-    BatchMode, Check, Client, Decision, Error, FailurePolicy, KeyExtractor, PolicyRef,
-    RateLimitLayer, Reason,
+    BatchMode, Check, Client, Decision, Error, FailurePolicy, KeyExtractor, LeaseOptions,
+    PolicyRef, RateLimitLayer, Reason,
 };
 use quotad_core::{Algorithm, Policy};
 use serde_json::Value;
@@ -247,13 +247,15 @@ fn client_for(case: &Value, address: &str) -> Client {
     if settings["deny_cache"] == Value::Bool(false) {
         builder = builder.deny_cache(0);
     }
-    assert!(
-        settings["leases"] != Value::Bool(true),
-        "case {}: the driver does not run lease cases yet",
-        case["name"]
-    );
+    if settings["leases"] == Value::Bool(true) {
+        // The `leased` policy grants at most 4 units a lease.
+        builder = builder.leases(LeaseOptions::try_new(LEASE_WANT).expect("a valid want"));
+    }
     builder.build().expect("a valid address")
 }
+
+/// The units a leasing client of a case asks for (tests/clients/README.md).
+const LEASE_WANT: u64 = 4;
 
 fn algorithm(name: &str) -> Algorithm {
     Algorithm::ALL
@@ -312,12 +314,7 @@ fn batch_mode(name: Option<&str>) -> BatchMode {
     }
 }
 
-async fn run_step(client: &Client, other: &Client, prefix: &str, step: &Value) -> Got {
-    let target = if step["via"].as_str() == Some("other") {
-        other
-    } else {
-        client
-    };
+async fn run_step(target: &Client, prefix: &str, step: &Value) -> Got {
     let call = step["call"].as_str().expect("a call");
     let outcome = async {
         match call {
@@ -355,6 +352,10 @@ async fn run_step(client: &Client, other: &Client, prefix: &str, step: &Value) -
                     .check_batch(&items, mode)
                     .await
                     .map_or_else(|e| failed(&e), Got::Many))
+            }
+            "close" => {
+                target.shutdown().await;
+                Ok(Got::Ok)
             }
             other => panic!("unknown call {other:?}"),
         }
@@ -398,6 +399,28 @@ fn compare_decision(want: &Value, d: &Decision) -> Result<(), String> {
     Ok(())
 }
 
+/// The field quotad named in a refusal: it words one as `<field>: <what is
+/// wrong>`, the field a path such as `cost`, `inline_policy.limit` or
+/// `items[3].key`.
+fn field_of(message: &str) -> Option<&str> {
+    let (field, _) = message.split_once(": ")?;
+    let part = |p: &str| {
+        let name = p.split_once('[').map_or(p, |(name, index)| {
+            if index
+                .strip_suffix(']')
+                .is_some_and(|i| i.parse::<u64>().is_ok())
+            {
+                name
+            } else {
+                ""
+            }
+        });
+        name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    field.split('.').all(part).then_some(field)
+}
+
 fn compare(want: &Value, got: &Got, elapsed: Duration) -> Result<(), String> {
     if let Some(within) = want["within_ms"].as_u64()
         && elapsed > Duration::from_millis(within)
@@ -420,11 +443,19 @@ fn compare(want: &Value, got: &Got, elapsed: Duration) -> Result<(), String> {
                 "expected {part:?} in the message, got {code}: {message}"
             ));
         }
+        if let Some(field) = error.get("field") {
+            let named = field_of(message);
+            if field.as_str() != named {
+                return Err(format!(
+                    "expected the field {field}, got {named:?} in {code}: {message}"
+                ));
+            }
+        }
         return Ok(());
     }
     match got {
         Got::Failed { code, message } => Err(format!("expected {want}, got {code}: {message}")),
-        Got::Ok if want["ok"] == Value::Bool(true) => Ok(()),
+        Got::Ok if want["ok"] == Value::Bool(true) || want.is_null() => Ok(()),
         Got::Many(decisions) => {
             let expected = want["decisions"].as_array().expect("decisions expected");
             if expected.len() != decisions.len() {
@@ -445,23 +476,81 @@ fn compare(want: &Value, got: &Got, elapsed: Duration) -> Result<(), String> {
 
 async fn run_steps(case: &Value, address: &str, prefix: &str) -> Result<(), String> {
     let client = client_for(case, address);
+    // Another replica of the application, set up as the client under test.
+    let peer = client_for(case, address);
     let other = Client::builder(address.to_owned())
         .deadline(Duration::from_secs(2))
         .deny_cache(0)
         .build()
         .expect("a valid address");
+    let mut allowed_total = 0;
     for (index, step) in case["steps"].as_array().expect("steps").iter().enumerate() {
         let call = step["call"].as_str().expect("a call");
         if call == "sleep" {
             tokio::time::sleep(Duration::from_millis(step["ms"].as_u64().expect("ms"))).await;
             continue;
         }
-        for n in 0..step["repeat"].as_u64().unwrap_or(1) {
-            let start = Instant::now();
-            let got = run_step(&client, &other, prefix, step).await;
-            compare(&step["expect"], &got, start.elapsed())
-                .map_err(|m| format!("step {index} ({call}, repeat {}): {m}", n + 1))?;
+        let targets: Vec<&Client> = match step["via"].as_str() {
+            None => vec![&client],
+            Some("other") => vec![&other],
+            Some("peer") => vec![&peer],
+            Some("both") => vec![&client, &peer],
+            Some(via) => panic!("unknown via {via:?}"),
+        };
+        let pause = step["pause_ms"].as_u64().map(Duration::from_millis);
+        let at = |n: u64, m: String| format!("step {index} ({call}, repeat {}): {m}", n + 1);
+        let repeat = step["repeat"].as_u64().unwrap_or(1);
+        let concurrently = step["concurrently"] == Value::Bool(true);
+        // Concurrently: every repeat through every target at once, as
+        // concurrent callers; else one after another, each repeat through
+        // each target in turn.
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..repeat {
+            if n > 0
+                && !concurrently
+                && let Some(pause) = pause
+            {
+                tokio::time::sleep(pause).await;
+            }
+            for target in &targets {
+                let (client, prefix, owned) = ((*target).clone(), prefix.to_owned(), step.clone());
+                let one = async move {
+                    let start = Instant::now();
+                    let got = run_step(&client, &prefix, &owned).await;
+                    (n, got, start.elapsed())
+                };
+                if concurrently {
+                    calls.spawn(one);
+                } else {
+                    tally(step, &[one.await], &mut allowed_total, &at)?;
+                }
+            }
         }
+        tally(step, &calls.join_all().await, &mut allowed_total, &at)?;
+        if let Some(want) = step["expect"].get("allowed_total")
+            && !matches_number(want, allowed_total)
+        {
+            return Err(format!(
+                "step {index} ({call}): {allowed_total} checks allowed so far, expected {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Compares each outcome of a step with its expectation, and counts the
+/// checks allowed.
+fn tally(
+    step: &Value,
+    outcomes: &[(u64, Got, Duration)],
+    allowed_total: &mut u64,
+    at: &impl Fn(u64, String) -> String,
+) -> Result<(), String> {
+    for (n, got, elapsed) in outcomes {
+        if step["call"] == "check" && matches!(got, Got::One(d) if d.allowed) {
+            *allowed_total += 1;
+        }
+        compare(&step["expect"], got, *elapsed).map_err(|m| at(*n, m))?;
     }
     Ok(())
 }
@@ -489,13 +578,30 @@ fn header_matches(want: &Value, value: Option<&str>) -> bool {
         (Value::String(s), v) if s == "absent" => v.is_none(),
         (Value::String(s), v) if s == "present" => v.is_some(),
         (Value::String(s), v) => v == Some(s.as_str()),
-        (Value::Object(o), Some(v)) if o.contains_key("prefix") => {
-            v.starts_with(o["prefix"].as_str().expect("a prefix"))
+        (Value::Object(o), Some(v)) if o.contains_key("prefix") || o.contains_key("params") => {
+            let prefix = o
+                .get("prefix")
+                .map_or("", |p| p.as_str().expect("a prefix"));
+            v.starts_with(prefix)
+                && o.get("params")
+                    .into_iter()
+                    .flat_map(|p| p.as_object().expect("params"))
+                    .all(|(name, want)| param(v, name).is_some_and(|n| matches_number(want, n)))
         }
         (Value::Object(_), Some(v)) => v.parse().is_ok_and(|n| matches_number(want, n)),
         (Value::Object(_), None) => false,
         _ => panic!("unknown header expectation {want}"),
     }
+}
+
+/// The whole-number parameter `name` of a structured field such as
+/// `"login";r=2;t=1200`.
+fn param(value: &str, name: &str) -> Option<u64> {
+    value
+        .split(';')
+        .skip(1)
+        .find_map(|p| p.trim().strip_prefix(name)?.strip_prefix('='))
+        .and_then(|n| n.parse().ok())
 }
 
 async fn run_http(case: &Value, address: &str, prefix: &str) -> Result<(), String> {
@@ -568,7 +674,18 @@ const KNOWN: &[(&str, &[&str])] = &[
     (
         "step",
         &[
-            "call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "expect",
+            "call",
+            "key",
+            "cost",
+            "policy",
+            "items",
+            "mode",
+            "via",
+            "ms",
+            "repeat",
+            "pause_ms",
+            "concurrently",
+            "expect",
         ],
     ),
     ("item", &["key", "cost", "policy"]),
@@ -585,8 +702,11 @@ const KNOWN: &[(&str, &[&str])] = &[
             "decisions",
             "ok",
             "within_ms",
+            "allowed_total",
         ],
     ),
+    ("error", &["code", "message_contains", "field"]),
+    ("header", &["prefix", "params", "min", "max"]),
     ("http", &["policy", "key", "cost", "requests"]),
     (
         "request",
@@ -624,6 +744,7 @@ fn only_known_fields(case: &Value) -> Result<(), String> {
             known_fields("item", item)?;
         }
         known_fields("expect", &step["expect"])?;
+        known_fields("error", &step["expect"]["error"])?;
         for d in step["expect"]["decisions"].as_array().into_iter().flatten() {
             known_fields("expect", d)?;
         }
@@ -631,6 +752,9 @@ fn only_known_fields(case: &Value) -> Result<(), String> {
     known_fields("http", &case["http"])?;
     for request in case["http"]["requests"].as_array().into_iter().flatten() {
         known_fields("request", request)?;
+        for (_, want) in request["expect_headers"].as_object().into_iter().flatten() {
+            known_fields("header", want)?;
+        }
     }
     Ok(())
 }

@@ -184,6 +184,39 @@ async fn a_policy_quotad_will_not_lease_is_remembered_for_every_key() {
     assert_eq!(fake.leases().len(), 1, "asked once for the policy");
 }
 
+#[tokio::test]
+async fn a_refusal_naming_the_key_stops_leasing_for_that_key_only() {
+    let fake = Fake::leasing(1_000, MINUTE, terms(100, 1, Duration::from_secs(10)));
+    let client = client(&fake, 10).await;
+    // quotad refuses the key itself (here: empty), for the check and for
+    // the lease the check started.
+    let refused = client.check(&Check::named("api", "")).await;
+    assert!(refused.is_err(), "an empty key is refused: {refused:?}");
+    until("the lease call is refused", || {
+        fake.leases().len() == 1 && client.lease_stats().failed == 1
+    })
+    .await;
+    assert_eq!(fake.leases()[0].answer, Err(tonic::Code::InvalidArgument));
+    let stats = client.lease_stats();
+    assert_eq!(
+        (stats.not_leasable, stats.failed),
+        (0, 1),
+        "the key, not the policy"
+    );
+
+    // The policy's other keys still lease.
+    let call = acquire(&fake, &client, "k").await;
+    assert_eq!(call.granted().map(|l| l.units), Some(10));
+    let checks = fake.checks();
+    assert!(check(&client, "k").await.allowed);
+    assert_eq!(fake.checks(), checks, "admitted locally");
+
+    // The refused key is not asked for again within the recheck.
+    assert!(client.check(&Check::named("api", "")).await.is_err());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(fake.leases().len(), 2, "no second call for the refused key");
+}
+
 /// Spends `key` one check per millisecond from now until the client asks
 /// quotad again; returns the instant of the last local admission, if any.
 async fn spend_until_asked(fake: &Fake, client: &Client, key: &str) -> Option<u64> {
