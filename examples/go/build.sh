@@ -11,11 +11,26 @@ repo="$(cd "$here/../.." && pwd)"
 out="${1:-$repo/target/go-check}"
 
 packages="golang-go golang-google-grpc-dev golang-google-protobuf-dev protoc-gen-go protoc-gen-go-grpc"
-missing=""
-for tool in go protoc protoc-gen-go protoc-gen-go-grpc; do
-  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
-done
-[ -d /usr/share/gocode/src/google.golang.org/grpc ] || missing="$missing grpc-go(/usr/share/gocode)"
+missing_tools() {
+  missing=""
+  for tool in go protoc protoc-gen-go protoc-gen-go-grpc; do
+    command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
+  done
+  [ -d /usr/share/gocode/src/google.golang.org/grpc ] || missing="$missing grpc-go(/usr/share/gocode)"
+  echo "$missing"
+}
+missing="$(missing_tools)"
+# scripts/test.sh (QUOTAD_TEST_INSTALL=1) installs what is missing, as it
+# does redis-server; run alone, this says what to install.
+if [ -n "$missing" ] && [ "${QUOTAD_TEST_INSTALL:-}" = 1 ]; then
+  echo "the Go example needs:$missing; installing Debian's packages with apt-get" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $packages >/dev/null
+  missing="$(missing_tools)"
+fi
 if [ -n "$missing" ]; then
   echo "the Go example needs:$missing; install Debian's packages (no network beyond the Debian mirror):" >&2
   echo "  sudo apt-get install --no-install-recommends $packages" >&2

@@ -16,13 +16,28 @@ out="${1:-$repo/target/java-check}"
 jars=/usr/share/java
 
 packages="default-jdk-headless libgrpc-java libprotobuf-java protobuf-compiler-grpc-java-plugin libguava-java libnetty-java libperfmark-java"
-missing=""
-for tool in javac protoc grpc_java_plugin; do
-  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
-done
-for jar in grpc-api grpc-stub grpc-protobuf grpc-core grpc-netty protobuf guava netty-codec-http2 perfmark-api; do
-  [ -f "$jars/$jar.jar" ] || missing="$missing $jar.jar"
-done
+missing_tools() {
+  missing=""
+  for tool in javac protoc grpc_java_plugin; do
+    command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
+  done
+  for jar in grpc-api grpc-stub grpc-protobuf grpc-core grpc-netty protobuf guava netty-codec-http2 perfmark-api; do
+    [ -f "$jars/$jar.jar" ] || missing="$missing $jar.jar"
+  done
+  echo "$missing"
+}
+missing="$(missing_tools)"
+# scripts/test.sh (QUOTAD_TEST_INSTALL=1) installs what is missing, as it
+# does redis-server; run alone, this says what to install.
+if [ -n "$missing" ] && [ "${QUOTAD_TEST_INSTALL:-}" = 1 ]; then
+  echo "the Java example needs:$missing; installing Debian's packages with apt-get" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $packages >/dev/null
+  missing="$(missing_tools)"
+fi
 if [ -n "$missing" ]; then
   echo "the Java example needs:$missing; install Debian's packages (no network beyond the Debian mirror):" >&2
   echo "  sudo apt-get install --no-install-recommends $packages" >&2
