@@ -11,7 +11,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 fi
 
 # --- Python: tests/it/python_client.rs runs examples/python/quotad_check.py,
@@ -22,6 +22,13 @@ if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
   python3 -m pip install -q -r examples/python/requirements.txt
 fi
 
+# --- Node.js 20.10 or later, for the Node client's steps below: the
+# machine's, or, when it is missing or older, one installed from PyPI under
+# target/node (scripts/check-node.sh --install-under). Checked before the
+# Rust tests, so that a missing Node fails at once.
+node_bin="$(scripts/check-node.sh --install-under target/node)"
+[ -z "$node_bin" ] || export PATH="$node_bin:$PATH"
+
 cargo test --workspace --all-targets
 # Doctests are not part of --all-targets.
 cargo test --workspace --doc
@@ -30,8 +37,7 @@ cargo test --workspace --doc
 # against a real quotad, and the conformance cases of tests/clients/) and the
 # Express example, each with `node --test` against target/debug/quotad.
 # Every client step has a time bound (scripts/bounded.sh): one that hangs
-# fails naming itself.
-scripts/check-node.sh
+# fails naming itself. (Node itself was found or installed above.)
 cargo build --bin quotad
 scripts/bounded.sh 600 clients/node npm ci --no-audit --no-fund
 scripts/bounded.sh 300 clients/node npm run build
@@ -52,7 +58,7 @@ if [ ! -x "$PY_VENV/bin/python" ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     python3 -m venv "$PY_VENV"
   fi
 fi

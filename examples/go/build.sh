@@ -17,6 +17,7 @@ missing_tools() {
     command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
   done
   [ -d /usr/share/gocode/src/google.golang.org/grpc ] || missing="$missing grpc-go(/usr/share/gocode)"
+  [ -d /usr/share/gocode/src/google.golang.org/protobuf ] || missing="$missing protobuf-go(/usr/share/gocode)"
   echo "$missing"
 }
 missing="$(missing_tools)"
@@ -28,7 +29,7 @@ if [ -n "$missing" ] && [ "${QUOTAD_TEST_INSTALL:-}" = 1 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   # shellcheck disable=SC2086
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $packages >/dev/null
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages >/dev/null
   missing="$(missing_tools)"
 fi
 if [ -n "$missing" ]; then
