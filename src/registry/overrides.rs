@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quotad_core::Policy;
+use quotad_core::{Clock, Policy, SystemClock};
 use serde::{Deserialize, Serialize};
 
 /// What an override applies to under its policy.
@@ -192,11 +192,24 @@ impl PolicyOverrides {
 
 /// Every override in force, by policy: immutable, built whole and swapped
 /// with the policies (see [`super::PolicySet`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct OverrideTable {
     by_policy: HashMap<Arc<str>, PolicyOverrides>,
     /// Every entry, file and runtime merged (runtime winning), sorted.
     all: BTreeMap<(String, Scope), Active>,
+    /// When overrides expire: the server's clock (a test's fake one).
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for OverrideTable {
+    /// No overrides, on the system clock.
+    fn default() -> Self {
+        OverrideTable {
+            by_policy: HashMap::new(),
+            all: BTreeMap::new(),
+            clock: Arc::new(SystemClock),
+        }
+    }
 }
 
 /// What building a table dropped: an override whose policy is gone or no
@@ -209,6 +222,7 @@ impl OverrideTable {
     pub(crate) fn build<'a>(
         entries: impl IntoIterator<Item = &'a Arc<Override>>,
         base: impl Fn(&str) -> Option<Policy>,
+        clock: Arc<dyn Clock>,
     ) -> (OverrideTable, Dropped) {
         let mut chosen: BTreeMap<(String, Scope), &Arc<Override>> = BTreeMap::new();
         for entry in entries {
@@ -220,7 +234,10 @@ impl OverrideTable {
                 }
             }
         }
-        let mut table = OverrideTable::default();
+        let mut table = OverrideTable {
+            clock,
+            ..OverrideTable::default()
+        };
         let mut dropped = Vec::new();
         for (slot, entry) in chosen {
             let Some(policy) = base(&entry.policy) else {
@@ -259,6 +276,11 @@ impl OverrideTable {
     /// the exact key's, else the longest prefix's.
     pub(crate) fn find(&self, policy: &str, key: &str, now_ms: u64) -> Option<&Active> {
         self.by_policy.get(policy)?.find(key, now_ms)
+    }
+
+    /// Now, by the clock overrides expire by.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// Whether `policy` has any override.
@@ -310,20 +332,14 @@ pub(crate) fn from_store(field: &str, value: &str) -> Option<Override> {
 /// Exports `quotad_overrides` (in force now, by policy and source) and
 /// `quotad_overrides_in_sync` from `registry`.
 pub(crate) fn export(registry: &super::PolicyRegistry, metrics: &crate::metrics::Metrics) {
-    let counts = registry.snapshot().overrides().counts(now_ms());
+    let set = registry.snapshot();
+    let counts = set.overrides().counts(set.overrides().now_ms());
     metrics.overrides_in_force(
         counts
             .into_iter()
             .map(|((policy, source), n)| ((policy, source.as_str()), n)),
     );
     metrics.overrides_in_sync(registry.in_sync());
-}
-
-/// The wall clock, in ms since the Unix epoch: when overrides expire.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -351,7 +367,11 @@ mod tests {
     }
 
     fn table(entries: &[Arc<Override>]) -> OverrideTable {
-        let (table, dropped) = OverrideTable::build(entries, |name| (name == "api").then(base));
+        let (table, dropped) = OverrideTable::build(
+            entries,
+            |name| (name == "api").then(base),
+            Arc::new(SystemClock),
+        );
         assert!(dropped.is_empty(), "{dropped:?}");
         table
     }
@@ -466,7 +486,11 @@ mod tests {
         ];
         let log = Policy::try_new(Algorithm::SlidingLog, 10, Duration::from_secs(1), None)
             .expect("valid");
-        let (t, dropped) = OverrideTable::build(&entries, |n| (n == "api").then_some(log));
+        let (t, dropped) = OverrideTable::build(
+            &entries,
+            |n| (n == "api").then_some(log),
+            Arc::new(SystemClock),
+        );
         assert_eq!(t.iter().count(), 0);
         assert_eq!(dropped.len(), 2);
         assert!(

@@ -11,6 +11,7 @@ use super::overrides::{Active, InvalidOverride, Override, OverrideTable, Scope, 
 use crate::config::{LimitSettings, PolicySettings};
 use crate::metrics::{DecisionCounters, LeaseCounters, Metrics};
 use arc_swap::ArcSwap;
+use quotad_core::Clock;
 
 /// A configured policy with its decision counters, and its lease counters
 /// when it has lease settings.
@@ -70,10 +71,16 @@ impl PolicySet {
 
     /// The overrides of `entries` against these policies; what they drop
     /// (a policy gone, numbers it no longer accepts) is logged.
-    fn table<'a>(&self, entries: impl IntoIterator<Item = &'a Arc<Override>>) -> OverrideTable {
-        let (table, dropped) = OverrideTable::build(entries, |name| {
-            self.by_name.get(name).map(|p| p.settings.policy)
-        });
+    fn table<'a>(
+        &self,
+        entries: impl IntoIterator<Item = &'a Arc<Override>>,
+        clock: &Arc<dyn Clock>,
+    ) -> OverrideTable {
+        let (table, dropped) = OverrideTable::build(
+            entries,
+            |name| self.by_name.get(name).map(|p| p.settings.policy),
+            Arc::clone(clock),
+        );
         for (entry, why) in dropped {
             tracing::warn!(
                 policy = %entry.policy,
@@ -107,7 +114,7 @@ impl PolicySet {
         key: &str,
     ) -> Option<(&str, &NamedPolicy, Option<&Active>)> {
         let now = if self.overrides.has(name) {
-            super::overrides::now_ms()
+            self.overrides.now_ms()
         } else {
             0
         };
@@ -182,15 +189,28 @@ pub(crate) struct PolicyRegistry {
     sources: Mutex<Sources>,
     /// Whether the last read of the store's overrides succeeded.
     in_sync: std::sync::atomic::AtomicBool,
+    /// The server's clock, by which overrides expire.
+    clock: Arc<dyn Clock>,
 }
 
 impl PolicyRegistry {
     pub(crate) fn new(set: PolicySet) -> Self {
+        PolicyRegistry::with_clock(set, Arc::new(quotad_core::SystemClock))
+    }
+
+    /// A registry whose overrides expire by `clock`.
+    pub(crate) fn with_clock(set: PolicySet, clock: Arc<dyn Clock>) -> Self {
         PolicyRegistry {
             current: ArcSwap::from_pointee(set),
             sources: Mutex::default(),
             in_sync: std::sync::atomic::AtomicBool::new(true),
+            clock,
         }
+    }
+
+    /// Now, by the server's clock.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// Whether the last read of the store's overrides succeeded (always,
@@ -211,7 +231,10 @@ impl PolicyRegistry {
 
     /// Swaps in `set` with the overrides of `sources`.
     fn publish(&self, set: &PolicySet, sources: &Sources) {
-        let table = set.table(sources.file.iter().chain(sources.runtime.values()));
+        let table = set.table(
+            sources.file.iter().chain(sources.runtime.values()),
+            &self.clock,
+        );
         self.current.store(Arc::new(set.with_overrides(table)));
     }
 

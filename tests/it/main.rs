@@ -24,6 +24,7 @@ mod inline_limits;
 mod lease_faults;
 mod leases;
 mod lifecycle;
+mod overrides;
 mod pki;
 mod python_client;
 mod redis;

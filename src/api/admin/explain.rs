@@ -22,7 +22,6 @@ use crate::auth::Origin;
 use crate::backend::{Backend, Deadline};
 use crate::metrics::{Method, Metrics};
 use crate::registry::PolicyRegistry;
-use crate::registry::overrides::now_ms;
 
 /// The Explain service over a backend `S`.
 #[derive(Debug)]
@@ -71,7 +70,7 @@ impl<S: Backend> ExplainService<S> {
             return Err(ServiceError::invalid("key", "must not be empty"));
         }
         check_key_bytes(&request.key, self.max_key_bytes)?;
-        let now = now_ms();
+        let now = self.policies.now_ms();
         let (stored, named, active) = set
             .get_for_at(&request.policy, &request.key, now)
             .ok_or_else(|| ServiceError::UnknownPolicy {

@@ -21,7 +21,7 @@ use crate::backend::{Backend, Deadline};
 use crate::metrics::{Method, Metrics};
 use crate::registry::PolicyRegistry;
 use crate::registry::PutError;
-use crate::registry::overrides::{Override, Scope, Source, now_ms, store_field, store_value};
+use crate::registry::overrides::{Override, Scope, Source, store_field, store_value};
 
 /// The Overrides service over a backend `S`.
 #[derive(Debug)]
@@ -110,7 +110,7 @@ impl<S: Backend> OverridesService<S> {
         self.admit(origin, "SetOverride")?;
         policy_of(&request.policy)?;
         let scope = scope_of(request.scope, self.max_key_bytes)?;
-        let now = now_ms();
+        let now = self.policies.now_ms();
         if let Some(at) = request.expires_at_ms
             && at <= now
         {
@@ -282,5 +282,71 @@ impl<S: Backend> pb::overrides_server::Overrides for OverridesService<S> {
             |r, _| std::future::ready(self.list(&r, origin)),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quotad_core::{FakeClock, MemoryStore, OnFull, StoreConfig};
+    use tonic::transport::server::TcpConnectInfo;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::registry::PolicySet;
+
+    fn service(toml: &str) -> OverridesService<MemoryStore> {
+        let config = Config::from_toml(toml).expect("valid config");
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let set = PolicySet::new(config.policies(), config.limits(), &metrics);
+        let store = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid store");
+        OverridesService::new(
+            Arc::new(MemoryStore::new(store, Arc::new(FakeClock::new(0)))),
+            Arc::new(PolicyRegistry::new(set)),
+            metrics,
+            64,
+            Duration::from_secs(1),
+        )
+    }
+
+    const API: &str = "[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n";
+
+    async fn set_from(service: &OverridesService<MemoryStore>, from: &str) -> Result<(), Status> {
+        use pb::overrides_server::Overrides as _;
+        let mut request = Request::new(pb::SetOverrideRequest {
+            policy: "api".to_owned(),
+            scope: Some(pb::OverrideScope {
+                scope: Some(pb::override_scope::Scope::Key("k".to_owned())),
+            }),
+            limit: 30,
+            ..pb::SetOverrideRequest::default()
+        });
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(from.parse().expect("an address")),
+        });
+        service.set_override(request).await.map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn an_anonymous_caller_from_another_host_is_refused_by_default_and_changes_nothing() {
+        let local = service(API);
+        for remote in ["10.1.2.3:4000", "[2001:db8::1]:4000"] {
+            let refused = set_from(&local, remote).await.expect_err("refused");
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{remote}");
+            assert!(
+                refused
+                    .message()
+                    .contains("limits.allow_overrides = \"local\""),
+                "{}",
+                refused.message()
+            );
+        }
+        assert!(local.policies.runtime_overrides().is_empty());
+        set_from(&local, "127.0.0.1:4000")
+            .await
+            .expect("a local caller may");
+        assert_eq!(local.policies.runtime_overrides().len(), 1);
+        let open = service(&format!("[limits]\nallow_overrides = \"anyone\"\n{API}"));
+        set_from(&open, "10.1.2.3:4000").await.expect("anyone");
     }
 }
