@@ -194,6 +194,7 @@ pub(crate) struct PolicyRegistry {
 }
 
 impl PolicyRegistry {
+    #[cfg(test)]
     pub(crate) fn new(set: PolicySet) -> Self {
         PolicyRegistry::with_clock(set, Arc::new(quotad_core::SystemClock))
     }

@@ -479,3 +479,40 @@ fn audit_line(server: &Server, what: &str) -> String {
         }
     }
 }
+
+/// The memory store keeps its runtime overrides in its snapshot: a
+/// graceful restart serves the same overrides, and the counts under them.
+#[tokio::test]
+async fn runtime_overrides_survive_a_restart_in_the_memory_stores_snapshot() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("quotad.snapshot");
+    let extra = format!("[store.snapshot]\npath = {path:?}\n");
+    let mut admin = start(&extra).await;
+    admin.set(set("api", prefix("t:"), 6)).await;
+    let mut expiring = set("bucket", key("b"), 20);
+    expiring.expires_at_ms = Some(NOON_30 + 60_000);
+    admin.set(expiring).await;
+    assert_eq!(admin.admitted("api", "t:1", 4).await, 4);
+    let before = admin.list().await;
+    admin
+        .server
+        .shutdown()
+        .await
+        .expect("a clean stop writes the snapshot");
+
+    let mut admin = start(&extra).await;
+    assert_eq!(
+        admin.list().await,
+        before,
+        "the same overrides, who and when included"
+    );
+    assert_eq!(
+        admin.admitted("api", "t:1", 4).await,
+        2,
+        "6 less the 4 counted"
+    );
+    assert_eq!(
+        admin.explain("bucket", "b").await.in_force.map(|p| p.limit),
+        Some(20)
+    );
+}
