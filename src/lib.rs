@@ -106,7 +106,7 @@ use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
 use crate::methods::Service;
 use crate::metrics::Metrics;
-use crate::registry::{PolicyRegistry, PolicySet, Reloader};
+use crate::registry::{OverridesSync, PolicyRegistry, PolicySet, Reloader};
 use crate::services::ServiceContext;
 use crate::tasks::{ServerFailed, ServerTask, Tasks};
 
@@ -281,6 +281,12 @@ pub async fn run(
                         source,
                     }
                 })?);
+                // Every replica on this Redis applies the same overrides.
+                let mut sync =
+                    OverridesSync::new(Arc::clone(&store), Arc::clone(&registry), settings.timeout);
+                sync.read().await;
+                let interval = settings.overrides_poll_interval;
+                tasks.spawn(move |stop| sync.run(interval, stop));
                 let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
                 serve(cx, listeners, shutdown).await
             }

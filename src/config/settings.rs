@@ -465,6 +465,14 @@ section! {
         /// batches are split into scripts of 64 units instead, whatever
         /// their size.
         max_atomic_items: u32 = Int("64"), Restart;
+        /// How often each replica reads the runtime overrides other replicas wrote to Redis
+        ///
+        /// A change made through one replica is in force on every other
+        /// within about this (plus one call); a replica that cannot read
+        /// them keeps the last set it read and reports
+        /// quotad_overrides_in_sync 0.
+        #[serde(deserialize_with = "human_duration")]
+        overrides_poll_interval: Duration = Str("1s"), Restart;
         /// PEM CA certificates a rediss:// server must chain to [default: the system's roots]
         tls_ca: Option<PathBuf> = Str, Restart;
         /// PEM client certificate chain for rediss://, for a Redis that requires one

@@ -25,6 +25,7 @@ mod lease_faults;
 mod leases;
 mod lifecycle;
 mod overrides;
+mod overrides_redis;
 mod pki;
 mod python_client;
 mod redis;
