@@ -438,10 +438,12 @@ const STORE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// The named policies in force, and the task that reloads them when the
 /// config file changes.
 fn policies(config: &Config, metrics: &Arc<Metrics>, tasks: &mut Tasks) -> Arc<PolicyRegistry> {
+    let set = PolicySet::new(config.policies(), config.limits(), metrics);
     let registry = Arc::new(PolicyRegistry::with_clock(
         PolicySet::new(config.policies(), config.limits(), metrics),
         Arc::clone(config.clock()),
     ));
+    registry.replace_with_file(set, config.overrides());
     if let Some(reloader) = Reloader::new(config, Arc::clone(&registry), Arc::clone(metrics)) {
         let poll = config.server().config_poll_interval;
         tasks.spawn(|stop| reloader.run(poll, stop));

@@ -108,6 +108,10 @@ pub enum BackendError {
 /// One item's answer: its decision, or why the backend could not make it.
 pub type ItemResult = Result<Decision, BackendError>;
 
+/// The runtime overrides a store keeps: their version and the (field,
+/// value) pairs ([`Backend::load_overrides`]).
+pub type StoredOverrides = (u64, Vec<(String, String)>);
+
 /// One lease request: settle a lease of `(name, key)` and grant another.
 #[derive(Clone, Copy, Debug)]
 pub struct LeaseItem<'a> {
@@ -339,8 +343,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         known: Option<u64>,
         deadline: Deadline,
-    ) -> impl Future<Output = Result<Option<(u64, Vec<(String, String)>)>, BackendError>> + Send
-    {
+    ) -> impl Future<Output = Result<Option<StoredOverrides>, BackendError>> + Send {
         let _ = (known, deadline);
         std::future::ready(Ok(None))
     }

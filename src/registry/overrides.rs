@@ -23,143 +23,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use quotad_core::{Clock, Policy, SystemClock};
-use serde::{Deserialize, Serialize};
 
-/// What an override applies to under its policy.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Scope {
-    /// Exactly this key.
-    Key(String),
-    /// Every key that starts with this (non-empty) prefix.
-    Prefix(String),
-}
-
-impl Scope {
-    /// `key "K"` or `prefix "P"`, for logs and errors.
-    pub(crate) fn describe(&self) -> String {
-        match self {
-            Scope::Key(k) => format!("key {k:?}"),
-            Scope::Prefix(p) => format!("prefix {p:?}"),
-        }
-    }
-}
-
-/// Where an override was written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Source {
-    /// The config file's `[[overrides]]`.
-    File,
-    /// The admin API (`quotad override set`).
-    Runtime,
-}
-
-impl Source {
-    /// Its `source` label in `quotad_overrides`.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Source::File => "file",
-            Source::Runtime => "runtime",
-        }
-    }
-}
-
-/// One override as written: the numbers replace the policy's; a missing
-/// window is the policy's, a missing burst is the override's limit (as a
-/// policy's burst defaults to its limit).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Override {
-    pub(crate) policy: String,
-    pub(crate) scope: Scope,
-    pub(crate) limit: u64,
-    pub(crate) window_ms: Option<u64>,
-    pub(crate) burst: Option<u64>,
-    /// When it stops being in force, in ms since the Unix epoch.
-    pub(crate) expires_at_ms: Option<u64>,
-    pub(crate) source: Source,
-    /// Who wrote it (the caller's identity, or the file).
-    pub(crate) set_by: String,
-    /// When it was written, in ms since the Unix epoch.
-    pub(crate) set_at_ms: u64,
-}
-
-/// Why an override cannot apply to its policy: the field and what is wrong.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub(crate) struct InvalidOverride {
-    pub(crate) field: &'static str,
-    pub(crate) message: String,
-}
-
-impl InvalidOverride {
-    fn new(field: &'static str, message: impl Into<String>) -> Self {
-        InvalidOverride {
-            field,
-            message: message.into(),
-        }
-    }
-}
-
-impl Override {
-    /// The policy its keys are counted by, given the named policy `base`:
-    /// `base`'s algorithm with the override's numbers.
-    ///
-    /// # Errors
-    ///
-    /// The field that breaks a rule of [`Policy::try_new`] (`limit`,
-    /// `window_ms` or `burst`), or an empty key or prefix.
-    pub(crate) fn effective(&self, base: &Policy) -> Result<Policy, InvalidOverride> {
-        match &self.scope {
-            Scope::Key(k) if k.is_empty() => {
-                return Err(InvalidOverride::new("key", "must not be empty"));
-            }
-            Scope::Prefix(p) if p.is_empty() => {
-                return Err(InvalidOverride::new(
-                    "prefix",
-                    "must not be empty (an override for every key is the policy itself)",
-                ));
-            }
-            Scope::Key(_) | Scope::Prefix(_) => {}
-        }
-        let window_ms = self.window_ms.unwrap_or_else(|| base.window_ms());
-        if window_ms == 0 {
-            return Err(InvalidOverride::new("window_ms", "must be at least 1"));
-        }
-        let window = Duration::from_millis(window_ms);
-        Policy::try_new(base.algorithm(), self.limit, window, self.burst).map_err(|e| {
-            use quotad_core::PolicyError as E;
-            let field = match e {
-                E::BurstZero | E::BurstNotApplicable(_) | E::BurstWindowTooLarge { .. } => "burst",
-                E::WindowTooShort | E::WindowNotWholeMillis(_) | E::SlotTtl(_) => "window_ms",
-                _ => "limit",
-            };
-            InvalidOverride::new(field, e.to_string())
-        })
-    }
-
-    /// Its numbers and expiry, for audit lines: `limit=100 window=1000ms
-    /// burst=- expires_at=-`.
-    pub(crate) fn numbers(&self) -> String {
-        let opt =
-            |v: Option<u64>, unit: &str| v.map_or_else(|| "-".to_owned(), |v| format!("{v}{unit}"));
-        format!(
-            "limit={} window={} burst={} expires_at={}",
-            self.limit,
-            opt(self.window_ms, "ms"),
-            opt(self.burst, ""),
-            opt(self.expires_at_ms, ""),
-        )
-    }
-
-    /// Whether it is in force at `now_ms`.
-    pub(crate) fn live_at(&self, now_ms: u64) -> bool {
-        self.expires_at_ms.is_none_or(|at| now_ms < at)
-    }
-}
+pub(crate) use crate::config::overrides::{InvalidOverride, Override, Scope, Source};
 
 /// An override and the policy it gives its keys.
 #[derive(Clone, Debug)]
@@ -344,6 +211,8 @@ pub(crate) fn export(registry: &super::PolicyRegistry, metrics: &crate::metrics:
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use quotad_core::Algorithm;
 
     use super::*;

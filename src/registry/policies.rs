@@ -239,11 +239,12 @@ impl PolicyRegistry {
         self.current.store(Arc::new(set.with_overrides(table)));
     }
 
-    /// Replaces the config file's overrides.
-    pub(crate) fn set_file_overrides(&self, entries: Vec<Arc<Override>>) {
+    /// Replaces the set and the config file's overrides in one swap (a
+    /// reload, or the start).
+    pub(crate) fn replace_with_file(&self, set: PolicySet, file: &[Override]) {
         let mut sources = self.sources();
-        sources.file = entries;
-        self.publish(&self.current.load(), &sources);
+        sources.file = file.iter().cloned().map(Arc::new).collect();
+        self.publish(&set, &sources);
     }
 
     /// Replaces every runtime override (loaded from the store).
@@ -326,12 +327,5 @@ impl PolicyRegistry {
     /// The set in force now; keep it for the whole request.
     pub(crate) fn snapshot(&self) -> Arc<PolicySet> {
         self.current.load_full()
-    }
-
-    /// Replaces the set; requests already holding a snapshot finish with
-    /// the old one.
-    pub(crate) fn replace(&self, set: PolicySet) {
-        let sources = self.sources();
-        self.publish(&set, &sources);
     }
 }

@@ -516,3 +516,112 @@ async fn runtime_overrides_survive_a_restart_in_the_memory_stores_snapshot() {
         Some(20)
     );
 }
+
+/// `[[overrides]]` reload with the policies; a runtime override of the same
+/// policy and prefix wins over the file's until it is removed.
+#[tokio::test]
+async fn file_overrides_reload_with_the_policies_and_a_runtime_one_wins_over_them() {
+    use crate::reload::write_atomically;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("quotad.toml");
+    let text = |limit: u64| {
+        format!(
+            "[server]\nconfig_poll_interval = \"20ms\"\n{POLICIES}\n[[overrides]]\npolicy = \"api\"\nprefix = \"t:\"\nlimit = {limit}\n"
+        )
+    };
+    write_atomically(&path, &text(5));
+    let clock = Arc::new(FakeClock::new(NOON_30));
+    let config = quotad::Config::load(Some(&path), &quotad::FlagValues::default())
+        .expect("valid config")
+        .with_clock(clock.clone());
+    let server = TestServer::start(config).await;
+    let channel = server.channel().await;
+    let mut admin = Admin {
+        overrides: OverridesClient::new(channel.clone()),
+        explain: ExplainClient::new(channel),
+        quota: server.client().await,
+        server,
+        clock,
+    };
+    let listed = admin.list().await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].source(), pb::OverrideSource::File);
+    assert_eq!(admin.admitted("api", "t:1", 8).await, 5);
+    write_atomically(&path, &text(7));
+    crate::common::eventually(Duration::from_secs(10), "the file's new override", || {
+        let mut explain = admin.explain.clone();
+        async move {
+            explain
+                .explain(pb::ExplainRequest {
+                    policy: "api".to_owned(),
+                    key: "t:2".to_owned(),
+                })
+                .await
+                .is_ok_and(|r| r.into_inner().in_force.is_some_and(|p| p.limit == 7))
+        }
+    })
+    .await;
+    assert_eq!(
+        admin.admitted("api", "t:1", 8).await,
+        2,
+        "7 less the 5 counted"
+    );
+    let metrics = admin.server.metrics().await;
+    assert_eq!(
+        metrics.value("quotad_overrides", &[("policy", "api"), ("source", "file")]),
+        1.0
+    );
+    // Runtime wins for the same prefix, and a reload does not undo it.
+    admin.set(set("api", prefix("t:"), 20)).await;
+    assert_eq!(
+        admin.explain("api", "t:3").await.in_force.map(|p| p.limit),
+        Some(20)
+    );
+    write_atomically(&path, &text(9));
+    crate::common::eventually(Duration::from_secs(10), "the reload", || {
+        let server = &admin.server;
+        async move {
+            server
+                .metrics()
+                .await
+                .value("quotad_policy_reloads_total", &[("outcome", "ok")])
+                >= 2.0
+        }
+    })
+    .await;
+    let listed = admin.list().await;
+    assert_eq!(listed.len(), 1, "one override in force for the prefix");
+    assert_eq!(
+        (listed[0].limit, listed[0].source()),
+        (20, pb::OverrideSource::Runtime)
+    );
+    admin
+        .overrides
+        .remove_override(pb::RemoveOverrideRequest {
+            policy: "api".to_owned(),
+            scope: prefix("t:"),
+        })
+        .await
+        .expect("removed");
+    assert_eq!(
+        admin.explain("api", "t:3").await.in_force.map(|p| p.limit),
+        Some(9)
+    );
+    // A bad file keeps what is in force.
+    write_atomically(&path, &text(0));
+    crate::common::eventually(Duration::from_secs(10), "the rejected reload", || {
+        let server = &admin.server;
+        async move {
+            server
+                .metrics()
+                .await
+                .value("quotad_policy_reloads_total", &[("outcome", "error")])
+                >= 1.0
+        }
+    })
+    .await;
+    assert_eq!(
+        admin.explain("api", "t:3").await.in_force.map(|p| p.limit),
+        Some(9)
+    );
+}

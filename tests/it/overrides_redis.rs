@@ -95,7 +95,7 @@ async fn a_change_on_one_replica_is_in_force_on_the_other_within_the_poll_interv
         }
         assert_eq!(limit_of(&b, &format!("t:{round}")).await, limit);
     }
-    println!("override propagation with a 50ms poll, 5 changes: {took:?}");
+    eprintln!("override propagation with a 50ms poll, 5 changes: {took:?}");
     // A removal propagates too, and the policy applies again.
     on_a.remove_override(pb::RemoveOverrideRequest {
         policy: "api".to_owned(),

@@ -975,7 +975,7 @@ impl Backend for RedisBackend {
         &self,
         known: Option<u64>,
         deadline: Deadline,
-    ) -> Result<Option<(u64, Vec<(String, String)>)>, BackendError> {
+    ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
         self.load_overrides_from_redis(known, deadline).await
     }
 

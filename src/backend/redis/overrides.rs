@@ -36,7 +36,7 @@ for i = 1, #all, 2 do if all[i] ~= '#version' then out[#out + 1] = all[i] out[#o
 return out";
 
 /// What a `get` found: the version, and the overrides unless unchanged.
-pub(super) type Loaded = Option<(u64, Vec<(String, String)>)>;
+pub(super) type Loaded = Option<crate::backend::StoredOverrides>;
 
 impl RedisBackend {
     fn overrides_key(&self) -> String {
