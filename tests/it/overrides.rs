@@ -625,3 +625,91 @@ async fn file_overrides_reload_with_the_policies_and_a_runtime_one_wins_over_the
         Some(9)
     );
 }
+
+/// With mTLS, `[auth] overrides` admits only its identities to the
+/// override methods, and the override records who set it; Explain follows
+/// `[auth] reset`.
+#[tokio::test]
+async fn the_overrides_allowlist_admits_only_its_identities_and_records_who_set_it() {
+    use crate::pki::{Names, Pki};
+    const OPS: &str = "spiffe://example.org/ops/alice";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = Pki::new(&dir.path().join("tls"));
+    let (server_cert, server_key) = pki.server();
+    let path = dir.path().join("quotad.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server.tls]\ncert = {server_cert:?}\nkey = {server_key:?}\nclient_ca = {ca:?}\n\n\
+             [auth]\noverrides = [\"spiffe://example.org/ops/*\"]\nreset = [\"spiffe://example.org/ops/*\"]\n{POLICIES}",
+            ca = pki.ca()
+        ),
+    )
+    .expect("write the config");
+    let config =
+        quotad::Config::load(Some(&path), &quotad::FlagValues::default()).expect("valid config");
+    let server = TestServer::start(config).await;
+    let channel = |file: &str, names: Names<'_>| {
+        let (client_cert, client_key) = pki.client(file, names);
+        let tls = quotad_client::TlsConfig::from_pem_files(pki.ca())
+            .expect("CA")
+            .identity_from_pem_files(client_cert, client_key)
+            .expect("client identity")
+            .server_name("localhost");
+        quotad_client::Client::builder(format!("https://127.0.0.1:{}", server.grpc_addr.port()))
+            .tls(tls)
+            .channel()
+            .expect("a channel")
+    };
+    let ops = channel("ops", Names::uri(OPS));
+    let app = channel("app", Names::dns("app.internal"));
+    let refused = OverridesClient::new(app.clone())
+        .set_override(set("api", key("k"), 50))
+        .await
+        .expect_err("app may not");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(
+        refused.message().contains("auth.overrides"),
+        "{}",
+        refused.message()
+    );
+    let explain = ExplainClient::new(app)
+        .explain(pb::ExplainRequest {
+            policy: "api".to_owned(),
+            key: "k".to_owned(),
+        })
+        .await
+        .expect_err("app may not");
+    assert_eq!(explain.code(), Code::PermissionDenied);
+    let mut by_ops = OverridesClient::new(ops.clone());
+    assert!(
+        by_ops
+            .list_overrides(pb::ListOverridesRequest::default())
+            .await
+            .expect("listed")
+            .into_inner()
+            .overrides
+            .is_empty(),
+        "the refused call changed nothing"
+    );
+    by_ops
+        .set_override(set("api", key("k"), 50))
+        .await
+        .expect("ops may");
+    let listed = by_ops
+        .list_overrides(pb::ListOverridesRequest::default())
+        .await
+        .expect("listed")
+        .into_inner()
+        .overrides;
+    assert!(listed[0].set_by.starts_with(OPS), "{}", listed[0].set_by);
+    let explained = ExplainClient::new(ops)
+        .explain(pb::ExplainRequest {
+            policy: "api".to_owned(),
+            key: "k".to_owned(),
+        })
+        .await
+        .expect("ops may explain")
+        .into_inner();
+    assert_eq!(explained.in_force.map(|p| p.limit), Some(50));
+}

@@ -1,12 +1,13 @@
 //! Runtime overrides in Redis: one hash per key prefix (`<prefix>:overrides`),
 //! a field per override (its policy and scope) holding its JSON, and a
 //! version field (`#version`) that every change increments in the same
-//! script. Each replica polls the version and reads the hash only when it
-//! changed, so an idle poll is one small call.
+//! script. Each replica polls the version (`HGET`) and reads the hash
+//! (`HGETALL`) only when it changed, so an idle poll is one small call and
+//! no script.
 //!
-//! Every script checks the call's deadline in Redis's own clock first, as
-//! the state scripts do: a change quotad answered as failed never lands
-//! later.
+//! A change is a script that checks the call's deadline in Redis's own
+//! clock first, as the state scripts do: a change quotad answered as
+//! failed never lands later.
 
 use redis::Value;
 
@@ -17,23 +18,16 @@ use crate::backend::{BackendError, Deadline};
 /// The field of the hash that holds its version.
 const VERSION: &str = "#version";
 
-/// `ARGV[1]`: the deadline (ms, Redis clock); `ARGV[2]`: `set`, `del` or
-/// `get`; then the field and value (`set`), the field (`del`), or the
-/// version known (`get`). `set` and `del` answer the new version (0: past
-/// the deadline, nothing done); `get` answers `{version}` when it is the
-/// one known, else `{version, field, value, ...}` without the version
-/// field.
+/// `ARGV[1]`: the deadline (ms, Redis clock); `ARGV[2]`: `set` or `del`;
+/// then the field and value (`set`) or the field (`del`). Answers
+/// `{version}` (the new one), or `{-1}` past the deadline, nothing done.
 const SCRIPT: &str = "local t = redis.call('TIME') \
 if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then return {-1} end \
 if ARGV[2] == 'set' then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) \
 return {redis.call('HINCRBY', KEYS[1], '#version', 1)} end \
 if ARGV[2] == 'del' then redis.call('HDEL', KEYS[1], ARGV[3]) \
 return {redis.call('HINCRBY', KEYS[1], '#version', 1)} end \
-local v = tonumber(redis.call('HGET', KEYS[1], '#version') or '0') \
-if tostring(v) == ARGV[3] then return {v} end \
-local all = redis.call('HGETALL', KEYS[1]) local out = {v} \
-for i = 1, #all, 2 do if all[i] ~= '#version' then out[#out + 1] = all[i] out[#out + 1] = all[i + 1] end end \
-return out";
+return {0}";
 
 /// What a `get` found: the version, and the overrides unless unchanged.
 pub(super) type Loaded = Option<crate::backend::StoredOverrides>;
@@ -102,36 +96,85 @@ impl RedisBackend {
             .map(drop)
     }
 
+    /// One plain command (no script: a read changes nothing, so it needs
+    /// no deadline in Redis's clock), within the call's bound.
+    async fn overrides_read(
+        &self,
+        cmd: redis::Cmd,
+        deadline: Deadline,
+    ) -> Result<Value, BackendError> {
+        let key = self.overrides_key();
+        let slot = if self.connections.is_cluster() {
+            deadline::slot(key.as_bytes())
+        } else {
+            0
+        };
+        let bound = self.connections.bound(deadline);
+        let link = self
+            .connections
+            .link(slot, &bound)
+            .await
+            .map_err(|e| e.into_backend(&bound))?;
+        self.connections
+            .call(&link, slot, cmd, &bound, None)
+            .await
+            .map_err(|e| e.into_backend(&bound))
+    }
+
+    /// The overrides unless their version is `known`: an `HGET` of the
+    /// version, then, when it changed, one `HGETALL` (whose own version
+    /// field is the one answered, so the set and its version agree).
     pub(super) async fn load_overrides_from_redis(
         &self,
         known: Option<u64>,
         deadline: Deadline,
     ) -> Result<Loaded, BackendError> {
-        // No version is ever -1: with none known, the hash is read.
-        let known = known.map_or_else(|| "-1".to_owned(), |v| v.to_string());
-        let values = self.overrides_call("get", &[&known], deadline).await?;
         let text = |v: &Value| match v {
             Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
             Value::SimpleString(s) => Some(s.clone()),
             _ => None,
         };
-        let Some(Value::Int(version)) = values.first() else {
-            return Err(BackendError::Internal(format!(
-                "the overrides script answered {values:?}"
-            )));
+        let number = |v: Option<&Value>| match v {
+            None | Some(Value::Nil) => Some(0),
+            Some(v) => text(v)?.parse::<u64>().ok(),
         };
-        let version = u64::try_from(*version).unwrap_or(0);
-        if values.len() == 1 && known == version.to_string() {
+        let key = self.overrides_key();
+        let mut hget = redis::cmd("HGET");
+        hget.arg(&key).arg(VERSION);
+        let reply = self.overrides_read(hget, deadline).await?;
+        let version = number(Some(&reply)).ok_or_else(|| {
+            BackendError::Internal(format!("{key} {VERSION} holds {reply:?}, not a number"))
+        })?;
+        if known == Some(version) {
             return Ok(None);
         }
-        let pairs = values[1..]
-            .chunks(2)
-            .filter_map(|pair| match pair {
-                [f, v] => Some((text(f)?, text(v)?)),
-                _ => None,
-            })
-            .filter(|(f, _)| f != VERSION)
-            .collect();
+        let mut hgetall = redis::cmd("HGETALL");
+        hgetall.arg(&key);
+        let reply = self.overrides_read(hgetall, deadline).await?;
+        let pairs: Vec<(String, String)> = match &reply {
+            Value::Array(items) => items
+                .chunks(2)
+                .filter_map(|pair| match pair {
+                    [f, v] => Some((text(f)?, text(v)?)),
+                    _ => None,
+                })
+                .collect(),
+            Value::Map(items) => items
+                .iter()
+                .filter_map(|(f, v)| Some((text(f)?, text(v)?)))
+                .collect(),
+            other => {
+                return Err(BackendError::Internal(format!(
+                    "HGETALL {key} answered {other:?}"
+                )));
+            }
+        };
+        let version = pairs
+            .iter()
+            .find(|(f, _)| f == VERSION)
+            .map_or(Some(0), |(_, v)| v.parse().ok())
+            .ok_or_else(|| BackendError::Internal(format!("{key} {VERSION} is not a number")))?;
+        let pairs = pairs.into_iter().filter(|(f, _)| f != VERSION).collect();
         Ok(Some((version, pairs)))
     }
 }
