@@ -206,6 +206,10 @@ async fn an_expired_override_gives_way_and_is_not_counted_in_force() {
     assert_eq!(explained.active_override, None, "expired");
     assert_eq!(explained.in_force.map(|p| p.limit), Some(3));
     assert_eq!(admin.admitted("api", "t:2", 5).await, 3);
+    assert!(
+        admin.list().await.is_empty(),
+        "an expired override is not listed"
+    );
     let metrics = admin.server.metrics().await;
     assert_eq!(
         metrics.value(

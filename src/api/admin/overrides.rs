@@ -198,9 +198,11 @@ impl<S: Backend> OverridesService<S> {
     ) -> Result<pb::ListOverridesResponse, ServiceError> {
         self.admit(origin, "ListOverrides")?;
         let set = self.policies.snapshot();
+        let now = self.policies.now_ms();
         let overrides = set
             .overrides()
             .iter()
+            .filter(|a| a.entry.live_at(now))
             .filter(|a| request.policy.is_empty() || a.entry.policy == request.policy)
             .map(|a| entry_to_pb(&a.entry))
             .collect();
