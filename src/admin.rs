@@ -127,6 +127,7 @@ fn router(state: AdminState) -> Router {
 
 async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
     state.metrics.store_stats((state.backend_stats)());
+    crate::registry::overrides::export(&state.policies, &state.metrics);
     (
         [(
             header::CONTENT_TYPE,

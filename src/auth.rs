@@ -189,6 +189,64 @@ impl Origin {
     }
 }
 
+impl Origin {
+    /// Whether `access` lets a call from here through: `Err` says why not,
+    /// naming `method` and `setting` (`limits.allow_reset`, ...).
+    ///
+    /// # Errors
+    ///
+    /// A sentence for PERMISSION_DENIED.
+    pub(crate) fn admitted_by(
+        self,
+        access: crate::config::ResetAccess,
+        method: &str,
+        setting: &str,
+    ) -> Result<(), String> {
+        use crate::config::ResetAccess;
+        match (access, self) {
+            (ResetAccess::Nobody, _) => Err(format!(
+                "{method} is disabled on this server ({setting} = \"nobody\")"
+            )),
+            (ResetAccess::Local, Origin::Remote(from)) => {
+                let from = from.map_or_else(
+                    || "an unknown address".to_owned(),
+                    |a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()).to_string(),
+                );
+                Err(format!(
+                    "{method} is allowed only to callers over loopback or the unix socket and to mTLS clients ({setting} = \"local\"); this call came from {from}: call over loopback, use mTLS, or set {setting} = \"anyone\""
+                ))
+            }
+            (ResetAccess::Local, Origin::Local | Origin::Authenticated)
+            | (ResetAccess::Anyone, _) => Ok(()),
+        }
+    }
+}
+
+/// Who made `request`, for audit logs: its client certificate's
+/// identities, else its peer address (or the unix socket).
+pub(crate) fn caller<T>(request: &tonic::Request<T>) -> String {
+    let extensions = request.extensions();
+    if extensions.get::<UdsConnectInfo>().is_some() {
+        return "unix socket".to_owned();
+    }
+    let tls = extensions.get::<TlsConnectInfo<TcpConnectInfo>>();
+    let ids = tls
+        .and_then(TlsConnectInfo::peer_certs)
+        .and_then(|chain| chain.first().map(identities))
+        .unwrap_or_default();
+    let addr = tls
+        .map(TlsConnectInfo::get_ref)
+        .or_else(|| extensions.get::<TcpConnectInfo>())
+        .and_then(TcpConnectInfo::remote_addr)
+        .map(|a| std::net::SocketAddr::new(a.ip().to_canonical(), a.port()).to_string());
+    match (ids.is_empty(), addr) {
+        (false, Some(addr)) => format!("{} ({addr})", ids.join(", ")),
+        (false, None) => ids.join(", "),
+        (true, Some(addr)) => addr,
+        (true, None) => "unknown".to_owned(),
+    }
+}
+
 /// The identities of the client certificate of `request`'s connection.
 fn client_identities<B>(request: &Request<B>) -> Vec<String> {
     request

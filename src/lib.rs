@@ -106,7 +106,7 @@ use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
 use crate::methods::Service;
 use crate::metrics::Metrics;
-use crate::registry::{PolicyRegistry, PolicySet, Reloader};
+use crate::registry::{OverridesSync, PolicyRegistry, PolicySet, Reloader};
 use crate::services::ServiceContext;
 use crate::tasks::{ServerFailed, ServerTask, Tasks};
 
@@ -281,6 +281,12 @@ pub async fn run(
                         source,
                     }
                 })?);
+                // Every replica on this Redis applies the same overrides.
+                let mut sync =
+                    OverridesSync::new(Arc::clone(&store), Arc::clone(&registry), settings.timeout);
+                sync.read().await;
+                let interval = settings.overrides_poll_interval;
+                tasks.spawn(move |stop| sync.run(interval, stop));
                 let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
                 serve(cx, listeners, shutdown).await
             }
@@ -432,11 +438,12 @@ const STORE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// The named policies in force, and the task that reloads them when the
 /// config file changes.
 fn policies(config: &Config, metrics: &Arc<Metrics>, tasks: &mut Tasks) -> Arc<PolicyRegistry> {
-    let registry = Arc::new(PolicyRegistry::new(PolicySet::new(
-        config.policies(),
-        config.limits(),
-        metrics,
-    )));
+    let set = PolicySet::new(config.policies(), config.limits(), metrics);
+    let registry = Arc::new(PolicyRegistry::with_clock(
+        PolicySet::new(config.policies(), config.limits(), metrics),
+        Arc::clone(config.clock()),
+    ));
+    registry.replace_with_file(set, config.overrides());
     if let Some(reloader) = Reloader::new(config, Arc::clone(&registry), Arc::clone(metrics)) {
         let poll = config.server().config_poll_interval;
         tasks.spawn(|stop| reloader.run(poll, stop));

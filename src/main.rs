@@ -66,6 +66,14 @@ enum Command {
     /// Take a slot of a concurrency policy, hold it (renewing it) for
     /// --hold, then release it.
     Acquire(cli::AcquireArgs),
+    /// Set, remove or list runtime overrides of named policies (quotad
+    /// serves them to local and mTLS callers by default:
+    /// limits.allow_overrides).
+    Override(cli::OverrideArgs),
+    /// Explain a key's state under a policy in words: the policy and
+    /// override in force, its counts and when it is fresh again; consumes
+    /// nothing.
+    Explain(cli::ExplainArgs),
     /// Show the window-boundary attack on fixed_window vs sliding_window,
     /// live (starts its own quotad unless --addr is given).
     Demo(cli::DemoArgs),
@@ -113,6 +121,8 @@ fn main() -> ExitCode {
         Some(Command::Reset(args)) => cli::execute(|out| cli::reset(args, out)),
         Some(Command::Batch(args)) => cli::execute(|out| cli::batch(args, out)),
         Some(Command::Acquire(args)) => cli::execute(|out| cli::acquire(args, out)),
+        Some(Command::Override(args)) => cli::execute(|out| cli::override_command(args, out)),
+        Some(Command::Explain(args)) => cli::execute(|out| cli::explain(args, out)),
         Some(Command::Demo(args)) => cli::execute(|out| cli::demo(args, out)),
         Some(Command::Simulate(args)) => {
             cli::execute(|out| std::future::ready(cli::simulate(args, out)))

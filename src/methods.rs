@@ -16,7 +16,9 @@
 use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::SERVICE_NAME as RLQS_SERVICE;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME as RLS_SERVICE;
 use quotad_proto::v1::concurrency_server::SERVICE_NAME as CONCURRENCY_SERVICE;
+use quotad_proto::v1::explain_server::SERVICE_NAME as EXPLAIN_SERVICE;
 use quotad_proto::v1::leases_server::SERVICE_NAME as LEASES_SERVICE;
+use quotad_proto::v1::overrides_server::SERVICE_NAME as OVERRIDES_SERVICE;
 use quotad_proto::v1::quota_server::SERVICE_NAME as QUOTA_SERVICE;
 
 /// A gRPC service quotad serves on its gRPC port, and reports by name in
@@ -29,6 +31,10 @@ pub(crate) enum Service {
     Leases,
     /// `quotad.v1.Concurrency`: slots of concurrency limits.
     Concurrency,
+    /// `quotad.v1.Overrides`: runtime overrides of named policies.
+    Overrides,
+    /// `quotad.v1.Explain`: a key's state in words.
+    Explain,
     /// `envoy.service.ratelimit.v3.RateLimitService`: Envoy's RLS.
     Rls,
     /// `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`: Envoy's
@@ -38,10 +44,12 @@ pub(crate) enum Service {
 
 impl Service {
     /// Every service, in the order health reports them.
-    pub(crate) const ALL: [Service; 5] = [
+    pub(crate) const ALL: [Service; 7] = [
         Service::Quota,
         Service::Leases,
         Service::Concurrency,
+        Service::Overrides,
+        Service::Explain,
         Service::Rls,
         Service::Rlqs,
     ];
@@ -65,6 +73,8 @@ impl Service {
             Service::Quota => QUOTA_SERVICE,
             Service::Leases => LEASES_SERVICE,
             Service::Concurrency => CONCURRENCY_SERVICE,
+            Service::Overrides => OVERRIDES_SERVICE,
+            Service::Explain => EXPLAIN_SERVICE,
             Service::Rls => RLS_SERVICE,
             Service::Rlqs => RLQS_SERVICE,
         }
@@ -76,7 +86,11 @@ impl Service {
     /// proto (Envoy's) is fixed.
     pub(crate) const fn grows_with_quotad(self) -> bool {
         match self {
-            Service::Quota | Service::Leases | Service::Concurrency => true,
+            Service::Quota
+            | Service::Leases
+            | Service::Concurrency
+            | Service::Overrides
+            | Service::Explain => true,
             Service::Rls | Service::Rlqs => false,
         }
     }
@@ -96,8 +110,10 @@ pub(crate) enum AuthGroup {
     Check,
     /// `auth.peek`: `Peek`.
     Peek,
-    /// `auth.reset`: `Reset`.
+    /// `auth.reset`: `Reset`, and `Explain` (gated like `Reset`).
     Reset,
+    /// `auth.overrides`: `SetOverride`, `RemoveOverride`, `ListOverrides`.
+    Overrides,
     /// `auth.should_rate_limit`: Envoy's `ShouldRateLimit`.
     ShouldRateLimit,
     /// `auth.rate_limit_quotas`: Envoy's `StreamRateLimitQuotas`.
@@ -107,10 +123,11 @@ pub(crate) enum AuthGroup {
 impl AuthGroup {
     /// Every group, in the order their settings are validated (so the first
     /// error reported is the first group's).
-    pub(crate) const ALL: [AuthGroup; 5] = [
+    pub(crate) const ALL: [AuthGroup; 6] = [
         AuthGroup::Check,
         AuthGroup::Peek,
         AuthGroup::Reset,
+        AuthGroup::Overrides,
         AuthGroup::ShouldRateLimit,
         AuthGroup::RateLimitQuotas,
     ];
@@ -125,6 +142,7 @@ impl AuthGroup {
             AuthGroup::Check => "check",
             AuthGroup::Peek => "peek",
             AuthGroup::Reset => "reset",
+            AuthGroup::Overrides => "overrides",
             AuthGroup::ShouldRateLimit => "should_rate_limit",
             AuthGroup::RateLimitQuotas => "rate_limit_quotas",
         }
@@ -195,6 +213,14 @@ methods! {
     Renew: Concurrency "Renew", auth Check, label "renew";
     /// `quotad.v1.Concurrency/Release`.
     Release: Concurrency "Release", auth Check, label "release";
+    /// `quotad.v1.Overrides/SetOverride`.
+    SetOverride: Overrides "SetOverride", auth Overrides, label "set_override";
+    /// `quotad.v1.Overrides/RemoveOverride`.
+    RemoveOverride: Overrides "RemoveOverride", auth Overrides, label "remove_override";
+    /// `quotad.v1.Overrides/ListOverrides`.
+    ListOverrides: Overrides "ListOverrides", auth Overrides, label "list_overrides";
+    /// `quotad.v1.Explain/Explain`.
+    Explain: Explain "Explain", auth Reset, label "explain";
     /// Envoy's `RateLimitService/ShouldRateLimit`.
     ShouldRateLimit: Rls "ShouldRateLimit", auth ShouldRateLimit, label "should_rate_limit";
     /// Envoy's `RateLimitQuotaService/StreamRateLimitQuotas`.

@@ -36,6 +36,8 @@
 //! | `quotad_rls_no_limit_total` | counter | `reason` |
 //! | `quotad_leases_total` | counter | `policy`, `outcome` (`granted`, `direct`, `returned`, `ended`, `refused`) |
 //! | `quotad_lease_units_granted_total`, `quotad_lease_units_returned_total` | counter | `policy` |
+//! | `quotad_overrides` | gauge | `policy`, `source` (`file`/`runtime`) |
+//! | `quotad_overrides_in_sync` | gauge, 1 or 0 | |
 //!
 //! The `quotad_redis_*` series stay at 0 with the memory backend.
 //!
@@ -93,6 +95,8 @@ const RLS_NO_LIMIT: &str = "quotad_rls_no_limit_total";
 const LEASES: &str = "quotad_leases_total";
 const LEASE_UNITS_GRANTED: &str = "quotad_lease_units_granted_total";
 const LEASE_UNITS_RETURNED: &str = "quotad_lease_units_returned_total";
+const OVERRIDES: &str = "quotad_overrides";
+const OVERRIDES_IN_SYNC: &str = "quotad_overrides_in_sync";
 
 /// Histogram buckets for request handling time: 10 µs to 100 ms.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -125,6 +129,10 @@ pub(crate) struct Metrics {
     /// The policy labels `quotad_concurrency_slots_held` was set for, so
     /// that a policy whose slots are all gone is set back to 0.
     slots_held_labels: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The (policy, source) labels `quotad_overrides` was set for, so that
+    /// a policy whose overrides are all gone is set back to 0.
+    override_labels: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>>,
+    overrides_in_sync: Gauge,
 }
 
 /// Why an RLS descriptor had no limit to check, as a metric label.
@@ -229,6 +237,13 @@ impl Metrics {
                 .map(|r| counter(RLS_NO_LIMIT, vec![Label::new("reason", r.as_str())])),
             slots_expired: counter(SLOTS_EXPIRED, vec![]),
             slots_held_labels: std::sync::Mutex::default(),
+            override_labels: std::sync::Mutex::default(),
+            overrides_in_sync: {
+                let g =
+                    recorder.register_gauge(&Key::from_static_name(OVERRIDES_IN_SYNC), &metadata());
+                g.set(1.0);
+                g
+            },
             recorder,
         })
     }
@@ -270,6 +285,43 @@ impl Metrics {
     /// The decision counters shared by every inline policy of `algorithm`.
     pub(crate) fn inline_policy(&self, algorithm: Algorithm) -> &Arc<DecisionCounters> {
         &self.inline[algorithm as usize]
+    }
+
+    /// Sets `quotad_overrides` to `counts` (in force, by policy and
+    /// source); series no longer in it go to 0.
+    pub(crate) fn overrides_in_force(
+        &self,
+        counts: impl IntoIterator<Item = ((String, &'static str), u64)>,
+    ) {
+        let mut labels = self
+            .override_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let counts: std::collections::BTreeMap<_, _> = counts.into_iter().collect();
+        labels.extend(counts.keys().cloned());
+        for label in labels.iter() {
+            let (policy, source) = label;
+            #[allow(clippy::cast_precision_loss)]
+            let value = counts.get(label).copied().unwrap_or(0) as f64;
+            self.recorder
+                .register_gauge(
+                    &Key::from_parts(
+                        OVERRIDES,
+                        vec![
+                            Label::new("policy", policy.clone()),
+                            Label::new("source", *source),
+                        ],
+                    ),
+                    &metadata(),
+                )
+                .set(value);
+        }
+    }
+
+    /// Sets `quotad_overrides_in_sync`: whether the last read of the
+    /// store's overrides succeeded.
+    pub(crate) fn overrides_in_sync(&self, in_sync: bool) {
+        self.overrides_in_sync.set(if in_sync { 1.0 } else { 0.0 });
     }
 
     /// The lease counters of a named policy.
@@ -763,6 +815,16 @@ fn describe(recorder: &PrometheusRecorder) {
         BUILD_INFO.into(),
         None,
         "Always 1; the version label says which quotad is running.".into(),
+    );
+    recorder.describe_gauge(
+        OVERRIDES.into(),
+        None,
+        "Overrides in force, by policy name and source (file or runtime).".into(),
+    );
+    recorder.describe_gauge(
+        OVERRIDES_IN_SYNC.into(),
+        None,
+        "1 when the last read of the store's overrides succeeded; 0 while this replica serves the last set it read.".into(),
     );
     recorder.describe_gauge(
         RLS_RULES.into(),

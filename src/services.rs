@@ -12,13 +12,15 @@ use std::sync::Arc;
 use quotad_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use quotad_proto::v1::concurrency_server::ConcurrencyServer;
+use quotad_proto::v1::explain_server::ExplainServer;
 use quotad_proto::v1::leases_server::LeasesServer;
+use quotad_proto::v1::overrides_server::OverridesServer;
 use quotad_proto::v1::quota_server::QuotaServer;
 use tonic::service::RoutesBuilder;
 
 use crate::api::{
-    ConcurrencyService, LeaseService, QuotaService, RequestLimits, RlqsService, RlsOptions,
-    RlsService,
+    ConcurrencyService, ExplainService, LeaseService, OverridesService, QuotaService,
+    RequestLimits, RlqsService, RlsOptions, RlsService,
 };
 use crate::backend::Backend;
 use crate::config::Config;
@@ -102,6 +104,30 @@ impl<'a, B: Backend> ServiceContext<'a, B> {
                 self.routes.add_service(
                     ConcurrencyServer::new(concurrency)
                         .max_decoding_message_size(max_message_bytes),
+                );
+            }
+            Service::Overrides => {
+                let overrides = OverridesService::new(
+                    Arc::clone(&self.backend),
+                    Arc::clone(&self.registry),
+                    Arc::clone(&self.metrics),
+                    limits.max_key_bytes,
+                    limits.request_timeout,
+                );
+                self.routes.add_service(
+                    OverridesServer::new(overrides).max_decoding_message_size(max_message_bytes),
+                );
+            }
+            Service::Explain => {
+                let explain = ExplainService::new(
+                    Arc::clone(&self.backend),
+                    Arc::clone(&self.registry),
+                    Arc::clone(&self.metrics),
+                    limits.max_key_bytes,
+                    limits.request_timeout,
+                );
+                self.routes.add_service(
+                    ExplainServer::new(explain).max_decoding_message_size(max_message_bytes),
                 );
             }
             Service::Rls => {

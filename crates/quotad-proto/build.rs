@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let quota_proto = proto_root.join("quotad/v1/quota.proto");
     let lease_proto = proto_root.join("quotad/v1/lease.proto");
     let concurrency_proto = proto_root.join("quotad/v1/concurrency.proto");
+    let admin_proto = proto_root.join("quotad/v1/admin.proto");
     let rls_proto = proto_root.join("envoy/service/ratelimit/v3/rls.proto");
     let rlqs_proto = proto_root.join("envoy/service/rate_limit_quota/v3/rlqs.proto");
 
@@ -45,6 +46,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 quota_proto,
                 lease_proto,
                 concurrency_proto,
+                admin_proto,
                 rls_proto,
                 rlqs_proto,
             ],

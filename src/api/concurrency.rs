@@ -156,13 +156,15 @@ impl<S: Backend> ConcurrencyService<S> {
         check_key_bytes(key, self.limits.max_key_bytes)?;
         let target = match policy {
             PolicyRef::Named(name) => {
-                let (stored, named) = set.get(name).ok_or_else(|| ServiceError::UnknownPolicy {
-                    field: "policy_name".to_owned(),
-                    name: name.clone(),
-                })?;
+                let (stored, named, active) =
+                    set.get_for(name, key)
+                        .ok_or_else(|| ServiceError::UnknownPolicy {
+                            field: "policy_name".to_owned(),
+                            name: name.clone(),
+                        })?;
                 Target {
                     namespace: Cow::Borrowed(stored),
-                    policy: named.settings.policy,
+                    policy: active.map_or(named.settings.policy, |a| a.policy),
                     on_error: named.settings.on_error,
                     decisions: &named.decisions,
                 }

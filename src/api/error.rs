@@ -40,6 +40,13 @@ pub(crate) enum ServiceError {
         "Reset is allowed only to callers over loopback or the unix socket and to mTLS clients (limits.allow_reset = \"local\"); this call came from {from}: call over loopback, use mTLS, or set limits.allow_reset = \"anyone\""
     )]
     ResetNotLocal { from: String },
+    /// A method a `limits.allow_*` setting refuses to this caller:
+    /// PERMISSION_DENIED, saying which setting.
+    #[error("{0}")]
+    Refused(String),
+    /// The store could not keep an override: UNAVAILABLE (nothing changed).
+    #[error("the store could not keep the change: {0}")]
+    NotKept(String),
     /// The backend failed: UNAVAILABLE when it is down or slow (and the
     /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
     /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
@@ -76,7 +83,9 @@ impl ServiceError {
             },
             other @ (ServiceError::Backend(_)
             | ServiceError::ResetDisabled
-            | ServiceError::ResetNotLocal { .. }) => other,
+            | ServiceError::ResetNotLocal { .. }
+            | ServiceError::Refused(_)
+            | ServiceError::NotKept(_)) => other,
         }
     }
 }
@@ -123,9 +132,10 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
             Status::not_found(message)
         }
         ServiceError::InlineDisabled { .. } => Status::failed_precondition(message),
-        ServiceError::ResetDisabled | ServiceError::ResetNotLocal { .. } => {
-            Status::permission_denied(message)
-        }
+        ServiceError::ResetDisabled
+        | ServiceError::ResetNotLocal { .. }
+        | ServiceError::Refused(_) => Status::permission_denied(message),
+        ServiceError::NotKept(_) => Status::unavailable(message),
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
         ServiceError::Backend(
             BackendError::CrossSlot

@@ -268,10 +268,12 @@ impl<S: Backend> LeaseService<S> {
     ) -> Result<Target<'a>, ServiceError> {
         match &spec.policy {
             PolicyRef::Named(name) => {
-                let (stored, named) = set.get(name).ok_or_else(|| ServiceError::UnknownPolicy {
-                    field: "policy_name".to_owned(),
-                    name: name.clone(),
-                })?;
+                let (stored, named, active) =
+                    set.get_for(name, &spec.key)
+                        .ok_or_else(|| ServiceError::UnknownPolicy {
+                            field: "policy_name".to_owned(),
+                            name: name.clone(),
+                        })?;
                 let (Some(terms), Some(counters)) = (named.settings.lease, &named.leases) else {
                     return Err(ServiceError::invalid(
                         "policy_name",
@@ -282,7 +284,7 @@ impl<S: Backend> LeaseService<S> {
                 };
                 Ok(Target {
                     namespace: Cow::Borrowed(stored),
-                    policy: named.settings.policy,
+                    policy: active.map_or(named.settings.policy, |a| a.policy),
                     terms,
                     counters,
                 })

@@ -10,9 +10,12 @@
 //! - [`rls`]: Envoy's `RateLimitService` (ShouldRateLimit).
 //! - [`rlqs`]: Envoy's `RateLimitQuotaService` (StreamRateLimitQuotas):
 //!   quota assignments cut from leases.
+//! - [`admin`]: `quotad.v1.Overrides` (runtime overrides) and
+//!   `quotad.v1.Explain` (a key's state in words).
 //! - `answer`: what both answer when the store failed, and the store
 //!   calls they count.
 
+pub(crate) mod admin;
 mod answer;
 pub(crate) mod concurrency;
 pub(crate) mod error;
@@ -22,6 +25,7 @@ pub(crate) mod request;
 pub(crate) mod rlqs;
 pub(crate) mod rls;
 
+pub(crate) use admin::{ExplainService, OverridesService};
 pub(crate) use concurrency::ConcurrencyService;
 pub(crate) use lease::LeaseService;
 pub(crate) use quota::{QuotaService, RequestLimits};

@@ -193,7 +193,7 @@ impl<S: Backend> QuotaService<S> {
         policy: &PolicyRef,
     ) -> Result<Target<'a>, ServiceError> {
         self.check_key(key)?;
-        self.target(set, policy)
+        self.target(set, policy, key)
     }
 
     /// Resolves every item of a batch, reporting the first item that
@@ -208,13 +208,17 @@ impl<S: Backend> QuotaService<S> {
         for (i, spec) in items.iter().enumerate() {
             self.check_key(&spec.key).map_err(|e| e.at_item(i))?;
             let recent = resolved.len().saturating_sub(RECENT_TARGETS);
+            // A policy with overrides may count each key by other numbers.
+            let per_key = matches!(&spec.policy, PolicyRef::Named(n) if set.has_overrides(n));
             let known = resolved[recent..]
                 .iter()
-                .rposition(|(policy, _)| **policy == spec.policy);
+                .rposition(|(policy, _)| !per_key && **policy == spec.policy);
             let index = match known {
                 Some(at) => recent + at,
                 None => {
-                    let target = self.target(set, &spec.policy).map_err(|e| e.at_item(i))?;
+                    let target = self
+                        .target(set, &spec.policy, &spec.key)
+                        .map_err(|e| e.at_item(i))?;
                     resolved.push((&spec.policy, target));
                     resolved.len() - 1
                 }
@@ -231,22 +235,26 @@ impl<S: Backend> QuotaService<S> {
         check_key_bytes(key, self.limits.max_key_bytes)
     }
 
-    /// The target of `policy`: a named policy of `set`, or an inline
-    /// policy within `[limits]`.
+    /// The target of `policy` for `key`: a named policy of `set` (with
+    /// the key's override, if one is in force), or an inline policy within
+    /// `[limits]`.
     fn target<'a>(
         &'a self,
         set: &'a PolicySet,
         policy: &PolicyRef,
+        key: &str,
     ) -> Result<Target<'a>, ServiceError> {
         match policy {
             PolicyRef::Named(name) => {
-                let (stored, named) = set.get(name).ok_or_else(|| ServiceError::UnknownPolicy {
-                    field: "policy_name".to_owned(),
-                    name: name.clone(),
-                })?;
+                let (stored, named, active) =
+                    set.get_for(name, key)
+                        .ok_or_else(|| ServiceError::UnknownPolicy {
+                            field: "policy_name".to_owned(),
+                            name: name.clone(),
+                        })?;
                 Ok(Target {
                     namespace: Cow::Borrowed(stored),
-                    policy: named.settings.policy,
+                    policy: active.map_or(named.settings.policy, |a| a.policy),
                     on_error: named.settings.on_error,
                     decisions: &named.decisions,
                 })

@@ -108,6 +108,10 @@ pub enum BackendError {
 /// One item's answer: its decision, or why the backend could not make it.
 pub type ItemResult = Result<Decision, BackendError>;
 
+/// The runtime overrides a store keeps: their version and the (field,
+/// value) pairs ([`Backend::load_overrides`]).
+pub type StoredOverrides = (u64, Vec<(String, String)>);
+
 /// One lease request: settle a lease of `(name, key)` and grant another.
 #[derive(Clone, Copy, Debug)]
 pub struct LeaseItem<'a> {
@@ -295,6 +299,54 @@ pub trait Backend: Send + Sync + 'static {
         slot: &SlotItem<'_>,
         deadline: Deadline,
     ) -> impl Future<Output = SlotResult> + Send;
+
+    /// Keeps a runtime override where every replica on this store reads
+    /// it: `field` identifies it (policy and scope), `value` is opaque to
+    /// the store. The default keeps nothing: a store in this process has
+    /// no other replica, and its overrides go into its snapshot.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the store cannot keep it by `deadline`.
+    fn put_override(
+        &self,
+        field: &str,
+        value: &str,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let _ = (field, value, deadline);
+        std::future::ready(Ok(()))
+    }
+
+    /// Removes the runtime override `field` from the store.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the store cannot remove it by `deadline`.
+    fn remove_override(
+        &self,
+        field: &str,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let _ = (field, deadline);
+        std::future::ready(Ok(()))
+    }
+
+    /// The runtime overrides the store keeps, as (field, value) pairs, and
+    /// their version, unless it is `known` (then `None`, cheaply). `None`
+    /// too for a store that keeps none (the default).
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the store cannot answer by `deadline`.
+    fn load_overrides(
+        &self,
+        known: Option<u64>,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<Option<StoredOverrides>, BackendError>> + Send {
+        let _ = (known, deadline);
+        std::future::ready(Ok(None))
+    }
 
     /// Counts for the metrics, the backend's own [`Figure`]s included;
     /// cheap enough to call on every scrape.

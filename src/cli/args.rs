@@ -87,6 +87,39 @@ impl Connection {
     /// [`Failure::Usage`] for an address or TLS file that cannot be used.
     pub(crate) fn connect(&self, leases: Option<LeaseOptions>) -> Result<Connected, Failure> {
         let uri = endpoint(&self.addr, self.ca.is_some())?;
+        let client = client(&uri, self.timeout, self.tls()?, leases)?;
+        Ok(Connected {
+            uri,
+            client,
+            output: self.output,
+        })
+    }
+
+    /// A channel to quotad, for the services `quotad-client` does not wrap
+    /// (overrides, explain), and the longest wait for each answer.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::connect`].
+    pub(crate) fn channel(&self) -> Result<(String, tonic::transport::Channel), Failure> {
+        let uri = endpoint(&self.addr, self.ca.is_some())?;
+        let mut builder = Client::builder(&uri).deadline(self.timeout);
+        if let Some(tls) = self.tls()? {
+            builder = builder.tls(tls);
+        }
+        let channel = builder
+            .channel()
+            .map_err(|error| super::failure(&uri, error))?;
+        Ok((uri, channel))
+    }
+
+    /// How long a command waits for each answer.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The TLS settings of `--tls-*`, if any.
+    fn tls(&self) -> Result<Option<TlsConfig>, Failure> {
         let mut tls = None;
         if let Some(ca) = &self.ca {
             let mut config = TlsConfig::from_pem_files(ca)
@@ -101,12 +134,7 @@ impl Connection {
             }
             tls = Some(config);
         }
-        let client = client(&uri, self.timeout, tls, leases)?;
-        Ok(Connected {
-            uri,
-            client,
-            output: self.output,
-        })
+        Ok(tls)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The client commands of the `quotad` binary: `check`, `peek`, `reset`,
-//! `batch`, `acquire` and `demo`.
+//! `batch`, `acquire`, `override`, `explain` and `demo`.
 //! They talk to a quotad through `quotad-client`, like any application
 //! would, and print each decision on one line. `simulate` runs the
 //! algorithms in-process instead, with no server.
@@ -15,6 +15,8 @@ mod args;
 mod batch;
 mod check;
 mod demo;
+mod explain;
+mod r#override;
 mod simulate;
 
 use std::error::Error as _;
@@ -29,6 +31,8 @@ pub(crate) use acquire::{AcquireArgs, acquire};
 pub(crate) use batch::{BatchArgs, batch};
 pub(crate) use check::{CheckArgs, PeekArgs, ResetArgs, check, peek, reset};
 pub(crate) use demo::{DemoArgs, demo};
+pub(crate) use explain::{ExplainArgs, explain};
+pub(crate) use r#override::{OverrideArgs, override_command};
 pub(crate) use simulate::{SimulateArgs, simulate};
 
 /// Where the client commands (and `demo --addr`) look for quotad by default.
@@ -123,6 +127,15 @@ fn failure(uri: &str, error: ClientError) -> Failure {
         ClientError::BadResponse(what) => {
             Failure::Failed(format!("unexpected answer from quotad at {uri}: {what}"))
         }
+    }
+}
+
+/// What a refused or failed call of a generated client means.
+fn status_failure(uri: &str, status: Status) -> Failure {
+    if status.code() == tonic::Code::Unavailable && status.source().is_some() {
+        failure(uri, ClientError::Unavailable(status))
+    } else {
+        failure(uri, ClientError::Rejected(status))
     }
 }
 

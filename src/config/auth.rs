@@ -112,6 +112,7 @@ fn written(section: &mut AuthSection, group: AuthGroup) -> Option<Vec<String>> {
         AuthGroup::Check => section.check.take(),
         AuthGroup::Peek => section.peek.take(),
         AuthGroup::Reset => section.reset.take(),
+        AuthGroup::Overrides => section.overrides.take(),
         AuthGroup::ShouldRateLimit => section.should_rate_limit.take(),
         AuthGroup::RateLimitQuotas => section.rate_limit_quotas.take(),
     }

@@ -106,7 +106,12 @@ impl<'a> Layers<'a> {
         let mut node = &self.spans;
         let mut found = None;
         for segment in path {
-            match node.get(*segment) {
+            // An array's element by its index (`overrides.0.limit`).
+            let next = match (node, segment.parse::<usize>()) {
+                (toml::de::DeValue::Array(items), Ok(i)) => items.get(i),
+                _ => node.get(*segment),
+            };
+            match next {
                 Some(value) => {
                     found = Some(value.span().start);
                     node = value.get_ref();

@@ -44,6 +44,7 @@ mod document;
 mod error;
 mod flags;
 mod limits;
+pub(crate) mod overrides;
 mod policies;
 pub mod redis;
 mod rlqs;
@@ -91,6 +92,8 @@ pub struct Config {
     store: StoreSettings,
     limits: LimitSettings,
     policies: BTreeMap<String, PolicySettings>,
+    /// `[[overrides]]`.
+    overrides: Vec<overrides::Override>,
     rls: RlsSettings,
     rlqs: RlqsSettings,
     /// The merged table validated, to tell which settings a reload changed.
@@ -199,6 +202,8 @@ struct RawConfig {
     rlqs: RlqsSection,
     #[serde(default)]
     policies: BTreeMap<String, RawPolicy>,
+    #[serde(default)]
+    overrides: Vec<overrides::RawOverride>,
 }
 
 /// Whether validating a configuration reads the files it names.
@@ -285,6 +290,9 @@ impl Config {
         let auth = AuthSettings::validate(raw.auth, mtls).map_err(located)?;
         let log = LogSettings::validate(raw.log).map_err(located)?;
         let policies = policies::validate(raw.policies, store.on_error).map_err(located)?;
+        let file_overrides =
+            overrides::validate(raw.overrides, &policies, raw.limits.max_overrides)
+                .map_err(located)?;
         // A relative rules folder from the file is the file's neighbour; one
         // from a flag or the environment is the working directory's.
         let rls_base = match layers.origin_of(&["rls", "config_dir"]) {
@@ -308,6 +316,7 @@ impl Config {
             store,
             limits: raw.limits,
             policies,
+            overrides: file_overrides,
             rls,
             rlqs,
             effective: layers.merged().clone(),
@@ -366,6 +375,11 @@ impl Config {
     /// `[rlqs]`: Envoy's rate limit quota service.
     pub fn rlqs(&self) -> &RlqsSettings {
         &self.rlqs
+    }
+
+    /// `[[overrides]]`, in file order.
+    pub(crate) fn overrides(&self) -> &[overrides::Override] {
+        &self.overrides
     }
 
     /// `[policies.NAME]`, by name.

@@ -87,7 +87,7 @@ fn one() -> u64 {
 }
 
 /// A duration that is present: `human_duration`, for an optional field.
-fn some_duration<'de, D: serde::Deserializer<'de>>(
+pub(super) fn some_duration<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Duration>, D::Error> {
     human_duration(deserializer).map(Some)

@@ -40,6 +40,9 @@ pub struct RedisSettings {
     pub max_atomic_items: usize,
     /// Certificate files for `rediss://` URLs.
     pub tls: RedisTls,
+    /// `store.redis.overrides_poll_interval`: how often the runtime
+    /// overrides are read back.
+    pub overrides_poll_interval: Duration,
 }
 
 impl RedisSettings {
@@ -54,6 +57,7 @@ impl RedisSettings {
             key_prefix: "quotad".to_owned(),
             max_atomic_items: DEFAULT_MAX_ATOMIC_ITEMS,
             tls: RedisTls::default(),
+            overrides_poll_interval: Duration::from_secs(1),
         }
     }
 }

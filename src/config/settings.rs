@@ -265,6 +265,9 @@ section! {
         /// Client identities that may call Reset [default: every client that
         /// passed mTLS]
         reset: Option<Vec<String>> = List, Restart;
+        /// Client identities that may set, remove and list overrides
+        /// [default: every client that passed mTLS]
+        overrides: Option<Vec<String>> = List, Restart;
         /// Client identities that may call Envoy's ShouldRateLimit
         /// [default: every client that passed mTLS]
         should_rate_limit: Option<Vec<String>> = List, Restart;
@@ -281,6 +284,7 @@ impl Default for AuthSection {
             check: None,
             peek: None,
             reset: None,
+            overrides: None,
             should_rate_limit: None,
             rate_limit_quotas: None,
         }
@@ -461,6 +465,14 @@ section! {
         /// batches are split into scripts of 64 units instead, whatever
         /// their size.
         max_atomic_items: u32 = Int("64"), Restart;
+        /// How often each replica reads the runtime overrides other replicas wrote to Redis
+        ///
+        /// A change made through one replica is in force on every other
+        /// within about this (plus one call); a replica that cannot read
+        /// them keeps the last set it read and reports
+        /// quotad_overrides_in_sync 0.
+        #[serde(deserialize_with = "human_duration")]
+        overrides_poll_interval: Duration = Str("1s"), Restart;
         /// PEM CA certificates a rediss:// server must chain to [default: the system's roots]
         tls_ca: Option<PathBuf> = Str, Restart;
         /// PEM client certificate chain for rediss://, for a Redis that requires one
@@ -488,6 +500,19 @@ section! {
         /// identities. `true` and `false`, from older configs, mean anyone
         /// and nobody.
         allow_reset: ResetAccess = Str("local"), Live;
+        /// Who may change overrides (quotad.v1.Overrides SetOverride and
+        /// RemoveOverride; ListOverrides too): local, anyone or nobody, as
+        /// allow_reset
+        ///
+        /// An override changes what every replica admits for a key, so a
+        /// caller quotad cannot identify is refused by default; `[auth]
+        /// overrides` narrows it to certain identities.
+        allow_overrides: ResetAccess = Str("local"), Live;
+        /// Most overrides one policy may have (file and runtime together)
+        ///
+        /// A key's prefix override is found with one lookup per distinct
+        /// prefix length, so this bounds the work every check does.
+        max_overrides: u64 = Int("10000"), Live;
         /// Longest window an inline policy (or a limit Envoy sends) may ask for
         ///
         /// A key's state lives about one window after its last use, so this

@@ -285,7 +285,14 @@ fn redis_settings(
             ),
         ));
     }
+    if section.overrides_poll_interval.is_zero() {
+        return Err(invalid(
+            &["store", "redis", "overrides_poll_interval"],
+            "overrides_poll_interval must be longer than zero",
+        ));
+    }
     let mut settings = RedisSettings::new(target, section.timeout);
+    settings.overrides_poll_interval = section.overrides_poll_interval;
     settings.reconnect_after_timeouts = section.reconnect_after_timeouts;
     settings.required_at_start = section.required_at_start;
     settings.key_prefix = section.key_prefix;

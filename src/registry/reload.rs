@@ -137,8 +137,10 @@ impl Reloader {
         let added = names_where(current, |name, _| !old.contains_key(name));
         let removed = names_where(&old, |name, _| !current.contains_key(name));
         let changed = names_where(&old, |name, p| current.get(name).is_some_and(|q| q != p));
-        self.registry
-            .replace(PolicySet::new(new.policies(), new.limits(), &self.metrics));
+        self.registry.replace_with_file(
+            PolicySet::new(new.policies(), new.limits(), &self.metrics),
+            new.overrides(),
+        );
         self.metrics.policy_reload(true);
         tracing::info!(path = %path, ?added, ?removed, ?changed, ?settings, "policies reloaded");
         *applied = new;

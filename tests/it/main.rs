@@ -24,6 +24,8 @@ mod inline_limits;
 mod lease_faults;
 mod leases;
 mod lifecycle;
+mod overrides;
+mod overrides_redis;
 mod pki;
 mod python_client;
 mod redis;

@@ -207,6 +207,18 @@ impl ClientBuilder {
         )
     }
 
+    /// A channel to quotad with these connection settings (address, TLS,
+    /// keepalive, connect timeout), connecting on first use: for the
+    /// `quotad.v1` services this client does not wrap (`Overrides`,
+    /// `Explain`), through their generated clients in `quotad-proto`.
+    ///
+    /// # Errors
+    ///
+    /// As [`ClientBuilder::build`].
+    pub fn channel(&self) -> Result<tonic::transport::Channel, Error> {
+        Ok(self.endpoint()?.connect_lazy())
+    }
+
     /// A client that connects on first use and reconnects by itself, so it
     /// can be made before quotad is up and outlives quotad restarts.
     ///

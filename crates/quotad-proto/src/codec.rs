@@ -39,6 +39,10 @@ decoded!(InvalidArgument:
     crate::v1::LeaseRequest,
     crate::v1::AcquireRequest,
     crate::v1::SlotRequest,
+    crate::v1::SetOverrideRequest,
+    crate::v1::RemoveOverrideRequest,
+    crate::v1::ListOverridesRequest,
+    crate::v1::ExplainRequest,
     crate::envoy::service::ratelimit::v3::RateLimitRequest,
     crate::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
 );
@@ -50,6 +54,10 @@ decoded!(Internal:
     crate::v1::AcquireResponse,
     crate::v1::RenewResponse,
     crate::v1::ReleaseResponse,
+    crate::v1::SetOverrideResponse,
+    crate::v1::RemoveOverrideResponse,
+    crate::v1::ListOverridesResponse,
+    crate::v1::ExplainResponse,
     crate::envoy::service::ratelimit::v3::RateLimitResponse,
     crate::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse,
 );

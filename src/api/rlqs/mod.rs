@@ -502,12 +502,15 @@ impl<S: Backend> Session<S> {
         let set = self.shared.policies.snapshot();
         // A policy removed, or reloaded into a concurrency one (whose slots
         // are no lease): its buckets are denied.
-        let Some((namespace, named)) = set
-            .get(policy)
-            .filter(|(_, named)| named.settings.policy.algorithm().is_rate())
+        let Some((namespace, named, active)) = set
+            .get_for(policy, key)
+            .filter(|(_, named, _)| named.settings.policy.algorithm().is_rate())
         else {
             return deny(retry);
         };
+        // The key's override, if one is in force: the same counting, other
+        // numbers.
+        let counted = active.map_or(named.settings.policy, |a| a.policy);
         let lease_terms = match LeaseTerms::try_new(
             terms.max_units(),
             1,
@@ -522,7 +525,7 @@ impl<S: Backend> Session<S> {
         let mut item = LeaseItem {
             name: namespace,
             key,
-            policy: named.settings.policy,
+            policy: counted,
             terms: lease_terms,
             ask: LeaseAsk {
                 settle: None,
@@ -548,7 +551,7 @@ impl<S: Backend> Session<S> {
         let lease_ms = grant.ends_at.saturating_sub(grant.granted_at);
         // The buckets' leases are shares of a rate: Envoy spreads them over
         // their life. Any other algorithm's lease is all there at once.
-        let cut = match named.settings.policy.algorithm() {
+        let cut = match counted.algorithm() {
             Algorithm::TokenBucket | Algorithm::LeakyBucket => terms.bucket(grant.units, lease_ms),
             _ => terms.window_bucket(grant.units, lease_ms),
         };

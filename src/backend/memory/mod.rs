@@ -131,9 +131,7 @@ pub(crate) async fn start(
 ) -> Result<Arc<MemoryStore>, StartError> {
     let clock = Arc::clone(config.clock());
     let store = match &settings.snapshot {
-        Some(snapshot) => {
-            snapshot::load(snapshot, settings.store, clock, config.policies(), metrics)?
-        }
+        Some(snapshot) => snapshot::load(snapshot, settings.store, clock, registry, metrics)?,
         None => MemoryStore::new(settings.store, clock),
     };
     let store = Arc::new(store);

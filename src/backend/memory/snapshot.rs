@@ -11,6 +11,12 @@
 //! whose parameters changed; those entries are loaded as they are and
 //! reconciled on their key's next request, exactly as after a hot reload
 //! (see the `policy` module docs), and counted.
+//!
+//! The header also keeps the runtime overrides (`quotad override set`),
+//! one a line as `@override <json>`, so that they survive a restart as the
+//! counts do. A quotad from before overrides reads such a line as a policy
+//! line it cannot parse and skips it; a snapshot from before overrides has
+//! none: both load.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -28,6 +34,10 @@ use crate::config::{OnBadSnapshot, PolicySettings, SnapshotSettings};
 use crate::log::Causes;
 use crate::metrics::Metrics;
 use crate::registry::PolicyRegistry;
+use crate::registry::overrides::{self, Override};
+
+/// What starts a header line holding a runtime override.
+const OVERRIDE_LINE: &str = "@override ";
 
 /// A snapshot that could not be loaded, naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +135,31 @@ pub(crate) fn header(policies: &BTreeMap<String, PolicySettings>) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// [`header`], and the runtime overrides after the policies.
+pub(crate) fn header_with(
+    policies: &BTreeMap<String, PolicySettings>,
+    runtime: &[Arc<Override>],
+) -> Vec<u8> {
+    let mut bytes = header(policies);
+    for entry in runtime {
+        bytes.extend_from_slice(OVERRIDE_LINE.as_bytes());
+        bytes.extend_from_slice(overrides::store_value(entry).as_bytes());
+        bytes.push(b'\n');
+    }
+    bytes
+}
+
+/// The runtime overrides a header keeps; a line this version cannot read
+/// is logged and skipped.
+fn read_overrides(bytes: &[u8]) -> Vec<Arc<Override>> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|line| line.strip_prefix(OVERRIDE_LINE))
+        .filter_map(|json| overrides::from_store("snapshot", json))
+        .map(Arc::new)
+        .collect()
+}
+
 /// The policies a header names; lines it cannot read are left out (they
 /// can only make entries count as under a removed policy).
 fn read_header(bytes: &[u8]) -> BTreeMap<String, Policy> {
@@ -155,9 +190,10 @@ pub(crate) fn load(
     settings: &SnapshotSettings,
     config: StoreConfig,
     clock: Arc<dyn Clock>,
-    policies: &BTreeMap<String, PolicySettings>,
+    registry: &PolicyRegistry,
     metrics: &Metrics,
 ) -> Result<MemoryStore, LoadError> {
+    let policies = &registry.snapshot().policies();
     let path = &settings.path;
     let file = match File::open(path) {
         Ok(file) => file,
@@ -170,14 +206,22 @@ pub(crate) fn load(
     let started = Instant::now();
     let loaded = SnapshotReader::open(BufReader::with_capacity(1 << 20, file)).and_then(|reader| {
         let written = read_header(reader.header());
+        let kept = read_overrides(reader.header());
         reader
             .load(config, Arc::clone(&clock), |_| true)
-            .map(|(store, report)| (store, report, written))
+            .map(|(store, report)| (store, report, written, kept))
     });
-    let (store, report, written) = match loaded {
+    let (store, report, written, kept) = match loaded {
         Ok(loaded) => loaded,
         Err(error) => return bad_file(settings, config, clock, metrics, error),
     };
+    if !kept.is_empty() {
+        tracing::info!(
+            overrides = kept.len(),
+            "runtime overrides loaded from the snapshot"
+        );
+    }
+    registry.set_runtime_overrides(kept);
     let now = clock.now_ms();
     if report.taken_at_ms > now {
         tracing::warn!(
@@ -332,7 +376,10 @@ pub(crate) async fn write_now(
     metrics: &Metrics,
     when: When,
 ) -> Result<(), WriteError> {
-    let bytes = header(&registry.snapshot().policies());
+    let bytes = header_with(
+        &registry.snapshot().policies(),
+        &registry.runtime_overrides(),
+    );
     let (store, target) = (Arc::clone(store), path.to_owned());
     let started = Instant::now();
     let written = tokio::task::spawn_blocking(move || write(&store, &target, &bytes)).await;

@@ -35,6 +35,7 @@ mod connection;
 mod deadline;
 mod errors;
 mod keys;
+mod overrides;
 mod tls;
 mod wire;
 
@@ -954,6 +955,28 @@ impl Backend for RedisBackend {
                 "the reset script answered {other:?}"
             ))),
         }
+    }
+
+    /// In the hash of overrides every replica polls (`overrides`).
+    async fn put_override(
+        &self,
+        field: &str,
+        value: &str,
+        deadline: Deadline,
+    ) -> Result<(), BackendError> {
+        self.put_override_in_redis(field, value, deadline).await
+    }
+
+    async fn remove_override(&self, field: &str, deadline: Deadline) -> Result<(), BackendError> {
+        self.remove_override_in_redis(field, deadline).await
+    }
+
+    async fn load_overrides(
+        &self,
+        known: Option<u64>,
+        deadline: Deadline,
+    ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
+        self.load_overrides_from_redis(known, deadline).await
     }
 
     /// A `PING` within `store.redis.timeout`; on a Cluster, every primary

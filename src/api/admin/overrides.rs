@@ -1,0 +1,354 @@
+//! The `quotad.v1.Overrides` gRPC service: set, remove and list runtime
+//! overrides.
+//!
+//! A change is validated against the policies in force, kept in the store
+//! (so that every replica on it applies it; the memory store keeps it in
+//! its snapshot), then swapped into this replica's registry, and logged
+//! with the caller's identity (target `quotad::audit`). A change the store
+//! could not keep is UNAVAILABLE and changes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quotad_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::entry_to_pb;
+use crate::api::error::ServiceError;
+use crate::api::request::check_key_bytes;
+use crate::auth::{self, Origin};
+use crate::backend::{Backend, Deadline};
+use crate::metrics::{Method, Metrics};
+use crate::registry::PolicyRegistry;
+use crate::registry::PutError;
+use crate::registry::overrides::{Override, Scope, Source, store_field, store_value};
+
+/// The Overrides service over a backend `S`.
+#[derive(Debug)]
+pub(crate) struct OverridesService<S> {
+    backend: Arc<S>,
+    policies: Arc<PolicyRegistry>,
+    metrics: Arc<Metrics>,
+    max_key_bytes: usize,
+    request_timeout: Duration,
+}
+
+/// `scope` as written: a key or a non-empty prefix, within the key bound.
+fn scope_of(scope: Option<pb::OverrideScope>, max_key_bytes: usize) -> Result<Scope, ServiceError> {
+    match scope.and_then(|s| s.scope) {
+        None => Err(ServiceError::invalid(
+            "scope",
+            "must be set: a key or a prefix",
+        )),
+        Some(pb::override_scope::Scope::Key(k)) => {
+            check_key_bytes(&k, max_key_bytes).map_err(|e| rename(e, "scope.key"))?;
+            Ok(Scope::Key(k))
+        }
+        Some(pb::override_scope::Scope::Prefix(p)) => {
+            if p.is_empty() {
+                return Err(ServiceError::invalid(
+                    "scope.prefix",
+                    "must not be empty (an override for every key is the policy itself)",
+                ));
+            }
+            check_key_bytes(&p, max_key_bytes).map_err(|e| rename(e, "scope.prefix"))?;
+            Ok(Scope::Prefix(p))
+        }
+    }
+}
+
+/// `error` about a key, as about `field`.
+fn rename(error: ServiceError, field: &str) -> ServiceError {
+    match error {
+        ServiceError::Invalid { message, .. } => ServiceError::invalid(field, message),
+        other => other,
+    }
+}
+
+fn policy_of(policy: &str) -> Result<(), ServiceError> {
+    if policy.is_empty() {
+        Err(ServiceError::invalid(
+            "policy",
+            "must name a configured policy",
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl<S: Backend> OverridesService<S> {
+    pub(crate) fn new(
+        backend: Arc<S>,
+        policies: Arc<PolicyRegistry>,
+        metrics: Arc<Metrics>,
+        max_key_bytes: usize,
+        request_timeout: Duration,
+    ) -> Self {
+        OverridesService {
+            backend,
+            policies,
+            metrics,
+            max_key_bytes,
+            request_timeout,
+        }
+    }
+
+    fn admit(&self, origin: Origin, method: &str) -> Result<(), ServiceError> {
+        let access = self.policies.snapshot().limits().allow_overrides;
+        origin
+            .admitted_by(access, method, "limits.allow_overrides")
+            .map_err(ServiceError::Refused)
+    }
+
+    async fn set_one(
+        &self,
+        request: pb::SetOverrideRequest,
+        origin: Origin,
+        caller: String,
+        deadline: Deadline,
+    ) -> Result<pb::SetOverrideResponse, ServiceError> {
+        self.admit(origin, "SetOverride")?;
+        policy_of(&request.policy)?;
+        let scope = scope_of(request.scope, self.max_key_bytes)?;
+        let now = self.policies.now_ms();
+        if let Some(at) = request.expires_at_ms
+            && at <= now
+        {
+            return Err(ServiceError::invalid(
+                "expires_at_ms",
+                format!("must be in the future (it is {at}, now is {now})"),
+            ));
+        }
+        let entry = Override {
+            policy: request.policy,
+            scope,
+            limit: request.limit,
+            window_ms: request.window_ms,
+            burst: request.burst,
+            expires_at_ms: request.expires_at_ms,
+            source: Source::Runtime,
+            set_by: caller.clone(),
+            set_at_ms: now,
+        };
+        self.policies
+            .check_override(&entry)
+            .map_err(|e| put_error(&entry, e))?;
+        self.backend
+            .put_override(
+                &store_field(&entry.policy, &entry.scope),
+                &store_value(&entry),
+                deadline,
+            )
+            .await
+            .map_err(|e| ServiceError::NotKept(e.to_string()))?;
+        let old = self
+            .policies
+            .put_override(entry.clone())
+            .map_err(|e| put_error(&entry, e))?;
+        tracing::info!(
+            target: "quotad::audit",
+            %caller,
+            policy = %entry.policy,
+            scope = %entry.scope.describe(),
+            old = %old.as_deref().map_or_else(|| "none".to_owned(), Override::numbers),
+            new = %entry.numbers(),
+            "override set"
+        );
+        crate::registry::overrides::export(&self.policies, &self.metrics);
+        Ok(pb::SetOverrideResponse {
+            previous: old.as_deref().map(entry_to_pb),
+        })
+    }
+
+    async fn remove_one(
+        &self,
+        request: pb::RemoveOverrideRequest,
+        origin: Origin,
+        caller: String,
+        deadline: Deadline,
+    ) -> Result<pb::RemoveOverrideResponse, ServiceError> {
+        self.admit(origin, "RemoveOverride")?;
+        policy_of(&request.policy)?;
+        let scope = scope_of(request.scope, self.max_key_bytes)?;
+        self.backend
+            .remove_override(&store_field(&request.policy, &scope), deadline)
+            .await
+            .map_err(|e| ServiceError::NotKept(e.to_string()))?;
+        let old = self.policies.remove_override(&request.policy, &scope);
+        tracing::info!(
+            target: "quotad::audit",
+            %caller,
+            policy = %request.policy,
+            scope = %scope.describe(),
+            old = %old.as_deref().map_or_else(|| "none".to_owned(), Override::numbers),
+            new = "none",
+            "override removed"
+        );
+        crate::registry::overrides::export(&self.policies, &self.metrics);
+        Ok(pb::RemoveOverrideResponse {
+            removed: old.is_some(),
+            previous: old.as_deref().map(entry_to_pb),
+        })
+    }
+
+    fn list(
+        &self,
+        request: &pb::ListOverridesRequest,
+        origin: Origin,
+    ) -> Result<pb::ListOverridesResponse, ServiceError> {
+        self.admit(origin, "ListOverrides")?;
+        let set = self.policies.snapshot();
+        let now = self.policies.now_ms();
+        let overrides = set
+            .overrides()
+            .iter()
+            .filter(|a| a.entry.live_at(now))
+            .filter(|a| request.policy.is_empty() || a.entry.policy == request.policy)
+            .map(|a| entry_to_pb(&a.entry))
+            .collect();
+        Ok(pb::ListOverridesResponse {
+            overrides,
+            in_sync: self.policies.in_sync(),
+        })
+    }
+}
+
+/// The INVALID_ARGUMENT for an override the registry refuses.
+fn put_error(entry: &Override, error: PutError) -> ServiceError {
+    match error {
+        PutError::UnknownPolicy => {
+            ServiceError::invalid("policy", format!("no policy named {:?}", entry.policy))
+        }
+        PutError::Invalid(e) => {
+            let field = match e.field {
+                "key" => "scope.key",
+                "prefix" => "scope.prefix",
+                other => other,
+            };
+            ServiceError::invalid(field, e.message)
+        }
+        PutError::TooMany(max) => ServiceError::invalid(
+            "scope",
+            format!(
+                "policy {:?} has {max} overrides already (limits.max_overrides)",
+                entry.policy
+            ),
+        ),
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Backend> pb::overrides_server::Overrides for OverridesService<S> {
+    async fn set_override(
+        &self,
+        request: Request<pb::SetOverrideRequest>,
+    ) -> Result<Response<pb::SetOverrideResponse>, Status> {
+        let origin = Origin::of(&request);
+        let caller = auth::caller(&request);
+        crate::api::serve(
+            &self.metrics,
+            Method::SetOverride,
+            request,
+            self.request_timeout,
+            |r, d| self.set_one(r, origin, caller, d),
+        )
+        .await
+    }
+
+    async fn remove_override(
+        &self,
+        request: Request<pb::RemoveOverrideRequest>,
+    ) -> Result<Response<pb::RemoveOverrideResponse>, Status> {
+        let origin = Origin::of(&request);
+        let caller = auth::caller(&request);
+        crate::api::serve(
+            &self.metrics,
+            Method::RemoveOverride,
+            request,
+            self.request_timeout,
+            |r, d| self.remove_one(r, origin, caller, d),
+        )
+        .await
+    }
+
+    async fn list_overrides(
+        &self,
+        request: Request<pb::ListOverridesRequest>,
+    ) -> Result<Response<pb::ListOverridesResponse>, Status> {
+        let origin = Origin::of(&request);
+        crate::api::serve(
+            &self.metrics,
+            Method::ListOverrides,
+            request,
+            self.request_timeout,
+            |r, _| std::future::ready(self.list(&r, origin)),
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quotad_core::{FakeClock, MemoryStore, OnFull, StoreConfig};
+    use tonic::transport::server::TcpConnectInfo;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::registry::PolicySet;
+
+    fn service(toml: &str) -> OverridesService<MemoryStore> {
+        let config = Config::from_toml(toml).expect("valid config");
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let set = PolicySet::new(config.policies(), config.limits(), &metrics);
+        let store = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid store");
+        OverridesService::new(
+            Arc::new(MemoryStore::new(store, Arc::new(FakeClock::new(0)))),
+            Arc::new(PolicyRegistry::new(set)),
+            metrics,
+            64,
+            Duration::from_secs(1),
+        )
+    }
+
+    const API: &str = "[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n";
+
+    async fn set_from(service: &OverridesService<MemoryStore>, from: &str) -> Result<(), Status> {
+        use pb::overrides_server::Overrides as _;
+        let mut request = Request::new(pb::SetOverrideRequest {
+            policy: "api".to_owned(),
+            scope: Some(pb::OverrideScope {
+                scope: Some(pb::override_scope::Scope::Key("k".to_owned())),
+            }),
+            limit: 30,
+            ..pb::SetOverrideRequest::default()
+        });
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(from.parse().expect("an address")),
+        });
+        service.set_override(request).await.map(|_| ())
+    }
+
+    #[tokio::test]
+    async fn an_anonymous_caller_from_another_host_is_refused_by_default_and_changes_nothing() {
+        let local = service(API);
+        for remote in ["10.1.2.3:4000", "[2001:db8::1]:4000"] {
+            let refused = set_from(&local, remote).await.expect_err("refused");
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{remote}");
+            assert!(
+                refused
+                    .message()
+                    .contains("limits.allow_overrides = \"local\""),
+                "{}",
+                refused.message()
+            );
+        }
+        assert!(local.policies.runtime_overrides().is_empty());
+        set_from(&local, "127.0.0.1:4000")
+            .await
+            .expect("a local caller may");
+        assert_eq!(local.policies.runtime_overrides().len(), 1);
+        let open = service(&format!("[limits]\nallow_overrides = \"anyone\"\n{API}"));
+        set_from(&open, "10.1.2.3:4000").await.expect("anyone");
+    }
+}
