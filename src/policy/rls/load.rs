@@ -548,7 +548,7 @@ impl Loader<'_> {
                     PolicyField::Limit => {
                         ("requests_per_unit", requests_per_unit.map(|(_, at)| at))
                     }
-                    PolicyField::Window | PolicyField::SlotTtl => {
+                    PolicyField::Window | PolicyField::SlotTtl | PolicyField::Period => {
                         ("unit", unit.as_ref().map(|(_, at)| *at))
                     }
                     PolicyField::Burst => ("burst", ext.burst.map(|(_, at)| at)),
