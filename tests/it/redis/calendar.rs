@@ -225,3 +225,78 @@ fn by_redis_time_a_daily_quota_resets_at_the_next_local_midnight() {
 fn now_ms() -> u64 {
     quotad_core::SystemClock.now_ms()
 }
+
+/// A daily quota spent on the primary, replicated, is the same after a
+/// Sentinel failover (the primary SIGKILLed): its remaining budget and its
+/// reset at the next local midnight, by the new primary's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_quota_survives_a_sentinel_failover() {
+    use super::sentinel::{MASTER, Sentinel};
+    use quotad_client::{Check, Client, Reason};
+
+    let mut primary = RedisServer::start();
+    primary.config_set("repl-diskless-sync-delay", "0");
+    let replica = RedisServer::start_replica_of(primary.port);
+    let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
+    let started = std::time::Instant::now();
+    while !sentinels.iter().all(Sentinel::ready)
+        || !replica
+            .cli(&["info", "replication"])
+            .contains("master_link_status:up")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the replica and the sentinels were not ready within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let nodes: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("redis://127.0.0.1:{}", s.port))
+        .collect();
+    let config = quotad::Config::from_toml(&format!(
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://{MASTER}/0\"\nsentinel_nodes = {nodes:?}\ntimeout = \"200ms\"\n\n[policies.daily]\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"day\"\ntime_zone = \"Asia/Kathmandu\"\n"
+    ))
+    .expect("valid config");
+    let server = crate::common::TestServer::start(config).await;
+    let client = Client::builder(format!("http://{}", server.grpc_addr))
+        .deadline(Duration::from_millis(500))
+        .deny_cache(0)
+        .build()
+        .expect("client");
+    let check = Check::named("daily", "k");
+    for _ in 0..3 {
+        assert!(client.check(&check).await.expect("decided").allowed);
+    }
+    // Replicated before the kill: what asynchronous replication may lose
+    // is the sentinel test's subject, not this one's.
+    assert_eq!(primary.cli(&["wait", "1", "5000"]).trim(), "1");
+    primary.stop();
+    let killed = std::time::Instant::now();
+    let after = loop {
+        match client.peek(&check).await {
+            Ok(decision) if decision.reason == Reason::WithinLimit => break decision,
+            Ok(decision) => panic!("unexpected answer {decision:?}"),
+            Err(_) => {}
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "no failover within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(after.remaining, 2, "3 of 5 spent before the failover");
+    let calendar = Calendar::new(Period::Day, Zone::named("Asia/Kathmandu").expect("zone"));
+    for _ in 0..2 {
+        assert!(client.check(&check).await.expect("decided").allowed);
+    }
+    let before = now_ms();
+    let denied = client.check(&check).await.expect("decided");
+    let at = now_ms();
+    assert_eq!(denied.reason, Reason::LimitExceeded);
+    let wait = denied.retry_after_ms;
+    assert!(
+        (before..=at).any(|t| t + wait == calendar.bounds(t).1),
+        "{denied:?}"
+    );
+}
