@@ -351,3 +351,55 @@ fn now_ms() -> u64 {
     use quotad_core::Clock;
     quotad_core::SystemClock.now_ms()
 }
+
+const ENVOY_RULES: &str = r#"
+domain: api
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 2}
+    metadata: {quotad: {period: day, time_zone: America/New_York}}
+  - key: burst
+    rate_limit: {unit: second, requests_per_unit: 1}
+    metadata: {quotad: {window: 30s}}
+"#;
+
+#[tokio::test]
+async fn an_envoy_rule_counts_per_new_york_day_and_another_per_30_seconds() {
+    use crate::rls::{ask, descriptor, is_ok, request, rls_client, rls_toml, rules_dir};
+
+    let dir = rules_dir(&[("api.yaml", ENVOY_RULES)]);
+    // 01:00:00 EST, the start of a 30-second window of the epoch.
+    let clock = Arc::new(FakeClock::new(NY_SPRING_1AM));
+    let config = Config::from_toml(&rls_toml(&dir, ""))
+        .expect("valid config")
+        .with_clock(clock.clone());
+    let server = TestServer::start(config).await;
+    let mut client = rls_client(&server).await;
+    let tenant = || request("api", vec![descriptor(&[("tenant", "acme")])]);
+    assert!(is_ok(&ask(&mut client, tenant()).await));
+    let second = ask(&mut client, tenant()).await;
+    assert!(is_ok(&second));
+    let over = ask(&mut client, tenant()).await;
+    assert!(!is_ok(&over));
+    // 22 hours to New York's midnight, on the 23-hour day.
+    let reset = over.statuses[0]
+        .duration_until_reset
+        .expect("a reset")
+        .seconds;
+    assert_eq!(u64::try_from(reset).expect("positive") * 1_000, 22 * HOUR);
+    clock.set(NY_SPRING_END);
+    assert!(is_ok(&ask(&mut client, tenant()).await));
+
+    // One per 30 s: the second is refused until the window's end.
+    let burst = || request("api", vec![descriptor(&[("burst", "b")])]);
+    assert!(is_ok(&ask(&mut client, burst()).await));
+    let over = ask(&mut client, burst()).await;
+    assert!(!is_ok(&over));
+    let reset = over.statuses[0]
+        .duration_until_reset
+        .expect("a reset")
+        .seconds;
+    assert_eq!(reset, 30, "{over:?}");
+    clock.advance(Duration::from_secs(30));
+    assert!(is_ok(&ask(&mut client, burst()).await));
+}

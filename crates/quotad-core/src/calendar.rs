@@ -24,7 +24,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-use jiff::civil::{Date, Time, Weekday};
+pub use jiff::civil::Weekday;
+
+use jiff::civil::{Date, Time};
 use jiff::tz::{TimeZone, TimeZoneDatabase};
 use jiff::{Timestamp, ToSpan};
 use thiserror::Error;
