@@ -403,3 +403,99 @@ async fn an_envoy_rule_counts_per_new_york_day_and_another_per_30_seconds() {
     clock.advance(Duration::from_secs(30));
     assert!(is_ok(&ask(&mut client, burst()).await));
 }
+
+/// Runs the built binary with `args`, unaffected by QUOTAD_* variables.
+fn quotad_cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_quotad"));
+    command.args(args).env_remove("RUST_LOG");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("QUOTAD_") {
+            command.env_remove(name);
+        }
+    }
+    command.output().expect("run quotad")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_peek_print_the_reset_as_a_local_time() {
+    // The real clock: the CLI adds the reset to its own wall clock.
+    let server = TestServer::start(Config::from_toml(POLICIES).expect("valid")).await;
+    let addr = server.grpc_addr.to_string();
+    let inline_args = [
+        "--algorithm",
+        "fixed_window",
+        "--limit",
+        "5",
+        "--period",
+        "day",
+        "--time-zone",
+        "Asia/Kathmandu",
+    ];
+    let args = |verb: &str| {
+        let mut args = vec![verb, "--addr", &addr, "--key", "k"];
+        args.extend(inline_args);
+        args.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let check_args = args("check");
+    let out = tokio::task::spawn_blocking(move || quotad_cli(&check_args))
+        .await
+        .expect("ran");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}{:?}", out.stderr);
+    // Kathmandu's next midnight, printed in its offset and name.
+    assert!(
+        stdout.starts_with("#1  allowed  remaining 4/5  reset in "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("T00:00:00") && stdout.contains("+05:45[Asia/Kathmandu]"),
+        "{stdout}"
+    );
+    // A named policy's reset in the zone asked for.
+    let mut client = server.client().await;
+    assert!(check(&mut client, named("k", "daily", None)).await.allowed);
+    let peek_args: Vec<String> = [
+        "peek",
+        "--addr",
+        &addr,
+        "--key",
+        "k",
+        "--policy",
+        "daily",
+        "--time-zone",
+        "America/New_York",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let out = tokio::task::spawn_blocking(move || quotad_cli(&peek_args))
+        .await
+        .expect("ran");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    // One spent: the peek prints New York's next midnight.
+    assert!(
+        stdout.starts_with("peek  would be allowed  remaining 2/3"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("T00:00:00") && stdout.contains("[America/New_York]"),
+        "{stdout}"
+    );
+    let bad = quotad_cli(&[
+        "check",
+        "--addr",
+        "127.0.0.1:1",
+        "--key",
+        "k",
+        "--algorithm",
+        "fixed_window",
+        "--limit",
+        "5",
+        "--period",
+        "day",
+        "--time-zone",
+        "Mars/Olympus",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--time-zone: unknown time zone"));
+}

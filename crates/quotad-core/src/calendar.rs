@@ -129,6 +129,20 @@ impl Zone {
     }
 }
 
+impl Zone {
+    /// The local date and time of the instant `at_ms` in this zone, as RFC
+    /// 9557 text (`2024-03-11T00:00:00-04:00[America/New_York]`).
+    pub fn local(self, at_ms: u64) -> String {
+        i64::try_from(at_ms)
+            .ok()
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            .map_or_else(
+                || format!("{at_ms} ms"),
+                |ts| ts.to_zoned(self.time_zone().clone()).to_string(),
+            )
+    }
+}
+
 impl fmt::Debug for Zone {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Zone({})", self.name())
@@ -339,15 +353,9 @@ impl Calendar {
     }
 
     /// The local date and time of the instant `at_ms` in this calendar's
-    /// zone, as RFC 9557 text (`2024-03-11T00:00:00-04:00[America/New_York]`).
+    /// zone ([`Zone::local`]).
     pub fn local(&self, at_ms: u64) -> String {
-        i64::try_from(at_ms)
-            .ok()
-            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
-            .map_or_else(
-                || format!("{at_ms} ms"),
-                |ts| ts.to_zoned(self.zone.time_zone().clone()).to_string(),
-            )
+        self.zone.local(at_ms)
     }
 }
 
