@@ -80,6 +80,17 @@ async fn a_named_daily_quota_resets_at_new_york_midnight_on_the_23_hour_day() {
     assert!(next.allowed);
     assert_eq!(next.remaining, 2);
     assert_eq!(next.reset_after_ms, 24 * HOUR);
+    // The admin endpoint lists the period with the policy.
+    let (status, body) = server.get("/policies").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains(r#""period":"day@America/New_York""#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#""period":"week:sunday@Europe/Berlin""#),
+        "{body}"
+    );
 }
 
 #[tokio::test]
