@@ -157,6 +157,10 @@ struct PolicyBody {
     window_ms: u64,
     burst: Option<u64>,
     on_error: &'static str,
+    /// A calendar quota's period (`day@America/New_York`,
+    /// `week:sunday@UTC`); left out for the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    period: Option<String>,
     // Left out, not null, for a policy without leases: most policies have
     // none, and their bodies stay as short as they were.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,6 +187,7 @@ async fn policies(State(state): State<AdminState>) -> impl IntoResponse {
                 window_ms: p.window_ms(),
                 burst: p.algorithm().is_bucket().then_some(p.burst()),
                 on_error: settings.on_error.as_str(),
+                period: p.calendar_period().map(|c| c.spec()),
                 lease: settings.lease.map(|terms| LeaseBody {
                     max_units: terms.max_units(),
                     min_units: terms.min_units(),

@@ -369,6 +369,8 @@ async fn serve<B: Backend>(
         %admin_addr,
         store = config.store().backend.name(),
         policies = config.policies().len(),
+        // The IANA release calendar quotas decide by (compiled in).
+        tzdb = quotad_core::tzdb_version(),
         "quotad serving"
     );
 

@@ -451,6 +451,7 @@ mod tests {
             limit: 100,
             window_ms: 60_000,
             burst: None,
+            ..Default::default()
         };
         pb::LeaseRequest {
             inline_terms: terms,

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use quotad_core::{Algorithm, BatchMode, Decision, Policy};
+use quotad_core::calendar::{self, Calendar, CalendarError, Period, Zone};
+use quotad_core::{Algorithm, BatchMode, Decision, Policy, PolicyError};
 use quotad_proto::MAX_BATCH_ITEMS;
 use quotad_proto::convert::{self, UnknownValue};
 use quotad_proto::v1 as pb;
@@ -62,7 +63,7 @@ impl CheckSpec {
                 PolicyRef::Named(name)
             }
             (Some(P::InlinePolicy(sent)), Some(PolicyRef::Inline(last)))
-                if *previous_inline == Some(sent) =>
+                if previous_inline.as_ref() == Some(&sent) =>
             {
                 PolicyRef::Inline(*last)
             }
@@ -181,12 +182,66 @@ pub(super) fn named(name: String) -> Result<PolicyRef, ServiceError> {
 pub(super) fn inline(policy: &pb::Policy) -> Result<PolicyRef, ServiceError> {
     let algorithm = algorithm(policy.algorithm)?;
     let window = Duration::from_millis(policy.window_ms);
-    Policy::try_new(algorithm, policy.limit, window, policy.burst)
-        .map(PolicyRef::Inline)
-        .map_err(|e| {
-            let field = format!("inline_policy.{}", policy_error_field(&e).proto_name());
-            ServiceError::invalid(&field, e.to_string())
-        })
+    let made = match inline_calendar(policy)? {
+        Some(_) if policy.window_ms != 0 => {
+            return Err(ServiceError::invalid(
+                "inline_policy.period",
+                "give either window_ms (a fixed length) or period (a calendar day, week, month or year), not both",
+            ));
+        }
+        Some(_) if policy.burst.is_some() && algorithm == Algorithm::FixedWindow => {
+            Err(PolicyError::BurstNotApplicable(algorithm))
+        }
+        Some(calendar) => Policy::calendar(algorithm, policy.limit, calendar),
+        None => Policy::try_new(algorithm, policy.limit, window, policy.burst),
+    };
+    made.map(PolicyRef::Inline).map_err(|e| {
+        let field = format!("inline_policy.{}", policy_error_field(&e).proto_name());
+        ServiceError::invalid(&field, e.to_string())
+    })
+}
+
+/// The calendar an inline policy's `period`, `time_zone` and `week_start`
+/// give; `None` without a period.
+fn inline_calendar(policy: &pb::Policy) -> Result<Option<Calendar>, ServiceError> {
+    let invalid = |field: &str, message: String| {
+        ServiceError::invalid(&format!("inline_policy.{field}"), message)
+    };
+    if policy.period.is_empty() {
+        if !policy.time_zone.is_empty() {
+            return Err(invalid(
+                "time_zone",
+                "applies only with a period".to_owned(),
+            ));
+        }
+        if !policy.week_start.is_empty() {
+            return Err(invalid(
+                "week_start",
+                "applies only with period \"week\"".to_owned(),
+            ));
+        }
+        return Ok(None);
+    }
+    let mut period: Period = policy
+        .period
+        .parse()
+        .map_err(|e: CalendarError| invalid("period", e.to_string()))?;
+    if !policy.week_start.is_empty() {
+        let Period::Week(start) = &mut period else {
+            return Err(invalid(
+                "week_start",
+                "applies only with period \"week\"".to_owned(),
+            ));
+        };
+        *start = calendar::parse_weekday(&policy.week_start)
+            .map_err(|e| invalid("week_start", e.to_string()))?;
+    }
+    let zone = if policy.time_zone.is_empty() {
+        Zone::utc()
+    } else {
+        Zone::named(&policy.time_zone).map_err(|e| invalid("time_zone", e.to_string()))?
+    };
+    Ok(Some(Calendar::new(period, zone)))
 }
 
 fn algorithm(value: i32) -> Result<Algorithm, ServiceError> {
@@ -201,13 +256,19 @@ fn algorithm(value: i32) -> Result<Algorithm, ServiceError> {
 /// inline policies share state only if they are the same policy. `:` cannot
 /// appear in a policy name, so it never collides with named state.
 pub(crate) fn inline_namespace(policy: &Policy) -> String {
-    format!(
+    let mut namespace = format!(
         "inline:{}:{}:{}:{}",
         policy.algorithm(),
         policy.limit(),
         policy.window_ms(),
         policy.burst()
-    )
+    );
+    // A calendar quota's periods, too: `...:day@America/New_York`.
+    if let Some(calendar) = policy.calendar_period() {
+        namespace.push(':');
+        namespace.push_str(&calendar.spec());
+    }
+    namespace
 }
 
 /// The protobuf decision.
@@ -273,6 +334,7 @@ mod tests {
                 limit: 10,
                 window_ms: 1_000,
                 burst: None,
+                ..Default::default()
             };
             let spec = CheckSpec::try_from(request(
                 "k",
@@ -313,6 +375,7 @@ mod tests {
                 limit,
                 window_ms: 1_000,
                 burst,
+                ..Default::default()
             })
         };
         let name = |n: &str| pb::check_request::Policy::PolicyName(n.to_owned());

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::builder::NonEmptyStringValueParser;
 use quotad_client::{Client, LeaseOptions, PolicyRef, TlsConfig};
+use quotad_core::calendar::{self, Calendar, CalendarError, Period, Zone};
 use quotad_core::{Algorithm, Policy};
 
 use super::{DEFAULT_ADDR, Failure, client};
@@ -188,16 +189,28 @@ pub(crate) struct PolicyArgs {
         conflicts_with = "algorithm"
     )]
     policy: Option<String>,
-    /// An inline policy's algorithm (with --limit and --window): fixed_window,
-    /// sliding_window, token_bucket, leaky_bucket or sliding_log
-    #[arg(long, value_name = "ALGORITHM", requires_all = ["limit", "window"])]
+    /// An inline policy's algorithm (with --limit and --window, or a
+    /// fixed_window's --period): fixed_window, sliding_window, token_bucket,
+    /// leaky_bucket or sliding_log
+    #[arg(long, value_name = "ALGORITHM", requires = "limit")]
     algorithm: Option<Algorithm>,
     /// An inline policy's limit: units per window, or the refill rate
     #[arg(long, value_name = "N", requires = "algorithm")]
     limit: Option<u64>,
     /// An inline policy's window, e.g. 1s, 1m
-    #[arg(long, value_name = "DURATION", requires = "algorithm", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", requires = "algorithm", value_parser = humantime::parse_duration, conflicts_with = "period")]
     window: Option<Duration>,
+    /// An inline fixed window's calendar period instead of --window: day,
+    /// week, month or year, from local midnight in --time-zone
+    #[arg(long, value_name = "PERIOD", requires = "algorithm")]
+    period: Option<String>,
+    /// The IANA time zone of --period (default UTC); with --policy, the zone
+    /// the reset's local time is printed in
+    #[arg(long, value_name = "ZONE")]
+    time_zone: Option<String>,
+    /// The day a --period week starts on (default monday)
+    #[arg(long, value_name = "DAY", requires = "period")]
+    week_start: Option<String>,
     /// An inline bucket policy's capacity (default: the limit)
     #[arg(long, value_name = "N", requires = "algorithm")]
     burst: Option<u64>,
@@ -212,6 +225,15 @@ impl PolicyArgs {
     pub(crate) fn policy(&self) -> Result<PolicyRef, Failure> {
         match (&self.policy, self.algorithm, self.limit, self.window) {
             (Some(name), ..) => Ok(PolicyRef::Named(name.clone())),
+            (None, Some(algorithm), Some(limit), None) if self.period.is_some() => {
+                let calendar = self.calendar()?.expect("a period was given");
+                Policy::calendar(algorithm, limit, calendar)
+                    .map(PolicyRef::Inline)
+                    .map_err(|error| {
+                        let flag = quotad::policy::policy_error_field(&error).config_name();
+                        Failure::Usage(format!("--{flag}: {error}"))
+                    })
+            }
             (None, Some(algorithm), Some(limit), Some(window)) => {
                 Policy::try_new(algorithm, limit, window, self.burst)
                     .map(PolicyRef::Inline)
@@ -221,9 +243,51 @@ impl PolicyArgs {
                     })
             }
             _ => Err(Failure::Usage(
-                "give --policy NAME, or --algorithm with --limit and --window".to_owned(),
+                "give --policy NAME, or --algorithm with --limit and --window (or --period)"
+                    .to_owned(),
             )),
         }
+    }
+
+    /// The calendar of `--period`, `--time-zone` and `--week-start`;
+    /// `None` without `--period`.
+    fn calendar(&self) -> Result<Option<Calendar>, Failure> {
+        let Some(period) = &self.period else {
+            return Ok(None);
+        };
+        let usage = |flag: &str, e: CalendarError| Failure::Usage(format!("--{flag}: {e}"));
+        let mut period: Period = period.parse().map_err(|e| usage("period", e))?;
+        if let Some(day) = &self.week_start {
+            let Period::Week(start) = &mut period else {
+                return Err(Failure::Usage(
+                    "--week-start: applies only with --period week".to_owned(),
+                ));
+            };
+            *start = calendar::parse_weekday(day).map_err(|e| usage("week-start", e))?;
+        }
+        Ok(Some(Calendar::new(
+            period,
+            self.zone()?.unwrap_or_else(Zone::utc),
+        )))
+    }
+
+    /// The zone of `--time-zone`, when given.
+    fn zone(&self) -> Result<Option<Zone>, Failure> {
+        self.time_zone
+            .as_deref()
+            .map(Zone::named)
+            .transpose()
+            .map_err(|e| Failure::Usage(format!("--time-zone: {e}")))
+    }
+
+    /// The zone a decision's reset is printed in as a local time: an
+    /// inline calendar's, or `--time-zone`'s.
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Usage`] for an unknown zone.
+    pub(crate) fn display_zone(&self) -> Result<Option<Zone>, Failure> {
+        self.zone()
     }
 }
 
@@ -231,11 +295,18 @@ impl PolicyArgs {
 pub(crate) fn policy_label(policy: &PolicyRef) -> String {
     match policy {
         PolicyRef::Named(name) => name.clone(),
-        PolicyRef::Inline(policy) => format!(
-            "inline {} {}/{}",
-            policy.algorithm(),
-            policy.limit(),
-            humantime::format_duration(Duration::from_millis(policy.window_ms()))
-        ),
+        PolicyRef::Inline(policy) => match policy.calendar_period() {
+            Some(calendar) => format!(
+                "inline {} {}/{calendar}",
+                policy.algorithm(),
+                policy.limit()
+            ),
+            None => format!(
+                "inline {} {}/{}",
+                policy.algorithm(),
+                policy.limit(),
+                humantime::format_duration(Duration::from_millis(policy.window_ms()))
+            ),
+        },
     }
 }

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::builder::NonEmptyStringValueParser;
 use quotad_client::{Check, Decision, LeaseOptions, MAX_LEASE_WANT, PolicyRef, Reason};
+use quotad_core::Zone;
 use serde_json::json;
 
 use super::args::{Connected, Connection, Output, PolicyArgs, policy_label};
@@ -39,12 +40,20 @@ struct Asking {
     client: quotad_client::Client,
     output: Output,
     check: Check,
+    /// The zone the reset is printed in as a local time, when known.
+    zone: Option<Zone>,
 }
 
 impl Target {
     /// A client of the target, leasing with `leases` when given.
     fn connect(self, leases: Option<LeaseOptions>) -> Result<Asking, Failure> {
-        let check = check_of(self.at.policy.policy()?, self.at.key).cost(self.cost);
+        let policy = self.at.policy.policy()?;
+        let zone = match &policy {
+            PolicyRef::Inline(p) => p.calendar_period().map(|c| c.zone()),
+            PolicyRef::Named(_) => None,
+        };
+        let zone = self.at.policy.display_zone()?.or(zone);
+        let check = check_of(policy, self.at.key).cost(self.cost);
         let Connected {
             uri,
             client,
@@ -55,6 +64,7 @@ impl Target {
             client,
             output,
             check,
+            zone,
         })
     }
 }
@@ -173,6 +183,7 @@ impl Run {
             client,
             output,
             check: request,
+            zone,
         } = asking;
         let cost = request.cost_units();
         let width = self.count.to_string().len();
@@ -204,6 +215,9 @@ impl Run {
                     line.push_str(&format!("at {at_ms}  "));
                 }
                 line.push_str(&describe(&decision, cost, Verb::Checked));
+                if let Some(at) = reset_at(&decision, *zone, at_ms) {
+                    line.push_str(&format!("  resets {at}"));
+                }
                 if from_lease {
                     line.push_str("  from a lease");
                 }
@@ -216,6 +230,9 @@ impl Run {
                 object["n"] = json!(n);
                 object["at_ms"] = json!(u64::try_from(at_ms).unwrap_or(u64::MAX));
                 object["from_lease"] = json!(from_lease);
+                if let Some(at) = reset_at(&decision, *zone, at_ms) {
+                    object["reset_at"] = json!(at);
+                }
                 object
             };
             output.line(out, text, json)?;
@@ -256,19 +273,30 @@ pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Fail
         client,
         output,
         check,
+        zone,
     } = args.target.connect(None)?;
     let cost = check.cost_units();
     let decision = client
         .peek(&check)
         .await
         .map_err(|error| failure(&uri, error))?;
+    let reset = reset_at(&decision, zone, wall_clock_ms());
     output.line(
         &mut out,
-        || format!("peek  {}", describe(&decision, cost, Verb::Peeked)),
+        || {
+            let mut line = format!("peek  {}", describe(&decision, cost, Verb::Peeked));
+            if let Some(at) = &reset {
+                line.push_str(&format!("  resets {at}"));
+            }
+            line
+        },
         || {
             let mut object = decision_json(&decision);
             object["key"] = json!(check.key());
             object["policy"] = json!(policy_label(check.policy()));
+            if let Some(at) = &reset {
+                object["reset_at"] = json!(at);
+            }
             object
         },
     )?;
@@ -324,6 +352,19 @@ pub(crate) async fn reset(args: ResetArgs, mut out: impl Write) -> Result<(), Fa
         || json!({"reset": true, "key": key, "policy": label}),
     )?;
     Ok(())
+}
+
+/// When the key is back to a full budget, as a local time in `zone`
+/// (RFC 9557: `2024-03-11T00:00:00-04:00[America/New_York]`), from the
+/// decision's instant `at_ms` on the wall clock; `None` without a zone or a
+/// reset.
+fn reset_at(d: &Decision, zone: Option<Zone>, at_ms: u128) -> Option<String> {
+    let zone = zone?;
+    if d.reset_after_ms == 0 {
+        return None;
+    }
+    let at = u64::try_from(at_ms).ok()?.checked_add(d.reset_after_ms)?;
+    Some(zone.local(at))
 }
 
 /// Whether the decision was made (`check`) or only looked at (`peek`).

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use quotad_core::{LeaseTerms, LeaseTermsError, Policy};
+use quotad_core::calendar::{self, Calendar, CalendarError, Period, Zone};
+use quotad_core::{Algorithm, LeaseTerms, LeaseTermsError, Policy, PolicyError};
 use serde::Deserialize;
 
 use super::human_duration;
@@ -64,8 +65,62 @@ pub(super) struct RawPolicy {
     #[serde(default, deserialize_with = "some_duration")]
     slot_ttl: Option<Duration>,
     burst: Option<u64>,
+    /// A fixed window's calendar period instead of a `window`: `day`,
+    /// `week`, `month` or `year`, in `time_zone`.
+    period: Option<String>,
+    /// The IANA zone whose local midnights bound `period`; UTC when left
+    /// out.
+    time_zone: Option<String>,
+    /// The day a `period = "week"` starts on; Monday when left out.
+    week_start: Option<String>,
     on_error: Option<OnError>,
     lease: Option<RawLease>,
+}
+
+impl RawPolicy {
+    /// The calendar `period`, `time_zone` and `week_start` give, `None`
+    /// without a period; or the field that breaks a rule. Whether the
+    /// algorithm takes a period is the policy's to say.
+    fn calendar(&self) -> Result<Option<Calendar>, (&'static str, String)> {
+        let Some(period) = &self.period else {
+            if self.time_zone.is_some() {
+                return Err(("time_zone", "applies only with a period".to_owned()));
+            }
+            if self.week_start.is_some() {
+                return Err((
+                    "week_start",
+                    "applies only with period = \"week\"".to_owned(),
+                ));
+            }
+            return Ok(None);
+        };
+        if self.window.is_some() {
+            return Err((
+                "period",
+                "give either window (a fixed length) or period (a calendar day, week, month or year), not both".to_owned(),
+            ));
+        }
+        let mut period: Period = period
+            .parse()
+            .map_err(|e: CalendarError| ("period", e.to_string()))?;
+        match (&mut period, &self.week_start) {
+            (Period::Week(start), Some(day)) => {
+                *start = calendar::parse_weekday(day).map_err(|e| ("week_start", e.to_string()))?;
+            }
+            (_, Some(_)) => {
+                return Err((
+                    "week_start",
+                    "applies only with period = \"week\"".to_owned(),
+                ));
+            }
+            (_, None) => {}
+        }
+        let zone = match &self.time_zone {
+            Some(name) => Zone::named(name).map_err(|e| ("time_zone", e.to_string()))?,
+            None => Zone::utc(),
+        };
+        Ok(Some(Calendar::new(period, zone)))
+    }
 }
 
 /// `policies.NAME.lease` as written:
@@ -142,10 +197,13 @@ pub(super) fn validate(
                 .map_err(|e: quotad_core::UnknownAlgorithm| {
                     (field(PolicyField::Algorithm.config_name()), e.to_string())
                 })?;
-        // A rate counts over a window; a concurrency limit's slots last
-        // slot_ttl. Each takes its own, and refuses the other's.
+        let calendar = raw.calendar().map_err(|(f, message)| (field(f), message))?;
+        // A rate counts over a window (or a calendar period); a concurrency
+        // limit's slots last slot_ttl. Each takes its own, and refuses the
+        // other's.
         let window = match (algorithm.is_rate(), raw.window, raw.slot_ttl) {
             (true, Some(window), None) => window,
+            (true, None, None) if calendar.is_some() => Duration::ZERO,
             (false, None, Some(slot_ttl)) => slot_ttl,
             (true, _, Some(_)) => {
                 return Err((
@@ -161,7 +219,10 @@ pub(super) fn validate(
             }
             // Named at the table, as serde names a missing field.
             (true, None, None) => {
-                return Err((table(), "missing field `window`".to_owned()));
+                return Err((
+                    table(),
+                    "missing field `window` (or `period`, for a calendar quota)".to_owned(),
+                ));
             }
             (false, None, None) => {
                 return Err((
@@ -170,8 +231,14 @@ pub(super) fn validate(
                 ));
             }
         };
-        let policy = Policy::try_new(algorithm, raw.limit, window, raw.burst)
-            .map_err(|e| (field(policy_error_field(&e).config_name()), e.to_string()))?;
+        let policy = match calendar {
+            Some(_) if raw.burst.is_some() && algorithm == Algorithm::FixedWindow => {
+                Err(PolicyError::BurstNotApplicable(algorithm))
+            }
+            Some(calendar) => Policy::calendar(algorithm, raw.limit, calendar),
+            None => Policy::try_new(algorithm, raw.limit, window, raw.burst),
+        }
+        .map_err(|e| (field(policy_error_field(&e).config_name()), e.to_string()))?;
         if !algorithm.is_rate() && raw.lease.is_some() {
             return Err((
                 field("lease"),

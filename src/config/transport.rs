@@ -229,6 +229,7 @@ mod tests {
                     limit: MAX_EXACT,
                     window_ms: MAX_EXACT,
                     burst: Some(MAX_EXACT),
+                    ..Default::default()
                 }),
             );
             assert!(inline.encoded_len() <= largest_request_bytes(key_bytes));

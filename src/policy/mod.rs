@@ -42,6 +42,8 @@ pub enum PolicyField {
     /// A concurrency policy's slot TTL (the protobuf `Policy`'s
     /// `window_ms`).
     SlotTtl,
+    /// A calendar period (`day`, `week`, `month`, `year`).
+    Period,
 }
 
 impl PolicyField {
@@ -53,6 +55,7 @@ impl PolicyField {
             PolicyField::Window => "window",
             PolicyField::Burst => "burst",
             PolicyField::SlotTtl => "slot_ttl",
+            PolicyField::Period => "period",
         }
     }
 
@@ -77,6 +80,7 @@ pub fn policy_error_field(error: &PolicyError) -> PolicyField {
         PolicyError::BurstZero
         | PolicyError::BurstNotApplicable(_)
         | PolicyError::BurstWindowTooLarge { .. } => PolicyField::Burst,
+        PolicyError::PeriodNotApplicable(_) => PolicyField::Period,
     }
 }
 

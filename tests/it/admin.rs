@@ -35,12 +35,12 @@ async fn metrics_count_decisions_by_policy_algorithm_outcome_and_reason_and_neve
     let inline_bucket = policy(pb::Algorithm::TokenBucket, 5, 1_000, None);
     check(
         &mut client,
-        inline("inline-secret-77", inline_bucket, Some(2)),
+        inline("inline-secret-77", inline_bucket.clone(), Some(2)),
     )
     .await;
     check(
         &mut client,
-        inline("inline-secret-77", inline_bucket, Some(9)),
+        inline("inline-secret-77", inline_bucket.clone(), Some(9)),
     )
     .await;
     check(&mut client, named("secret-key-4f9a", "per_day", None)).await;

@@ -68,6 +68,7 @@ fn inline_with(algorithm: i32, limit: u64, window_ms: u64, burst: Option<u64>) -
             limit,
             window_ms,
             burst,
+            ..Default::default()
         },
         None,
     )
@@ -382,23 +383,25 @@ async fn inline_policies_fail_the_precondition_when_disabled() {
     let inline_policy = policy(pb::Algorithm::FixedWindow, 10, 1_000, None);
     let cases = [
         (
-            Call::Check(inline("k", inline_policy, None)),
+            Call::Check(inline("k", inline_policy.clone(), None)),
             "inline_policy: inline policies are disabled",
         ),
         (
-            Call::Peek(inline("k", inline_policy, None)),
+            Call::Peek(inline("k", inline_policy.clone(), None)),
             "inline_policy:",
         ),
         (
             reset(
                 "k",
-                Some(pb::reset_request::Policy::InlinePolicy(inline_policy)),
+                Some(pb::reset_request::Policy::InlinePolicy(
+                    inline_policy.clone(),
+                )),
             ),
             "inline_policy:",
         ),
         (
             batch(
-                vec![valid(), inline("k", inline_policy, None)],
+                vec![valid(), inline("k", inline_policy.clone(), None)],
                 pb::BatchMode::Independent,
             ),
             "items[1].inline_policy:",

@@ -214,6 +214,7 @@ async fn bad_input_is_named_and_changes_nothing() {
             limit: 5,
             window_ms: 0,
             burst: None,
+            ..Default::default()
         })),
         ..acquire_req("t", "exports", None)
     };
@@ -353,6 +354,7 @@ async fn a_lease_of_an_inline_concurrency_policy_is_refused() {
                 limit: 2,
                 window_ms: 10_000,
                 burst: None,
+                ..Default::default()
             })),
             inline_terms: Some(pb::LeaseTerms {
                 max_units: 1,

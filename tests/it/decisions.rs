@@ -234,11 +234,11 @@ async fn inline_policies_keep_state_apart_from_named_ones_and_from_each_other() 
 
     // Same parameters as `api`, but inline: a separate budget.
     let same_as_api = policy(pb::Algorithm::FixedWindow, 10, 60_000, None);
-    let first = check(&mut client, inline("erin", same_as_api, Some(3))).await;
+    let first = check(&mut client, inline("erin", same_as_api.clone(), Some(3))).await;
     assert!(first.allowed);
     assert_eq!(first.remaining, 7);
     // The same inline policy again shares that budget.
-    let second = check(&mut client, inline("erin", same_as_api, None)).await;
+    let second = check(&mut client, inline("erin", same_as_api.clone(), None)).await;
     assert_eq!(second.remaining, 6);
     // A different limit is a different inline policy.
     let other = check(
@@ -267,11 +267,11 @@ async fn inline_policies_keep_state_apart_from_named_ones_and_from_each_other() 
 
     let reset = pb::ResetRequest {
         key: "erin".to_owned(),
-        policy: Some(pb::reset_request::Policy::InlinePolicy(same_as_api)),
+        policy: Some(pb::reset_request::Policy::InlinePolicy(same_as_api.clone())),
     };
     client.reset(reset).await.expect("reset inline");
     assert_eq!(
-        peek(&mut client, inline("erin", same_as_api, None))
+        peek(&mut client, inline("erin", same_as_api.clone(), None))
             .await
             .remaining,
         10

@@ -8,6 +8,7 @@ mod admin;
 mod auth;
 mod bad_bytes;
 mod bad_input;
+mod calendar;
 mod cli;
 mod cli_client;
 mod client;

@@ -114,7 +114,7 @@ impl PolicySpec {
     pub(crate) fn to_proto(&self) -> check_request::Policy {
         match self {
             Self::Named(name) => check_request::Policy::PolicyName(name.clone()),
-            Self::Inline(policy) => check_request::Policy::InlinePolicy(*policy),
+            Self::Inline(policy) => check_request::Policy::InlinePolicy(policy.clone()),
         }
     }
 }
@@ -171,6 +171,7 @@ impl FromStr for PolicySpec {
             limit,
             window_ms: window,
             burst,
+            ..Policy::default()
         }))
     }
 }
@@ -398,6 +399,7 @@ mod tests {
                 limit: 100,
                 window_ms: 60_000,
                 burst: None,
+                ..Policy::default()
             })
         );
         assert_eq!(fixed.to_string(), "fixed_window:100:60000");

@@ -9,6 +9,8 @@
 //! - [`algorithm`]: the five rate algorithms and the concurrency limit
 //!   (slots acquired, renewed and released: [`MemoryStore::acquire`]) as pure transitions, [`decide`] and
 //!   [`peek`], over a key's [`State`];
+//! - [`calendar`]: a [`Calendar`] period (day, week, month, year) of an
+//!   IANA time zone, for fixed windows that reset at local midnight;
 //! - [`decision`]: the [`Decision`] a check returns, and its [`Reason`];
 //! - [`clock`]: [`SystemClock`] and the [`FakeClock`] tests drive by hand;
 //! - [`store`]: [`MemoryStore`], one atomic transition per key, sharded and
@@ -22,7 +24,8 @@
 //!
 //! All arithmetic is in exact integers bounded by 2^53 (so a Lua script on
 //! Redis computes the same numbers); time is whole milliseconds since the
-//! Unix epoch, and windows are aligned to it.
+//! Unix epoch, and windows are aligned to it, or to a calendar's local
+//! periods.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -44,6 +47,7 @@
 
 pub mod algorithm;
 pub mod assignment;
+pub mod calendar;
 pub mod clock;
 pub mod decision;
 pub mod grant;
@@ -54,6 +58,7 @@ pub mod throttle;
 
 pub use algorithm::{Log, Spend, State, decide, decide_spending, peek};
 pub use assignment::{AssignmentTerms, AssignmentTermsError, EnvoyBucket};
+pub use calendar::{Calendar, CalendarError, Period, Zone, tzdb_version};
 pub use clock::{Clock, FakeClock, MonotonicClock, SystemClock};
 pub use decision::{Decision, Reason};
 pub use grant::{

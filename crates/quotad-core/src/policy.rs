@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::calendar::Calendar;
+
 /// The largest value every intermediate product may reach: 2^53. Below it,
 /// integers are exact in an IEEE double, so a Lua script (Redis) computes
 /// the same numbers as this crate.
@@ -169,6 +171,12 @@ pub enum PolicyError {
     /// milliseconds.
     #[error("slot_ttl must be from 1ms to 1d in whole milliseconds (got {0:?})")]
     SlotTtl(Duration),
+    /// A calendar period was given for an algorithm that does not count in
+    /// windows of a calendar: only a fixed window does (a sliding window
+    /// would weigh a previous period of another length; buckets and logs
+    /// have no periods).
+    #[error("period applies only to fixed_window, not {0}")]
+    PeriodNotApplicable(Algorithm),
 }
 
 /// A validated rate limit: `limit` units per `window`, counted by
@@ -179,6 +187,9 @@ pub struct Policy {
     limit: u64,
     window_ms: u64,
     burst: u64,
+    /// Windows are this calendar's local periods instead of epoch-aligned
+    /// `window_ms`.
+    calendar: Option<Calendar>,
 }
 
 /// The message of [`PolicyError::LimitWindowTooLarge`]: a fixed window
@@ -271,7 +282,61 @@ impl Policy {
             limit,
             window_ms,
             burst,
+            calendar: None,
         })
+    }
+
+    /// A policy of `limit` units per local period of `calendar` (a day,
+    /// week, month or year in a time zone): its windows start at local
+    /// midnight and last as long as the period does. Its
+    /// [`Policy::window_ms`] is the period's longest length in whole days
+    /// ([`crate::calendar::Period::nominal_ms`]), for limits and displays.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::PeriodNotApplicable`] for any algorithm but
+    /// [`Algorithm::FixedWindow`]; [`PolicyError::LimitZero`] and
+    /// [`PolicyError::LimitWindowTooLarge`] as [`Policy::try_new`] has them.
+    ///
+    /// ```
+    /// use quotad_core::{Algorithm, Calendar, Period, Policy, Zone};
+    ///
+    /// let month = Calendar::new(Period::Month, Zone::named("Europe/Berlin")?);
+    /// let policy = Policy::calendar(Algorithm::FixedWindow, 100_000, month)?;
+    /// assert_eq!(policy.calendar_period(), Some(month));
+    /// assert!(Policy::calendar(Algorithm::SlidingWindow, 10, month).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn calendar(
+        algorithm: Algorithm,
+        limit: u64,
+        calendar: Calendar,
+    ) -> Result<Self, PolicyError> {
+        if algorithm != Algorithm::FixedWindow {
+            return Err(PolicyError::PeriodNotApplicable(algorithm));
+        }
+        let window = Duration::from_millis(calendar.period().nominal_ms());
+        let mut policy = Self::try_new(algorithm, limit, window, None)?;
+        policy.calendar = Some(calendar);
+        Ok(policy)
+    }
+
+    /// The calendar whose local periods are the windows, if any.
+    pub fn calendar_period(&self) -> Option<Calendar> {
+        self.calendar
+    }
+
+    /// The window holding the instant `at_ms`: `(start, end)` in ms, with
+    /// `start <= at_ms < end`; the local period of the calendar, or the
+    /// epoch-aligned window.
+    pub fn window_bounds(&self, at_ms: u64) -> (u64, u64) {
+        match &self.calendar {
+            Some(calendar) => calendar.bounds(at_ms),
+            None => {
+                let start = at_ms - at_ms % self.window_ms;
+                (start, start.saturating_add(self.window_ms))
+            }
+        }
     }
 
     /// A concurrency limit: at most `limit` units held at once, each slot
@@ -312,6 +377,7 @@ impl Policy {
             limit,
             window_ms: slot_ttl_ms,
             burst: limit,
+            calendar: None,
         })
     }
 
@@ -324,10 +390,14 @@ impl Policy {
     /// The window a key's grants are bound to: a ledger counts only under
     /// the algorithm and this window. A concurrency slot carries its own
     /// end, so its ledger is bound to no window (0) and a reload that
-    /// changes `slot_ttl` keeps the slots held.
+    /// changes `slot_ttl` keeps the slots held. A calendar policy's is its
+    /// calendar's [`Calendar::binding`]: state counted in another zone or
+    /// period is fresh. State is bound to the same number.
     pub fn ledger_window_ms(&self) -> u64 {
         if self.algorithm == Algorithm::Concurrency {
             0
+        } else if let Some(calendar) = &self.calendar {
+            calendar.binding()
         } else {
             self.window_ms
         }

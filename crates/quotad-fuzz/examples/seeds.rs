@@ -116,6 +116,7 @@ fn inline(key: &str, algorithm: pb::Algorithm, limit: u64, window_ms: u64) -> pb
                 pb::Algorithm::TokenBucket | pb::Algorithm::LeakyBucket
             )
             .then_some(limit * 2),
+            ..Default::default()
         })),
     }
 }
@@ -222,6 +223,7 @@ fn resets() -> Vec<(&'static str, pb::ResetRequest)> {
                     limit: 5,
                     window_ms: 1_000,
                     burst: Some(10),
+                    ..Default::default()
                 })),
             },
         ),

@@ -5,6 +5,7 @@
 //! Domain to wire never fails. Wire to domain fails on enum values this
 //! version does not know (a newer peer) and on `*_UNSPECIFIED`.
 
+use quotad_core::calendar::{Period, weekday_name};
 use quotad_core::{Algorithm, BatchMode, Decision, Policy, Reason};
 use thiserror::Error;
 
@@ -119,11 +120,23 @@ impl TryFrom<&pb::Decision> for Decision {
 
 impl From<&Policy> for pb::Policy {
     fn from(p: &Policy) -> Self {
+        let calendar = p.calendar_period();
         pb::Policy {
             algorithm: pb::Algorithm::from(p.algorithm()).into(),
             limit: p.limit(),
-            window_ms: p.window_ms(),
+            // A calendar's windows are its periods.
+            window_ms: if calendar.is_some() { 0 } else { p.window_ms() },
             burst: p.algorithm().is_bucket().then_some(p.burst()),
+            period: calendar
+                .map(|c| c.period().as_str().to_owned())
+                .unwrap_or_default(),
+            time_zone: calendar
+                .map(|c| c.zone().name().to_owned())
+                .unwrap_or_default(),
+            week_start: match calendar.map(|c| c.period()) {
+                Some(Period::Week(start)) => weekday_name(start).to_owned(),
+                _ => String::new(),
+            },
         }
     }
 }

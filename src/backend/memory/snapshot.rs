@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quotad_core::{
-    Algorithm, Clock, Exported, MemoryStore, Policy, SnapshotError, SnapshotReader, StoreConfig,
+    Algorithm, Calendar, Clock, Exported, MemoryStore, Policy, SnapshotError, SnapshotReader,
+    StoreConfig,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -118,19 +119,25 @@ pub(crate) fn remove_leftovers(path: &Path) {
 }
 
 /// The snapshot header: the named policies in force, one a line, as
-/// `name algorithm limit window_ms burst`. Namespaces that are not named
+/// `name algorithm limit window_ms burst`, and a calendar quota's
+/// calendar (`day@America/New_York`). Namespaces that are not named
 /// policies (inline, Envoy rules) carry their parameters in their name.
 pub(crate) fn header(policies: &BTreeMap<String, PolicySettings>) -> Vec<u8> {
     let mut text = String::new();
     for (name, settings) in policies {
         let p = settings.policy;
         text.push_str(&format!(
-            "{name} {} {} {} {}\n",
+            "{name} {} {} {} {}",
             p.algorithm(),
             p.limit(),
             p.window_ms(),
             p.burst()
         ));
+        if let Some(calendar) = p.calendar_period() {
+            text.push(' ');
+            text.push_str(&calendar.spec());
+        }
+        text.push('\n');
     }
     text.into_bytes()
 }
@@ -172,8 +179,13 @@ fn read_header(bytes: &[u8]) -> BTreeMap<String, Policy> {
             let mut number = || parts.next()?.parse::<u64>().ok();
             let (limit, window_ms, burst) = (number()?, number()?, number()?);
             let burst = algorithm.is_bucket().then_some(burst);
-            let policy =
-                Policy::try_new(algorithm, limit, Duration::from_millis(window_ms), burst).ok()?;
+            let policy = match parts.next() {
+                Some(spec) => {
+                    Policy::calendar(algorithm, limit, Calendar::from_spec(spec).ok()?).ok()?
+                }
+                None => Policy::try_new(algorithm, limit, Duration::from_millis(window_ms), burst)
+                    .ok()?,
+            };
             Some((name.to_owned(), policy))
         })
         .collect()

@@ -124,6 +124,13 @@ impl Offsets {
         }
     }
 
+    /// Redis's clock at local `local_ms`, as well as quotad knows it (at
+    /// most the call's round trip behind); `None` before any reply.
+    pub(super) fn redis_now(&self, slot: u16, local_ms: u64) -> Option<u64> {
+        let offset = self.lower_bound(slot)?;
+        u64::try_from((i128::from(local_ms) + i128::from(offset)).max(0)).ok()
+    }
+
     /// The deadline in Redis's clock for a call that quotad gives up on at
     /// local `give_up_ms`, a millisecond early for the script's rounding;
     /// `None` before any reply (the caller probes first).

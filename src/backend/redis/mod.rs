@@ -249,6 +249,22 @@ impl RedisBackend {
             .collect()
     }
 
+    /// The instant the script will decide at, as well as quotad knows it:
+    /// the test clock's, or Redis's clock by the offset the link has
+    /// measured (the deadline's).
+    fn redis_now(&self, call: &Call<'_>) -> u64 {
+        match &self.clock {
+            Some(clock) => clock.now_ms(),
+            None => {
+                let local = local_ms();
+                call.link
+                    .offsets
+                    .redis_now(call.slot, local)
+                    .unwrap_or(call.deadline)
+            }
+        }
+    }
+
     /// The link a call to `slot` goes over and its deadline in Redis's
     /// clock, both from one connection.
     async fn start<'b>(&self, slot: u16, bound: &'b Bound) -> Result<Call<'b>, BackendError> {
@@ -281,14 +297,14 @@ impl RedisBackend {
             CallError::Corrupt(detail) => unreadable(items, keys, &detail),
             other => other.into_backend(call.bound),
         };
+        let redis_now = self.redis_now(call);
         let args = |cmd: &mut Cmd| {
             for item in items {
                 let policy = item.policy();
                 cmd.arg(wire::algorithm(policy.algorithm()))
-                    .arg(policy.limit())
-                    .arg(policy.window_ms())
-                    .arg(policy.capacity())
-                    .arg(item.cost().get());
+                    .arg(policy.limit());
+                window_arg(cmd, policy, redis_now);
+                cmd.arg(policy.capacity()).arg(item.cost().get());
             }
         };
         let reply = self
@@ -649,6 +665,31 @@ struct Call<'b> {
     deadline: u64,
 }
 
+/// An item's window argument: the window's length, or for a calendar
+/// policy the bounds of its local periods around `redis_now`, which the
+/// script cannot compute (Lua has no time zones). Four bounds, three
+/// consecutive periods, `prev:start:end:next`: the script picks the one
+/// holding its own instant (its `TIME`, or the state's floor when the
+/// clock stepped back), which is within a period of `redis_now` (quotad's
+/// reading of that same clock, at most a round trip behind).
+fn window_arg(cmd: &mut Cmd, policy: &Policy, redis_now: u64) {
+    match policy.calendar_period() {
+        None => {
+            cmd.arg(policy.window_ms());
+        }
+        Some(calendar) => {
+            let (start, end) = calendar.bounds(redis_now);
+            let previous = if start == 0 {
+                0
+            } else {
+                calendar.bounds(start - 1).0
+            };
+            let next = calendar.bounds(end).1;
+            cmd.arg(format!("{previous}:{start}:{end}:{next}"));
+        }
+    }
+}
+
 /// The error of an item whose key holds state the script cannot read:
 /// named by its policy and the SHA-256 of its Redis key (the key itself
 /// may be a credential, and errors are logged).
@@ -812,11 +853,12 @@ impl Backend for RedisBackend {
         let bound = self.connections.bound(deadline);
         let call = self.start(slot, &bound).await?;
         let (policy, terms, ask) = (item.policy, item.terms, item.ask);
+        let redis_now = self.redis_now(&call);
         let args = |cmd: &mut Cmd| {
             cmd.arg(wire::algorithm(policy.algorithm()))
-                .arg(policy.limit())
-                .arg(policy.window_ms())
-                .arg(policy.capacity())
+                .arg(policy.limit());
+            window_arg(cmd, &policy, redis_now);
+            cmd.arg(policy.capacity())
                 .arg(1)
                 .arg(terms.max_units())
                 .arg(terms.min_units())

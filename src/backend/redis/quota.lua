@@ -24,7 +24,13 @@
 -- ARGV[3]   "" to decide by the Redis server's clock (TIME), or milliseconds
 --           since the epoch (tests only)
 -- ARGV[4..] per item: algorithm (a code below), limit, window_ms, capacity
---           (burst for the buckets, limit otherwise), cost
+--           (burst for the buckets, limit otherwise), cost. A calendar
+--           quota (a fixed window over local days, weeks, months or
+--           years) sends, for window_ms, "b0:b1:b2:b3": the bounds of three
+--           consecutive local periods, which quotad computes (Lua has no
+--           time zones) around its reading of this clock; the window is
+--           the one holding the instant decided at, and none holding it
+--           is an error (QUOTAD_CLOCK), never a guess.
 --
 -- Returns the TIME read (ms), then four integers per item: remaining,
 -- retry_after_ms, reset_after_ms, reason (a code below; the item is
@@ -90,6 +96,18 @@ local mode = ARGV[1]
 local now, ttl_slack = time, 0
 if ARGV[3] ~= '' then now, ttl_slack = tonumber(ARGV[3]), 60000 end
 
+-- The calendar period holding `at` among the bounds `arg` sends
+-- ("b0:b1:b2:b3"): its start and end, or nil when none holds it.
+local function calendar_window(arg, at)
+  local prev
+  for b in string.gmatch(arg, '%d+') do
+    b = tonumber(b)
+    if prev and prev <= at and at < b then return prev, b end
+    prev = b
+  end
+  return nil
+end
+
 local function fdiv(a, b)
   return (a - fmod(a, b)) / b
 end
@@ -119,11 +137,17 @@ if #KEYS == 1 and mode == 'check' then
     -- only when a window's first count is made. Too big a cost, or another
     -- window's count, take the general path.
     -- The sum stays exact in a double: count <= limit after the check.
-    if cost <= limit and limit <= MAX_EXACT - cost then
-      local start = now - fmod(now, w)
+    local start, stop
+    if w then
+      start = now - fmod(now, w)
+      stop = start + w
+    else
+      start, stop = calendar_window(ARGV[6], now)
+    end
+    if start and cost <= limit and limit <= MAX_EXACT - cost then
       -- A key of another type answers WRONGTYPE: corrupt state, for quotad.
       local n = redis.call('HINCRBY', key, start, cost)
-      local wait = start + w - now
+      local wait = stop - now
       local alone = true
       if n == cost then
         -- This window's first count: another window's may be there, a
@@ -350,10 +374,19 @@ local FIXED = {}
 function FIXED.floor(st) return st[1] end
 
 function FIXED.advance(p, st, at)
-  local start = at - fmod(at, p.window)
+  local start, stop
+  if p.bounds then
+    start, stop = calendar_window(p.bounds, at)
+    if not start then
+      error({ err = 'QUOTAD_CLOCK the instant decided at is outside the calendar periods quotad sent' })
+    end
+  else
+    start = at - fmod(at, p.window)
+    stop = start + p.window
+  end
   local count = 0
   if st and st[1] >= start then count = st[2] end
-  return { p = p, at = at, start = start, stop = start + p.window, count = count }
+  return { p = p, at = at, start = start, stop = stop, count = count }
 end
 
 function FIXED.fits(m, c) return m.count <= m.p.limit - c end
@@ -1064,6 +1097,7 @@ if mode == 'lease' then
     window = tonumber(ARGV[6]),
     cap = tonumber(ARGV[7]),
   }
+  if not p.window then p.bounds = ARGV[6] end
   local max_units, min_units = tonumber(ARGV[9]), tonumber(ARGV[10])
   local max_ttl, max_grants = tonumber(ARGV[11]), tonumber(ARGV[12])
   local settle_id, settle_ends, spent = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
@@ -1187,6 +1221,8 @@ for i = 1, #KEYS do
     window = tonumber(ARGV[b + 3]),
     cap = tonumber(ARGV[b + 4]),
   }
+  -- A calendar quota's bounds (see ARGV above).
+  if not p.window then p.bounds = ARGV[b + 3] end
   local cost = tonumber(ARGV[b + 5])
   if loaded[key] == nil then
     local st, err

@@ -38,6 +38,7 @@ use rand_distr::{Distribution as _, Exp};
 use super::Failure;
 
 mod accuracy;
+mod calendar;
 mod plot;
 
 use accuracy::{MIXES, compare};
@@ -85,6 +86,11 @@ pub(crate) struct SimulateArgs {
     #[arg(long, value_name = "N", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     windows: u64,
+    /// Draw only calendar.svg: a monthly calendar quota in New York against
+    /// a 30-day window over three months (the other outputs are left as
+    /// they are)
+    #[arg(long)]
+    calendar: bool,
 }
 
 /// Runs the scenarios, writes the plots and the CSV into `--out`, and
@@ -95,6 +101,22 @@ pub(crate) struct SimulateArgs {
 /// [`Failure::Failed`] when a file cannot be written or a plot drawn.
 pub(crate) fn simulate(args: SimulateArgs, mut out: impl Write) -> Result<(), Failure> {
     std::fs::create_dir_all(&args.out).map_err(|e| cannot_write(&args.out, &e))?;
+    if args.calendar {
+        let runs = calendar::runs();
+        let path = args.out.join("calendar.svg");
+        calendar::draw(&path, &runs)
+            .map_err(|e| Failure::Failed(format!("cannot draw {}: {e}", path.display())))?;
+        for run in &runs {
+            writeln!(
+                out,
+                "{}: resets at {}",
+                run.name,
+                calendar::resets_text(run)
+            )?;
+        }
+        writeln!(out, "\nwrote {}", path.display())?;
+        return Ok(());
+    }
     let scenarios = scenarios(args.seed);
     let mut csv = String::from(CSV_HEADER);
     csv.push('\n');

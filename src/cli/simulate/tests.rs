@@ -14,6 +14,7 @@ fn run_command(seed: u64) -> (tempfile::TempDir, String) {
             seed,
             keys: 5,
             windows: 3,
+            calendar: false,
         },
         &mut out,
     )
@@ -223,4 +224,32 @@ fn the_exact_rule_predicts_every_decision_of_quotads_sliding_log() {
         denied += u64::from(!decision.allowed);
     }
     assert!(denied > 0);
+}
+
+#[test]
+fn the_calendar_drawing_is_written_alone() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut out = Vec::new();
+    simulate(
+        SimulateArgs {
+            out: dir.path().to_owned(),
+            seed: 1,
+            keys: 5,
+            windows: 3,
+            calendar: true,
+        },
+        &mut out,
+    )
+    .expect("the simulation runs");
+    let text = String::from_utf8(out).expect("utf-8 output");
+    assert!(
+        text.contains("2024-03-01T00:00:00-05:00[America/New_York]")
+            && text.contains("2024-04-01T00:00:00-04:00[America/New_York]"),
+        "{text}"
+    );
+    let svg = std::fs::read_to_string(dir.path().join("calendar.svg")).expect("drawn");
+    assert!(svg.contains("calendar month (America/New_York)"));
+    // Only the calendar drawing: the other outputs are not touched.
+    assert!(!dir.path().join("steady.svg").exists());
+    assert!(!dir.path().join(CSV_FILE).exists());
 }

@@ -22,9 +22,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use quotad_core::calendar::{self, Calendar, CalendarError, Period, Weekday, Zone};
 use quotad_core::{Algorithm, MAX_EXACT};
 
-use super::rules::{Domain, Level, Limit, RlsRules, Rule, TreeNode, policy_message};
+use super::rules::{Counting, Domain, Level, Limit, RlsRules, Rule, TreeNode, policy_message};
 use super::state::{domain_namespace, push_level};
 use super::yaml::{self, Ctx, Node};
 use super::{RlsConfigError, Unit};
@@ -292,6 +295,61 @@ struct Extension<'n, 'i> {
     node: Option<&'n Node<'i>>,
     algorithm: Option<(Algorithm, &'n Node<'i>)>,
     burst: Option<(u64, &'n Node<'i>)>,
+    /// A calendar period instead of the epoch-aligned unit.
+    period: Option<(Period, &'n Node<'i>)>,
+    time_zone: Option<(Zone, &'n Node<'i>)>,
+    week_start: Option<(Weekday, &'n Node<'i>)>,
+    /// A window of any length instead of one unit.
+    window: Option<(Duration, &'n Node<'i>)>,
+}
+
+/// What a rule's windows are, from its `metadata.quotad` extension: one
+/// unit (the reference's), a `window` of any length, or the unit's
+/// calendar `period` in `time_zone` (UTC when left out).
+fn counting(
+    ctx: Ctx<'_>,
+    here: &str,
+    ext: &Extension<'_, '_>,
+    unit: Unit,
+) -> Result<Counting, RlsConfigError> {
+    let field = |name: &str| format!("{here}.metadata.quotad.{name}");
+    let Some((period, at)) = ext.period else {
+        if let Some((_, at)) = ext.time_zone {
+            return Err(ctx.error(&field("time_zone"), at, "applies only with a period"));
+        }
+        if let Some((_, at)) = ext.week_start {
+            return Err(ctx.error(&field("week_start"), at, "applies only with period: week"));
+        }
+        return Ok(ext
+            .window
+            .map_or(Counting::Unit, |(w, _)| Counting::Window(w)));
+    };
+    if let Some((_, at)) = ext.window {
+        return Err(ctx.error(
+            &field("window"),
+            at,
+            "give either window (a fixed length) or period (a calendar day, week, month or year), not both",
+        ));
+    }
+    // The answers report the unit, so the period is the unit's.
+    if period.as_str() != unit.as_str() {
+        return Err(ctx.error(
+            &field("period"),
+            at,
+            format!(
+                "must be the rule's unit ({unit}): Envoy's answers report the unit, and the period is its calendar form"
+            ),
+        ));
+    }
+    let period = match (period, ext.week_start) {
+        (Period::Week(_), Some((day, _))) => Period::Week(day),
+        (_, Some((_, at))) => {
+            return Err(ctx.error(&field("week_start"), at, "applies only with period: week"));
+        }
+        (period, None) => period,
+    };
+    let zone = ext.time_zone.map_or_else(Zone::utc, |(z, _)| z);
+    Ok(Counting::Calendar(Calendar::new(period, zone)))
 }
 
 impl Loader<'_> {
@@ -454,12 +512,42 @@ impl Loader<'_> {
                     let burst = yaml::unsigned(ctx, &field, v, MAX_EXACT)?;
                     ext.burst = Some((burst, v));
                 }
+                "period" => {
+                    let text = yaml::string(ctx, &field, v)?;
+                    let period: Period = text
+                        .parse()
+                        .map_err(|e: CalendarError| ctx.error(&field, v, e.to_string()))?;
+                    ext.period = Some((period, v));
+                }
+                "time_zone" => {
+                    let text = yaml::string(ctx, &field, v)?;
+                    let zone =
+                        Zone::named(&text).map_err(|e| ctx.error(&field, v, e.to_string()))?;
+                    ext.time_zone = Some((zone, v));
+                }
+                "week_start" => {
+                    let text = yaml::string(ctx, &field, v)?;
+                    let day = calendar::parse_weekday(&text)
+                        .map_err(|e| ctx.error(&field, v, e.to_string()))?;
+                    ext.week_start = Some((day, v));
+                }
+                "window" => {
+                    let text = yaml::string(ctx, &field, v)?;
+                    let window = humantime::parse_duration(&text).map_err(|e| {
+                        ctx.error(
+                            &field,
+                            v,
+                            format!("invalid window {text:?} ({e}; e.g. 30s, 5m, 2h)"),
+                        )
+                    })?;
+                    ext.window = Some((window, v));
+                }
                 other => {
                     return Err(ctx.error(
                         &field,
                         k,
                         format!(
-                            "unknown key {other:?} in metadata.quotad (expected algorithm or burst)"
+                            "unknown key {other:?} in metadata.quotad (expected algorithm, burst, window, period, time_zone or week_start)"
                         ),
                     ));
                 }
@@ -543,27 +631,40 @@ impl Loader<'_> {
             let rpu = requests_per_unit.map_or(0, |(n, _)| n);
             let algorithm = ext.algorithm.map_or(Algorithm::FixedWindow, |(a, _)| a);
             let burst = ext.burst.map(|(b, _)| b);
-            let limit = Limit::try_new(rpu, unit_value, algorithm, burst).map_err(|e| {
-                let (field, at) = match policy_error_field(&e) {
-                    PolicyField::Limit => {
-                        ("requests_per_unit", requests_per_unit.map(|(_, at)| at))
-                    }
-                    PolicyField::Window | PolicyField::SlotTtl => {
-                        ("unit", unit.as_ref().map(|(_, at)| *at))
-                    }
-                    PolicyField::Burst => ("burst", ext.burst.map(|(_, at)| at)),
-                    PolicyField::Algorithm => ("algorithm", ext.algorithm.map(|(_, at)| at)),
-                };
-                let full = match field {
-                    "burst" | "algorithm" => format!("{here}.metadata.quotad.{field}"),
-                    _ => join(&path, field),
-                };
-                ctx.error(
-                    &full,
-                    at.unwrap_or(node),
-                    policy_message(&e, rpu, unit_value, algorithm),
-                )
-            })?;
+            let counting = counting(ctx, here, ext, unit_value)?;
+            let limit =
+                Limit::counted(rpu, unit_value, algorithm, burst, counting).map_err(|e| {
+                    let (field, at) = match policy_error_field(&e) {
+                        PolicyField::Limit => {
+                            ("requests_per_unit", requests_per_unit.map(|(_, at)| at))
+                        }
+                        PolicyField::Window | PolicyField::SlotTtl if ext.window.is_some() => {
+                            ("window", ext.window.map(|(_, at)| at))
+                        }
+                        PolicyField::Window | PolicyField::SlotTtl => {
+                            ("unit", unit.as_ref().map(|(_, at)| *at))
+                        }
+                        PolicyField::Period => (
+                            "period",
+                            ext.period
+                                .map(|(_, at)| at)
+                                .or(ext.time_zone.map(|(_, at)| at)),
+                        ),
+                        PolicyField::Burst => ("burst", ext.burst.map(|(_, at)| at)),
+                        PolicyField::Algorithm => ("algorithm", ext.algorithm.map(|(_, at)| at)),
+                    };
+                    let full = match field {
+                        "burst" | "algorithm" | "window" | "period" => {
+                            format!("{here}.metadata.quotad.{field}")
+                        }
+                        _ => join(&path, field),
+                    };
+                    ctx.error(
+                        &full,
+                        at.unwrap_or(node),
+                        policy_message(&e, rpu, unit_value, algorithm),
+                    )
+                })?;
             Some(limit)
         };
         Ok(Rule {

@@ -116,7 +116,7 @@ pub use matcher::{
     Applied, Charge, Descriptor, Descriptors, Entries, Entry, LimitOverride, NoLimit, Request,
     RequestError, Resolution, Resolutions,
 };
-pub use rules::{Limit, RlsRules, Rule};
+pub use rules::{Counting, Limit, RlsRules, Rule};
 pub use state::NAMESPACE_PREFIX;
 pub(crate) use state::override_namespace;
 pub use unit::Unit;

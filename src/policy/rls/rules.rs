@@ -161,6 +161,19 @@ impl Rule {
     }
 }
 
+/// What a limit's windows are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counting {
+    /// One `unit`, aligned to the Unix epoch: the reference's windows.
+    Unit,
+    /// A window of this length, aligned to the Unix epoch (`30s`, `5m`,
+    /// `2h`: lengths the reference's units cannot say).
+    Window(std::time::Duration),
+    /// The local periods of a calendar: the unit's day, week, month or
+    /// year in a time zone, from local midnight.
+    Calendar(quotad_core::Calendar),
+}
+
 /// A limit's numbers and how quotad counts them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
@@ -184,14 +197,37 @@ impl Limit {
         algorithm: Algorithm,
         burst: Option<u64>,
     ) -> Result<Limit, PolicyError> {
+        Self::counted(requests_per_unit, unit, algorithm, burst, Counting::Unit)
+    }
+
+    /// [`Limit::try_new`], counted over `counting`'s windows instead of one
+    /// `unit` (which the answers still report, as Envoy's protos have no
+    /// other): a window of any length (`metadata.quotad.window`), or the
+    /// unit's calendar period in a time zone (`metadata.quotad.time_zone`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::try_new`], and
+    /// [`PolicyError::PeriodNotApplicable`] for a calendar period counted by
+    /// another algorithm than a fixed window.
+    pub fn counted(
+        requests_per_unit: u32,
+        unit: Unit,
+        algorithm: Algorithm,
+        burst: Option<u64>,
+        counting: Counting,
+    ) -> Result<Limit, PolicyError> {
         // A limit of 0 denies every hit and counts nothing, so it needs no
         // policy; the extension's settings are still checked.
-        let policy = Policy::try_new(
-            algorithm,
-            u64::from(requests_per_unit.max(1)),
-            unit.window(),
-            burst,
-        )?;
+        let limit = u64::from(requests_per_unit.max(1));
+        let policy = match counting {
+            Counting::Unit => Policy::try_new(algorithm, limit, unit.window(), burst)?,
+            Counting::Window(window) => Policy::try_new(algorithm, limit, window, burst)?,
+            Counting::Calendar(_) if burst.is_some() && algorithm == Algorithm::FixedWindow => {
+                return Err(PolicyError::BurstNotApplicable(algorithm));
+            }
+            Counting::Calendar(calendar) => Policy::calendar(algorithm, limit, calendar)?,
+        };
         Ok(Limit {
             requests_per_unit,
             unit,

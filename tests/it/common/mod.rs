@@ -310,6 +310,7 @@ pub(crate) fn policy(
         limit,
         window_ms,
         burst,
+        ..Default::default()
     }
 }
 

@@ -13,17 +13,17 @@ use quotad_client::{Check, Client, Reason};
 use crate::common::TestServer;
 use crate::common::redis::RedisServer;
 
-const MASTER: &str = "quotad-main";
+pub(super) const MASTER: &str = "quotad-main";
 
 /// One sentinel process, killed when dropped.
-struct Sentinel {
-    port: u16,
+pub(super) struct Sentinel {
+    pub(super) port: u16,
     child: Child,
     _dir: tempfile::TempDir,
 }
 
 impl Sentinel {
-    fn start(primary: u16) -> Sentinel {
+    pub(super) fn start(primary: u16) -> Sentinel {
         let port = RedisServer::free_port();
         let dir = tempfile::tempdir().expect("sentinel folder");
         let conf: PathBuf = dir.path().join("sentinel.conf");
@@ -64,7 +64,7 @@ impl Sentinel {
 
     /// Whether this sentinel sees the master with one replica and both
     /// other sentinels.
-    fn ready(&self) -> bool {
+    pub(super) fn ready(&self) -> bool {
         let master = self.cli(&["sentinel", "master", MASTER]);
         let field = |name: &str| {
             let lines: Vec<&str> = master.lines().collect();

@@ -1,4 +1,5 @@
-//! Fixed window: one counter per epoch-aligned window.
+//! Fixed window: one counter per epoch-aligned window, or per local period
+//! of a calendar.
 
 use super::{Meter, State};
 use crate::grant::Grant;
@@ -15,8 +16,10 @@ pub(super) struct FixedWindow {
 
 impl Meter for FixedWindow {
     fn advance(policy: &Policy, state: Option<State>, _grants: &[Grant], at: u64) -> Self {
-        let window = policy.window_ms();
-        let start = at - at % window;
+        // The state is bound to this number (a calendar's binding for a
+        // calendar policy), not to the window's length.
+        let window = policy.ledger_window_ms();
+        let (start, end) = policy.window_bounds(at);
         // A count from this window still applies; the state's own window
         // never starts later (`at` is never before it).
         let count = match state {
@@ -30,7 +33,7 @@ impl Meter for FixedWindow {
             window,
             at,
             start,
-            end: start.saturating_add(window),
+            end,
             count,
         }
     }

@@ -112,11 +112,12 @@ impl State {
     }
 
     /// Whether `policy` reads this state: it was written under the same
-    /// algorithm and the same window. A state written under another is
+    /// algorithm and the same window (for a calendar policy, the same
+    /// calendar: [`Policy::ledger_window_ms`]). A state written under another is
     /// fresh, as a Redis key bound to other parameters is; a changed limit
     /// or burst keeps the state.
     pub fn counts_under(&self, policy: &Policy) -> bool {
-        self.algorithm() == policy.algorithm() && self.window_ms() == policy.window_ms()
+        self.algorithm() == policy.algorithm() && self.window_ms() == policy.ledger_window_ms()
     }
 
     /// Heap bytes the state holds beyond its own size: a sliding log's, by

@@ -568,10 +568,16 @@ impl Stored<Vec<(i64, u64)>> {
                 if count == 0 {
                     return Err("a fixed window counting nothing");
                 }
+                // A calendar policy's window is its calendar's binding.
+                let window_ms = if crate::calendar::is_binding(window_ms) {
+                    window_ms
+                } else {
+                    window(window_ms)?
+                };
                 State::FixedWindow {
                     start_ms: forth(fresh_at, start),
                     count: exact(count, "a count above 2^53")?,
-                    window_ms: window(window_ms)?,
+                    window_ms,
                 }
             }
             Stored::SlidingWindow {

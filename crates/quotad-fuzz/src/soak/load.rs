@@ -56,6 +56,7 @@ fn inline(key: &str) -> pb::CheckRequest {
             limit: 20,
             window_ms: 1_000,
             burst: Some(40),
+            ..Default::default()
         })),
     }
 }

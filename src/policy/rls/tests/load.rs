@@ -145,7 +145,7 @@ fn extension_errors_name_the_field() {
         ),
         (
             "metadata: {quotad: {limit: 5}}\n    rate_limit: {unit: second, requests_per_unit: 1}",
-            "rules.yaml: descriptors[0].metadata.quotad.limit: unknown key \"limit\" in metadata.quotad (expected algorithm or burst) (line 4, column 25)",
+            "rules.yaml: descriptors[0].metadata.quotad.limit: unknown key \"limit\" in metadata.quotad (expected algorithm, burst, window, period, time_zone or week_start) (line 4, column 25)",
         ),
         (
             "metadata: {quotad: {algorithm: token_bucket}}",

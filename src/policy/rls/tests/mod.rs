@@ -1,6 +1,7 @@
 //! Tests of the RLS rules: loading (what is an error, and where) and
 //! matching (which rule, which state, which charge).
 
+mod calendar;
 mod load;
 mod matching;
 

@@ -160,7 +160,7 @@ async fn a_log_member_that_is_not_quotads_fails_only_the_item_that_reads_it() {
     let server = TestServer::start(stall_config(&format!("url = {:?}", redis.url()), "1s")).await;
     let mut client = server.client().await;
     let log = policy(pb::Algorithm::SlidingLog, 3, 86_400_000, None);
-    let on_log = |cost| inline("log-secret", log, Some(cost));
+    let on_log = |cost| inline("log-secret", log.clone(), Some(cost));
     // Three entries, in three milliseconds.
     for _ in 0..3 {
         assert!(check(&mut client, on_log(1)).await.allowed);
