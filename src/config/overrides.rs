@@ -122,12 +122,31 @@ impl Override {
             }
             Scope::Key(_) | Scope::Prefix(_) => {}
         }
-        let window_ms = self.window_ms.unwrap_or_else(|| base.window_ms());
-        if window_ms == 0 {
-            return Err(InvalidOverride::new("window_ms", "must be at least 1"));
-        }
-        let window = Duration::from_millis(window_ms);
-        Policy::try_new(base.algorithm(), self.limit, window, self.burst).map_err(|e| {
+        let made = if let Some(calendar) = base.calendar_period() {
+            // A calendar policy's windows are its local periods: only its
+            // limit can be overridden, and the count stays the period's.
+            if self.window_ms.is_some() {
+                return Err(InvalidOverride::new(
+                    "window_ms",
+                    "a calendar policy's windows are its periods: override its limit only",
+                ));
+            }
+            if self.burst.is_some() {
+                return Err(InvalidOverride::new(
+                    "burst",
+                    "a calendar policy has no burst: override its limit only",
+                ));
+            }
+            Policy::calendar(base.algorithm(), self.limit, calendar)
+        } else {
+            let window_ms = self.window_ms.unwrap_or_else(|| base.window_ms());
+            if window_ms == 0 {
+                return Err(InvalidOverride::new("window_ms", "must be at least 1"));
+            }
+            let window = Duration::from_millis(window_ms);
+            Policy::try_new(base.algorithm(), self.limit, window, self.burst)
+        };
+        made.map_err(|e| {
             use quotad_core::PolicyError as E;
             let field = match e {
                 E::BurstZero | E::BurstNotApplicable(_) | E::BurstWindowTooLarge { .. } => "burst",
@@ -270,6 +289,34 @@ mod tests {
         Config::from_toml(&format!("{API}{overrides}"))
             .expect_err("invalid")
             .to_string()
+    }
+
+    #[test]
+    fn an_override_of_a_calendar_policy_keeps_its_periods_and_changes_its_limit_only() {
+        let config = Config::from_toml(
+            "[policies.daily]\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"day\"\ntime_zone = \"America/New_York\"\n\n[[overrides]]\npolicy = \"daily\"\nkey = \"big\"\nlimit = 5000\n",
+        )
+        .expect("valid");
+        let base = config.policies()["daily"].policy;
+        let entry = &config.overrides()[0];
+        let effective = entry.effective(&base).expect("a limit override");
+        assert_eq!(effective.limit(), 5000);
+        assert_eq!(effective.calendar_period(), base.calendar_period());
+        // The same windows, so the same state: the count is kept.
+        assert_eq!(
+            effective.window_bounds(1_700_000_000_000),
+            base.window_bounds(1_700_000_000_000)
+        );
+        for (extra, field) in [
+            ("window = \"1h\"\n", "overrides.0.window"),
+            ("burst = 9\n", "overrides.0.burst"),
+        ] {
+            let text = format!(
+                "[policies.daily]\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"day\"\n\n[[overrides]]\npolicy = \"daily\"\nkey = \"big\"\nlimit = 5000\n{extra}"
+            );
+            let error = Config::from_toml(&text).expect_err("refused").to_string();
+            assert!(error.contains(field), "{field}: {error}");
+        }
     }
 
     #[test]
