@@ -100,6 +100,12 @@ pub(super) fn classify_parts(
             replace: io != Some(std::io::ErrorKind::TimedOut),
         },
         ErrorKind::AuthenticationFailed => Class::Outage { replace: true },
+        // The sentinels name no primary that answers as one (a failover in
+        // progress, or the primary down before one starts): an outage; a
+        // new connection asks them again.
+        ErrorKind::MasterNameNotFoundBySentinel | ErrorKind::NoValidReplicasFoundBySentinel => {
+            Class::Outage { replace: true }
+        }
         ErrorKind::ClusterConnectionNotFound => Class::Outage { replace: false },
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
@@ -248,6 +254,18 @@ mod tests {
                 None,
                 None,
                 Class::Outage { replace: false },
+            ),
+            (
+                ErrorKind::MasterNameNotFoundBySentinel,
+                None,
+                None,
+                Class::Outage { replace: true },
+            ),
+            (
+                ErrorKind::NoValidReplicasFoundBySentinel,
+                None,
+                None,
+                Class::Outage { replace: true },
             ),
             // A script error or a reply quotad cannot read is a bug.
             (response, Some("ERR"), None, Class::Internal),
