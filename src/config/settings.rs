@@ -332,12 +332,38 @@ section! {
         #[serde(deserialize_with = "human_duration")]
         sweep_interval: Duration = Str("10s"), Restart;
         /// What checks answer when the store fails, unless their policy says:
-        /// error, fail_open or fail_closed
+        /// error, fail_open, fail_closed or local
+        ///
+        /// local: each replica decides alone from its own memory, with the
+        /// limit divided by store.fallback.replicas (docs/redis.md).
         on_error: OnError = Str("error"), Restart;
         /// Redis, for backend redis (`[store.redis]`)
         redis: Option<RedisSection> = Table, Restart;
         /// Snapshots of the memory store (`[store.snapshot]`); none when absent
         snapshot: Option<SnapshotSection> = Table, Restart;
+        /// The local fallback of on_error = "local" (`[store.fallback]`)
+        fallback: Option<FallbackSection> = Table, Restart;
+    }
+}
+
+section! {
+    /// `[store.fallback]` as written: how replicas decide alone while
+    /// Redis is down, for policies with `on_error = "local"`.
+    pub(crate) struct FallbackSection at "store.fallback", flags "fallback_" {
+        /// How many quotad replicas share the Redis: during an outage each decides with limit / replicas
+        ///
+        /// Required when a policy (or store.on_error) says local on the
+        /// Redis backend. Count every replica that can take traffic at once
+        /// (in Kubernetes, the HPA's maximum): a count too low lets the
+        /// fleet admit more than the limit during an outage, one too high
+        /// only admits less. A limit below the count gives a share of 0:
+        /// every local decision denies.
+        replicas: Option<u32> = Int, Restart;
+        /// Most keys the local fallback holds during an outage; new keys are then denied
+        ///
+        /// Emptied when Redis answers again. 100,000 keys are about 10 MB
+        /// (sliding logs more).
+        max_keys: usize = Int("100000"), Restart;
     }
 }
 
@@ -617,6 +643,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
         SnapshotSection::SETTINGS,
+        FallbackSection::SETTINGS,
         LimitSettings::SETTINGS,
         RlsSection::SETTINGS,
         RlqsSection::SETTINGS,
