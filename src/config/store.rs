@@ -462,6 +462,40 @@ mod tests {
         assert!(!message.contains("pw"), "{message}");
     }
 
+    const REDIS: &str =
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://127.0.0.1:6379/\"\n";
+
+    const LOCAL_POLICY: &str = "\n[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 30\nwindow = \"1s\"\non_error = \"local\"\n";
+
+    #[test]
+    fn a_local_fallback_on_redis_needs_the_replica_count_and_the_error_names_the_policy() {
+        let message = Config::from_toml(&format!("{REDIS}{LOCAL_POLICY}"))
+            .expect_err("no replica count")
+            .to_string();
+        assert!(message.contains("policies.api.on_error"), "{message}");
+        assert!(message.contains("store.fallback.replicas"), "{message}");
+        let message =
+            Config::from_toml(&REDIS.replace("[store]\n", "[store]\non_error = \"local\"\n"))
+                .expect_err("no replica count")
+                .to_string();
+        assert!(message.contains("store.on_error"), "{message}");
+        let config = Config::from_toml(&format!(
+            "{REDIS}\n[store.fallback]\nreplicas = 3\n{LOCAL_POLICY}"
+        ))
+        .expect("valid");
+        assert_eq!(config.store().fallback.replicas.map(|n| n.get()), Some(3));
+        // The memory store never fails: nothing to fall back from.
+        Config::from_toml(LOCAL_POLICY).expect("valid on the memory store");
+    }
+
+    #[test]
+    fn a_replica_count_of_zero_is_refused() {
+        let message = Config::from_toml(&format!("{REDIS}\n[store.fallback]\nreplicas = 0\n"))
+            .expect_err("zero replicas")
+            .to_string();
+        assert!(message.contains("store.fallback.replicas"), "{message}");
+    }
+
     #[test]
     fn every_character_that_ends_an_authority_makes_the_url_invalid_or_is_kept_out_of_errors() {
         // '#' and '?' end the authority before the '@': the host is then

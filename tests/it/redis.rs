@@ -6,6 +6,7 @@
 mod concurrency;
 mod credentials;
 mod differential;
+mod fallback;
 mod faults;
 mod leases;
 mod readiness;
