@@ -345,7 +345,10 @@ async fn serve<B: Backend>(
         transport,
         grpc_limit.clone(),
         config.server().tls.as_ref(),
-        auth::layer(config.auth(), &metrics),
+        tower_layer::Stack::new(
+            auth::layer(config.auth(), &metrics),
+            grpc::shed::ShedLayer::new(transport.max_in_flight, metrics.calls_shed()),
+        ),
         health_service,
         routes,
     )?;

@@ -35,6 +35,7 @@ use super::{
     LeaseResult, SlotItem, SlotResult,
 };
 use crate::config::{FallbackSettings, OnError};
+use crate::metrics::LOCAL_FALLBACK as LOCAL_DECISIONS;
 use crate::registry::PolicyRegistry;
 
 /// The namespaces whose policy says `on_error = "local"` in the policies
@@ -247,9 +248,6 @@ fn no_share() -> Decision {
         reason: Reason::LocalFallback,
     }
 }
-
-/// `quotad_local_fallback_decisions_total`, by outcome.
-const LOCAL_DECISIONS: &str = "quotad_local_fallback_decisions_total";
 
 impl<B: Backend> Backend for Fallback<B> {
     fn name(&self) -> &'static str {

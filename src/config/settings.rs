@@ -244,6 +244,15 @@ section! {
         /// + the snapshot write.
         #[serde(deserialize_with = "human_duration")]
         drain_timeout: Duration = Str("10s"), Restart;
+        /// Most gRPC calls in progress at once on the whole server; a call
+        /// past it is refused at once with UNAVAILABLE; 0: no bound
+        ///
+        /// Bounds the queue, so the calls accepted past capacity keep a
+        /// bounded latency and the rest fail fast to their client's failure
+        /// policy. At 10x what a core serves, 256 kept the p99 of accepted
+        /// calls near 10 ms (BENCHMARKS.md). gRPC health and reflection are
+        /// never refused.
+        max_in_flight: usize = Int("256"), Restart;
     }
 }
 
