@@ -23,7 +23,7 @@ backend = "redis"
 
 [store.redis]
 url = {:?}
-timeout = "100ms"
+timeout = "250ms"
 
 [store.fallback]
 replicas = 3
@@ -57,6 +57,18 @@ async fn fleet(redis: &RedisServer) -> Vec<TestServer> {
     }
     for server in &servers {
         server.readyz_turns(200).await;
+        // Redis answers this replica (a peek consumes nothing).
+        let client = server.client().await;
+        eventually(Duration::from_secs(10), "Redis answers", || {
+            let mut client = client.clone();
+            async move {
+                peek(&mut client, named("warm-up", "day", None))
+                    .await
+                    .reason()
+                    == pb::Reason::WithinLimit
+            }
+        })
+        .await;
     }
     servers
 }
@@ -298,21 +310,27 @@ async fn a_stalled_redis_gets_none_of_the_local_admissions_when_it_resumes() {
     redis.resume();
 
     // Redis holds the 5 it counted itself, none of the 30 decided locally
-    // and none of the scripts that arrived after their deadline.
-    eventually(
-        Duration::from_secs(10),
-        "peeks are answered by Redis again",
-        || {
-            let mut client = clients[1].clone();
-            async move {
-                peek(&mut client, named(key, "day", None)).await.reason()
-                    != pb::Reason::LocalFallback
-            }
-        },
-    )
-    .await;
+    // and none of the scripts that arrived after their deadline. Each
+    // replica finds Redis again on its own (its connection may have been
+    // replaced during the stall).
+    for client in &clients {
+        eventually(
+            Duration::from_secs(10),
+            "peeks are answered by Redis again",
+            || {
+                let mut client = client.clone();
+                async move {
+                    peek(&mut client, named(key, "day", None)).await.reason()
+                        != pb::Reason::LocalFallback
+                }
+            },
+        )
+        .await;
+    }
     let d = peek(&mut clients[1], named(key, "day", None)).await;
     assert_eq!((d.remaining, d.limit), (25, 30), "{d:?}");
     let d = check(&mut clients[2], named(key, "day", None)).await;
     assert_eq!((d.allowed, d.reason()), (true, pb::Reason::WithinLimit));
+    let d = peek(&mut clients[0], named(key, "day", None)).await;
+    assert_eq!(d.remaining, 24, "{d:?}");
 }
