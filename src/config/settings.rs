@@ -247,12 +247,15 @@ section! {
         /// Most gRPC calls in progress at once on the whole server; a call
         /// past it is refused at once with UNAVAILABLE; 0: no bound
         ///
-        /// Bounds the queue, so the calls accepted past capacity keep a
-        /// bounded latency and the rest fail fast to their client's failure
-        /// policy. At 10x what a core serves, 256 kept the p99 of accepted
-        /// calls near 10 ms (BENCHMARKS.md). gRPC health and reflection are
-        /// never refused.
-        max_in_flight: usize = Int("256"), Restart;
+        /// Bounds the calls a slow store holds (each waits up to
+        /// store.redis.timeout): past it they fail fast to their client's
+        /// failure policy instead of piling up. Size it above the peak rate
+        /// times store.redis.timeout (1024: 10,240 calls/s at 100 ms), or a
+        /// stall sheds calls that on_error would have answered. It does not
+        /// bound queueing when quotad's CPU is the limit: those calls wait
+        /// before they reach it (measured, BENCHMARKS.md). gRPC health and
+        /// reflection are never refused.
+        max_in_flight: usize = Int("1024"), Restart;
     }
 }
 
