@@ -99,6 +99,7 @@ pub use services::RegisterError;
 
 use crate::admin::AdminState;
 use crate::backend::Backend;
+use crate::backend::fallback::{self, Fallback};
 use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
 use crate::config::BackendSettings;
@@ -261,36 +262,42 @@ pub async fn run(
     let registry = policies(&config, &metrics, &mut tasks);
     // The memory store's last snapshot, written once everything else stopped.
     let mut last_snapshot = None;
-    let result =
-        match &config.store().backend {
-            BackendSettings::Memory(settings) => {
-                let store =
-                    backend::memory::start(settings, &config, &registry, &metrics, &mut tasks)
-                        .await?;
-                last_snapshot = settings
-                    .snapshot
-                    .as_ref()
-                    .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
-                let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
-                serve(cx, listeners, shutdown).await
-            }
-            BackendSettings::Redis(settings) => {
-                let store = Arc::new(RedisBackend::connect(settings).await.map_err(|source| {
-                    Error::Store {
-                        at: settings.target.to_string(),
-                        source,
-                    }
-                })?);
-                // Every replica on this Redis applies the same overrides.
-                let mut sync =
-                    OverridesSync::new(Arc::clone(&store), Arc::clone(&registry), settings.timeout);
-                sync.read().await;
-                let interval = settings.overrides_poll_interval;
-                tasks.spawn(move |stop| sync.run(interval, stop));
-                let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
-                serve(cx, listeners, shutdown).await
-            }
-        };
+    let result = match &config.store().backend {
+        BackendSettings::Memory(settings) => {
+            let store =
+                backend::memory::start(settings, &config, &registry, &metrics, &mut tasks).await?;
+            last_snapshot = settings
+                .snapshot
+                .as_ref()
+                .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
+            let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
+            serve(cx, listeners, shutdown).await
+        }
+        BackendSettings::Redis(settings) => {
+            let redis = RedisBackend::connect(settings)
+                .await
+                .map_err(|source| Error::Store {
+                    at: settings.target.to_string(),
+                    source,
+                })?;
+            let store = Arc::new(Fallback::new(
+                redis,
+                &config.store().fallback,
+                Arc::clone(config.clock()),
+                fallback::local_policies(&registry, config.store().on_error),
+            ));
+            let local = Arc::clone(store.local());
+            tasks.spawn(move |stop| backend::memory::sweep(local, fallback::SWEEP_INTERVAL, stop));
+            // Every replica on this Redis applies the same overrides.
+            let mut sync =
+                OverridesSync::new(Arc::clone(&store), Arc::clone(&registry), settings.timeout);
+            sync.read().await;
+            let interval = settings.overrides_poll_interval;
+            tasks.spawn(move |stop| sync.run(interval, stop));
+            let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
+            serve(cx, listeners, shutdown).await
+        }
+    };
     tasks.stop().await;
     if let Some((store, path)) = last_snapshot {
         let written =
@@ -344,7 +351,10 @@ async fn serve<B: Backend>(
         transport,
         grpc_limit.clone(),
         config.server().tls.as_ref(),
-        auth::layer(config.auth(), &metrics),
+        tower_layer::Stack::new(
+            auth::layer(config.auth(), &metrics),
+            grpc::shed::ShedLayer::new(transport.max_in_flight, metrics.calls_shed()),
+        ),
         health_service,
         routes,
     )?;

@@ -29,6 +29,8 @@
 //! | `quotad_redis_late_scripts_total` | counter | `outcome` (`refused`/`counted`) |
 //! | `quotad_redis_corrupt_state_total` | counter | |
 //! | `quotad_connections_rejected_total` | counter | `port` (`grpc`/`admin`) |
+//! | `quotad_calls_shed_total` | counter | |
+//! | `quotad_local_fallback_decisions_total` | counter | `outcome` (`allowed`/`denied`) |
 //! | `quotad_auth_denied_total` | counter | `method` (the `[auth]` group: `check`, `peek`, `reset`, `should_rate_limit`) |
 //! | `quotad_rls_reloads_total` | counter | `outcome` (`ok`/`error`) |
 //! | `quotad_rls_rules` | gauge | |
@@ -87,6 +89,10 @@ const REDIS_CONNECTS: &str = "quotad_redis_connection_attempts_total";
 const REDIS_LATE: &str = "quotad_redis_late_scripts_total";
 const REDIS_CORRUPT: &str = "quotad_redis_corrupt_state_total";
 const CONNECTIONS_REJECTED: &str = "quotad_connections_rejected_total";
+const CALLS_SHED: &str = "quotad_calls_shed_total";
+/// Counted by the local fallback of `on_error = "local"`, as a figure of
+/// its backend (`crate::backend::fallback`).
+pub(crate) const LOCAL_FALLBACK: &str = "quotad_local_fallback_decisions_total";
 const AUTH_DENIED: &str = "quotad_auth_denied_total";
 const RLS_RELOADS: &str = "quotad_rls_reloads_total";
 const RLS_RULES: &str = "quotad_rls_rules";
@@ -216,6 +222,8 @@ impl Metrics {
             (REDIS_CONNECTS, "error"),
             (REDIS_LATE, "refused"),
             (REDIS_LATE, "counted"),
+            (LOCAL_FALLBACK, "allowed"),
+            (LOCAL_FALLBACK, "denied"),
         ] {
             let _ = counter(name, vec![Label::new("outcome", outcome)]);
         }
@@ -362,6 +370,11 @@ impl Metrics {
             CONNECTIONS_REJECTED,
             vec![Label::new("port", port)],
         )
+    }
+
+    /// A counter of the gRPC calls shed at `transport.max_in_flight`.
+    pub(crate) fn calls_shed(&self) -> Counter {
+        register_counter(&self.recorder, CALLS_SHED, vec![])
     }
 
     /// A counter of the calls of the `[auth]` group `group` denied.
@@ -750,6 +763,14 @@ fn describe(recorder: &PrometheusRecorder) {
         (
             CONNECTIONS_REJECTED,
             "Connections closed as soon as accepted because the port held transport.max_connections, by port.",
+        ),
+        (
+            CALLS_SHED,
+            "gRPC calls refused with UNAVAILABLE at once because transport.max_in_flight calls were in progress.",
+        ),
+        (
+            LOCAL_FALLBACK,
+            "Decisions made by this replica alone, from its own memory with its share of the limit, while the store was down (on_error = \"local\"), by outcome.",
         ),
         (
             RLS_RELOADS,

@@ -49,7 +49,11 @@ pub(super) fn on_backend_error(
 ) -> Result<Decision, ServiceError> {
     let reason = match (error, on_error, answer) {
         (BackendError::Unavailable(_), OnError::FailOpen, _) => Reason::FailOpen,
-        (BackendError::Unavailable(_), OnError::FailClosed, _) => Reason::FailClosed,
+        // What the local fallback does not decide (a concurrency slot: its
+        // holder renews and releases it in the store) fails closed.
+        (BackendError::Unavailable(_), OnError::FailClosed | OnError::Local, _) => {
+            Reason::FailClosed
+        }
         // Never failed open or closed: a fault is not an outage. Alone, it
         // is the call's error; in an independent batch, whose other items
         // may be consumed, it is the item's.

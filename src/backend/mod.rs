@@ -11,7 +11,10 @@
 //!   [`MemoryStore`](quotad_core::MemoryStore), and its background sweep.
 //! - [`redis`]: Redis standalone or Cluster, one Lua script per transition,
 //!   Redis server time.
+//! - [`fallback`]: around Redis, the local decisions of
+//!   `on_error = "local"` while it is down.
 
+pub mod fallback;
 pub mod memory;
 pub mod redis;
 

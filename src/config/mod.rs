@@ -70,7 +70,9 @@ pub use policies::{OnError, PolicySettings};
 pub use rlqs::RlqsSettings;
 pub use rls::{CountMode, ReferenceHeaders, ResponseHeaders, RlsSettings};
 pub use settings::{LimitSettings, LogFormat, OnBadSnapshot, ResetAccess};
-pub use store::{BackendSettings, MemorySettings, SnapshotSettings, StoreSettings};
+pub use store::{
+    BackendSettings, FallbackSettings, MemorySettings, SnapshotSettings, StoreSettings,
+};
 pub use tls::{TlsFileError, TlsSettings};
 pub use transport::{TransportSettings, largest_request_bytes};
 
@@ -293,6 +295,7 @@ impl Config {
         let file_overrides =
             overrides::validate(raw.overrides, &policies, raw.limits.max_overrides)
                 .map_err(located)?;
+        store.check_fallback(&policies).map_err(located)?;
         // A relative rules folder from the file is the file's neighbour; one
         // from a flag or the environment is the working directory's.
         let rls_base = match layers.origin_of(&["rls", "config_dir"]) {

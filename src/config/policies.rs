@@ -24,6 +24,10 @@ pub enum OnError {
     FailOpen,
     /// Deny, with reason `FAIL_CLOSED`.
     FailClosed,
+    /// Decide from this replica's own memory with the limit divided by
+    /// `store.fallback.replicas`, with reason `LOCAL_FALLBACK`; a
+    /// concurrency slot fails closed.
+    Local,
 }
 
 impl OnError {
@@ -33,6 +37,7 @@ impl OnError {
             OnError::Error => "error",
             OnError::FailOpen => "fail_open",
             OnError::FailClosed => "fail_closed",
+            OnError::Local => "local",
         }
     }
 }

@@ -244,6 +244,18 @@ section! {
         /// + the snapshot write.
         #[serde(deserialize_with = "human_duration")]
         drain_timeout: Duration = Str("10s"), Restart;
+        /// Most gRPC calls in progress at once on the whole server; a call
+        /// past it is refused at once with UNAVAILABLE; 0: no bound
+        ///
+        /// Bounds the calls a slow store holds (each waits up to
+        /// store.redis.timeout): past it they fail fast to their client's
+        /// failure policy instead of piling up. Size it above the peak rate
+        /// times store.redis.timeout (1024: 10,240 calls/s at 100 ms), or a
+        /// stall sheds calls that on_error would have answered. It does not
+        /// bound queueing when quotad's CPU is the limit: those calls wait
+        /// before they reach it (measured, BENCHMARKS.md). gRPC health and
+        /// reflection are never refused.
+        max_in_flight: usize = Int("1024"), Restart;
     }
 }
 
@@ -336,12 +348,38 @@ section! {
         #[serde(deserialize_with = "human_duration")]
         sweep_interval: Duration = Str("10s"), Restart;
         /// What checks answer when the store fails, unless their policy says:
-        /// error, fail_open or fail_closed
+        /// error, fail_open, fail_closed or local
+        ///
+        /// local: each replica decides alone from its own memory, with the
+        /// limit divided by store.fallback.replicas (docs/redis.md).
         on_error: OnError = Str("error"), Restart;
         /// Redis, for backend redis (`[store.redis]`)
         redis: Option<RedisSection> = Table, Restart;
         /// Snapshots of the memory store (`[store.snapshot]`); none when absent
         snapshot: Option<SnapshotSection> = Table, Restart;
+        /// The local fallback of on_error = "local" (`[store.fallback]`)
+        fallback: Option<FallbackSection> = Table, Restart;
+    }
+}
+
+section! {
+    /// `[store.fallback]` as written: how replicas decide alone while
+    /// Redis is down, for policies with `on_error = "local"`.
+    pub(crate) struct FallbackSection at "store.fallback", flags "fallback_" {
+        /// How many quotad replicas share the Redis: during an outage each decides with limit / replicas
+        ///
+        /// Required when a policy (or store.on_error) says local on the
+        /// Redis backend. Count every replica that can take traffic at once
+        /// (in Kubernetes, the HPA's maximum): a count too low lets the
+        /// fleet admit more than the limit during an outage, one too high
+        /// only admits less. A limit below the count gives a share of 0:
+        /// every local decision denies.
+        replicas: Option<u32> = Int, Restart;
+        /// Most keys the local fallback holds during an outage; new keys are then denied
+        ///
+        /// Emptied when Redis answers again. 100,000 keys are about 10 MB
+        /// (sliding logs more).
+        max_keys: usize = Int("100000"), Restart;
     }
 }
 
@@ -642,6 +680,7 @@ pub(crate) fn all() -> impl Iterator<Item = &'static Setting> {
         StoreSection::SETTINGS,
         RedisSection::SETTINGS,
         SnapshotSection::SETTINGS,
+        FallbackSection::SETTINGS,
         LimitSettings::SETTINGS,
         RlsSection::SETTINGS,
         RlqsSection::SETTINGS,

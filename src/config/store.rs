@@ -4,11 +4,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use quotad_core::{StoreConfig, StoreConfigError};
+use std::num::NonZeroU32;
+
+use quotad_core::{OnFull, StoreConfig, StoreConfigError};
 
 use super::policies::{Invalid, OnError};
 use super::redis::{RedisSettings, RedisTarget, RedisTls, redact};
-use super::settings::{BackendKind, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection};
+use super::settings::{
+    BackendKind, FallbackSection, OnBadSnapshot, RedisSection, SnapshotSection, StoreSection,
+};
 use super::tls::{TlsFileError, check_certificates, check_private_key, read_file};
 
 /// Why a Redis URL is invalid, without the URL: a password written with
@@ -46,6 +50,43 @@ pub struct StoreSettings {
     pub on_error: OnError,
     /// `store.backend` and its settings.
     pub backend: BackendSettings,
+    /// `[store.fallback]`: the local decisions of `on_error = "local"`.
+    pub fallback: FallbackSettings,
+}
+
+/// `[store.fallback]`, validated.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct FallbackSettings {
+    /// `store.fallback.replicas`: the divisor of every limit during an
+    /// outage; required (checked with the policies) when a policy on
+    /// Redis says `on_error = "local"`.
+    pub replicas: Option<NonZeroU32>,
+    /// `store.fallback.max_keys`: the local store's bound; new keys are
+    /// denied past it.
+    pub store: StoreConfig,
+}
+
+impl StoreSettings {
+    /// The first `on_error = "local"` that cannot be honoured: on Redis it
+    /// needs `store.fallback.replicas`, which is what keeps the fleet
+    /// within the limit. `store.on_error` first, then the policies by name.
+    pub(super) fn check_fallback(
+        &self,
+        policies: &std::collections::BTreeMap<String, super::PolicySettings>,
+    ) -> Result<(), Invalid> {
+        if !matches!(self.backend, BackendSettings::Redis(_)) || self.fallback.replicas.is_some() {
+            return Ok(());
+        }
+        let message = "on_error = \"local\" on the Redis backend needs store.fallback.replicas: how many quotad replicas share the Redis, which divides every limit while it is down";
+        if self.on_error == OnError::Local {
+            return Err(invalid(&["store", "on_error"], message));
+        }
+        match policies.iter().find(|(_, p)| p.on_error == OnError::Local) {
+            Some((name, _)) => Err(invalid(&["policies", name, "on_error"], message)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The state backend, with the settings that apply to it.
@@ -163,9 +204,39 @@ impl StoreSettings {
             max_key_bytes: section.max_key_bytes,
             on_error: section.on_error,
             backend,
+            fallback: fallback_settings(section.fallback)?,
         })
     }
 }
+
+/// The local fallback's store: the keys it may hold, in few shards (it
+/// serves only during an outage), denying new keys when full, since
+/// evicting one would hand its budget out again.
+fn fallback_settings(section: Option<FallbackSection>) -> Result<FallbackSettings, Invalid> {
+    let (replicas, max_keys) = match section {
+        Some(s) => (s.replicas, s.max_keys),
+        None => (None, FALLBACK_MAX_KEYS),
+    };
+    let replicas = match replicas {
+        None => None,
+        Some(n) => Some(NonZeroU32::new(n).ok_or_else(|| {
+            invalid(
+                &["store", "fallback", "replicas"],
+                "replicas must be at least 1",
+            )
+        })?),
+    };
+    let store = StoreConfig::try_new(max_keys, FALLBACK_SHARDS, OnFull::Deny)
+        .map_err(|e| invalid(&["store", "fallback", "max_keys"], e.to_string()))?;
+    Ok(FallbackSettings { replicas, store })
+}
+
+/// `store.fallback.max_keys` when `[store.fallback]` is left out, as its
+/// declared default.
+const FALLBACK_MAX_KEYS: usize = 100_000;
+
+/// Lock shards of the local fallback store.
+const FALLBACK_SHARDS: usize = 16;
 
 fn snapshot_settings(
     section: SnapshotSection,
@@ -396,6 +467,40 @@ mod tests {
         }
         let message = error_for("http://user:pw@h");
         assert!(!message.contains("pw"), "{message}");
+    }
+
+    const REDIS: &str =
+        "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = \"redis://127.0.0.1:6379/\"\n";
+
+    const LOCAL_POLICY: &str = "\n[policies.api]\nalgorithm = \"fixed_window\"\nlimit = 30\nwindow = \"1s\"\non_error = \"local\"\n";
+
+    #[test]
+    fn a_local_fallback_on_redis_needs_the_replica_count_and_the_error_names_the_policy() {
+        let message = Config::from_toml(&format!("{REDIS}{LOCAL_POLICY}"))
+            .expect_err("no replica count")
+            .to_string();
+        assert!(message.contains("policies.api.on_error"), "{message}");
+        assert!(message.contains("store.fallback.replicas"), "{message}");
+        let message =
+            Config::from_toml(&REDIS.replace("[store]\n", "[store]\non_error = \"local\"\n"))
+                .expect_err("no replica count")
+                .to_string();
+        assert!(message.contains("store.on_error"), "{message}");
+        let config = Config::from_toml(&format!(
+            "{REDIS}\n[store.fallback]\nreplicas = 3\n{LOCAL_POLICY}"
+        ))
+        .expect("valid");
+        assert_eq!(config.store().fallback.replicas.map(|n| n.get()), Some(3));
+        // The memory store never fails: nothing to fall back from.
+        Config::from_toml(LOCAL_POLICY).expect("valid on the memory store");
+    }
+
+    #[test]
+    fn a_replica_count_of_zero_is_refused() {
+        let message = Config::from_toml(&format!("{REDIS}\n[store.fallback]\nreplicas = 0\n"))
+            .expect_err("zero replicas")
+            .to_string();
+        assert!(message.contains("store.fallback.replicas"), "{message}");
     }
 
     #[test]

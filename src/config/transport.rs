@@ -40,6 +40,9 @@ pub struct TransportSettings {
     /// `transport.drain_timeout`: the longest a shutdown waits for calls
     /// in flight.
     pub drain_timeout: Duration,
+    /// `transport.max_in_flight`: gRPC calls in progress at once on the
+    /// server before new ones are shed; 0 for no bound.
+    pub max_in_flight: usize,
 }
 
 impl Default for TransportSettings {
@@ -113,6 +116,7 @@ impl TransportSettings {
             max_connection_age: (!section.max_connection_age.is_zero())
                 .then_some(section.max_connection_age),
             drain_timeout: section.drain_timeout,
+            max_in_flight: section.max_in_flight,
         })
     }
 }

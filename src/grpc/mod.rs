@@ -10,6 +10,7 @@
 //! RESOURCE_EXHAUSTED, [`status`]).
 
 pub mod arrival;
+pub mod shed;
 pub mod status;
 
 use std::time::Duration;
@@ -27,6 +28,7 @@ use crate::listen::{ConnectionLimit, GrpcListener, Incoming, UnixIncoming};
 use crate::tasks::ServerTask;
 
 use self::arrival::ArrivalLayer;
+use self::shed::ShedLayer;
 use self::status::SizeStatusLayer;
 
 /// Why the gRPC server could not be built.
@@ -133,18 +135,19 @@ pub(crate) fn reflection(routes: Routes) -> Result<Routes, BuildError> {
 }
 
 /// Serves `routes` (quotad's services), health and reflection on
-/// `listener` until stopped, then lets calls in flight finish; `auth`
-/// decides who may call what.
+/// `listener` until stopped, then lets calls in flight finish; `guards`
+/// are the [`ShedLayer`] that bounds the calls in progress (outside) and
+/// the auth layer that decides who may call what (inside).
 pub(crate) fn spawn(
     listener: GrpcListener,
     transport: &TransportSettings,
     limit: ConnectionLimit,
     tls: Option<&TlsSettings>,
-    auth: AuthLayer,
+    guards: Stack<AuthLayer, ShedLayer>,
     health: HealthServer<impl HealthService>,
     routes: Routes,
 ) -> Result<ServerTask<tonic::transport::Error>, BuildError> {
-    let mut builder = server(transport, tls)?.layer(auth);
+    let mut builder = server(transport, tls)?.layer(guards);
     let health = health.max_decoding_message_size(CONTROL_MESSAGE_BYTES);
     let routes = reflection(routes.add_service(health))?;
     let router = builder.add_routes(routes);

@@ -37,6 +37,7 @@ mod rls;
 mod rls_counting;
 mod rls_redis;
 mod rls_reload;
+mod shed;
 mod shutdown;
 mod snapshot;
 mod tls;

@@ -7,6 +7,7 @@ mod calendar;
 mod concurrency;
 mod credentials;
 mod differential;
+mod fallback;
 mod faults;
 mod leases;
 mod readiness;

@@ -118,6 +118,7 @@ const REASONS: Record<string, Reason> = {
   REASON_FAIL_OPEN: "fail_open",
   REASON_FAIL_CLOSED: "fail_closed",
   REASON_UNAVAILABLE: "unavailable",
+  REASON_LOCAL_FALLBACK: "local_fallback",
 };
 
 /** Codes that mean quotad was not reached (or did not answer) in time: the failure policy's. */

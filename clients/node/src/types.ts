@@ -46,7 +46,8 @@ export type Reason =
   | "batch_rejected"
   | "fail_open"
   | "fail_closed"
-  | "unavailable";
+  | "unavailable"
+  | "local_fallback";
 
 /** The outcome of one check. A denial is a decision, never an error. */
 export interface Decision {

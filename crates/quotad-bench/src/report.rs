@@ -27,6 +27,9 @@ pub(crate) enum Outcome {
 #[derive(Debug)]
 pub(crate) struct Tally {
     latency_ns: Histogram<u64>,
+    /// The requests answered with decisions only: what a server that sheds
+    /// load keeps for the calls it accepts.
+    decided_ns: Histogram<u64>,
     /// Open loop only: how late each measured request was sent.
     send_lag_ns: Option<Histogram<u64>>,
     requests: u64,
@@ -55,6 +58,7 @@ impl Tally {
     pub(crate) fn new(open_loop: bool) -> Self {
         Self {
             latency_ns: histogram(),
+            decided_ns: histogram(),
             send_lag_ns: open_loop.then(histogram),
             requests: 0,
             allowed: 0,
@@ -74,6 +78,7 @@ impl Tally {
         self.last_done = Some(self.last_done.map_or(done, |last| last.max(done)));
         match outcome {
             Outcome::Decided { allowed, denied } => {
+                self.decided_ns.saturating_record(nanos(latency));
                 self.allowed += allowed;
                 self.denied += denied;
             }
@@ -100,6 +105,9 @@ impl Tally {
     pub(crate) fn merge(&mut self, other: &Self) {
         self.latency_ns
             .add(&other.latency_ns)
+            .expect("tallies share their histogram bounds");
+        self.decided_ns
+            .add(&other.decided_ns)
             .expect("tallies share their histogram bounds");
         match (&mut self.send_lag_ns, &other.send_lag_ns) {
             (Some(mine), Some(theirs)) => mine
@@ -229,6 +237,9 @@ pub struct Report {
     pub latency_from: LatencyOrigin,
     /// Latency percentiles of every measured request, failed ones included.
     pub latency: Latency,
+    /// Latency percentiles of the measured requests answered with
+    /// decisions, failed ones (shed ones among them) left out.
+    pub decided_latency: Latency,
     /// Open loop only: how late requests left the load generator after
     /// their scheduled time (waiting for a free worker, the pacer's timer
     /// slack, the generator's own CPU). Included in `latency`; when it is
@@ -400,6 +411,7 @@ impl Report {
             }
         };
         let latency = Latency::from_histogram(&tally.latency_ns);
+        let decided_latency = Latency::from_histogram(&tally.decided_ns);
         let send_lag = tally.send_lag_ns.as_ref().map(Latency::from_histogram);
         let whole_run_decisions =
             (tally.requests + tally.warmup) * u64::try_from(info.mode.items()).unwrap_or(1);
@@ -433,6 +445,7 @@ impl Report {
                 LatencyOrigin::Send
             },
             latency,
+            decided_latency,
             send_lag,
             warmup_requests: tally.warmup,
             missed: tally.missed,
@@ -510,6 +523,9 @@ mod tests {
         assert!((report.requests_per_sec - 4.0).abs() < 1e-9);
         assert!((report.latency.p50_us - 200.0).abs() < 1.0);
         assert!((report.latency.max_us - 300.0).abs() < 1.0);
+        // The failed 300 us call is not a decided one.
+        assert!((report.decided_latency.max_us - 200.0).abs() < 1.0);
+        assert!((report.decided_latency.min_us - 100.0).abs() < 1.0);
     }
 
     #[test]

@@ -27,11 +27,15 @@ pub enum Reason {
     /// item and its policy reports errors. Nothing was consumed; the item
     /// stands for the error a lone check would have answered.
     Unavailable,
+    /// Allowed or denied by this replica alone: the backend failed and the
+    /// policy falls back to a local store holding the replica's share of
+    /// the limit. Counted only there, never in the backend.
+    LocalFallback,
 }
 
 impl Reason {
     /// Every reason, in declaration order: `Reason::ALL[r as usize] == r`.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::WithinLimit,
         Reason::LimitExceeded,
         Reason::CostExceedsCapacity,
@@ -40,6 +44,7 @@ impl Reason {
         Reason::FailOpen,
         Reason::FailClosed,
         Reason::Unavailable,
+        Reason::LocalFallback,
     ];
 
     /// The snake_case name used in metric labels and logs.
@@ -53,6 +58,7 @@ impl Reason {
             Reason::FailOpen => "fail_open",
             Reason::FailClosed => "fail_closed",
             Reason::Unavailable => "unavailable",
+            Reason::LocalFallback => "local_fallback",
         }
     }
 }

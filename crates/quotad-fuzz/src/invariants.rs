@@ -28,7 +28,10 @@ fn check(decision: &Decision, capacity: u64, cost: u64, waits_fit: bool) {
     assert_eq!(d.limit, capacity, "limit is the capacity: {d:?}");
     assert!(d.remaining <= capacity, "remaining above capacity: {d:?}");
     let admitting = matches!(d.reason, Reason::WithinLimit | Reason::FailOpen);
-    assert_eq!(d.allowed, admitting, "allowed and reason disagree: {d:?}");
+    // A local fallback decision admits or denies.
+    if d.reason != Reason::LocalFallback {
+        assert_eq!(d.allowed, admitting, "allowed and reason disagree: {d:?}");
+    }
     if d.allowed {
         assert_eq!(d.retry_after_ms, 0, "admitted with a retry time: {d:?}");
     }
@@ -55,7 +58,11 @@ fn check(decision: &Decision, capacity: u64, cost: u64, waits_fit: bool) {
         Reason::Capacity | Reason::BatchRejected => {
             assert_eq!(d.retry_after_ms, 0, "{d:?}");
         }
-        Reason::WithinLimit | Reason::FailOpen | Reason::FailClosed | Reason::Unavailable => {}
+        Reason::WithinLimit
+        | Reason::FailOpen
+        | Reason::FailClosed
+        | Reason::Unavailable
+        | Reason::LocalFallback => {}
     }
 }
 

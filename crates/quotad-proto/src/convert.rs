@@ -64,6 +64,7 @@ impl From<Reason> for pb::Reason {
             Reason::FailOpen => pb::Reason::FailOpen,
             Reason::FailClosed => pb::Reason::FailClosed,
             Reason::Unavailable => pb::Reason::Unavailable,
+            Reason::LocalFallback => pb::Reason::LocalFallback,
         }
     }
 }
@@ -83,6 +84,7 @@ pub fn reason(value: i32) -> Result<Reason, UnknownValue> {
         Ok(pb::Reason::FailOpen) => Ok(Reason::FailOpen),
         Ok(pb::Reason::FailClosed) => Ok(Reason::FailClosed),
         Ok(pb::Reason::Unavailable) => Ok(Reason::Unavailable),
+        Ok(pb::Reason::LocalFallback) => Ok(Reason::LocalFallback),
         Ok(pb::Reason::Unspecified) => Err(UnknownValue::Unspecified),
         Err(_) => Err(UnknownValue::Unknown(value)),
     }

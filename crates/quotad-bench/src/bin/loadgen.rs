@@ -371,6 +371,14 @@ fn print_report(report: &Report, json: bool, threads: u16) -> std::io::Result<()
         "latency us (from {:?}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
         report.latency_from, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us, l.mean_us
     )?;
+    if report.errors > 0 {
+        let l = &report.decided_latency;
+        writeln!(
+            out,
+            "decided us (failed calls left out): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
+        )?;
+    }
     if let Some(l) = &report.send_lag {
         writeln!(
             out,
