@@ -27,6 +27,7 @@
 //! quotad_fuzz::config::run(b"[policies.a]\nalgorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1s\"\n");
 //! ```
 
+pub mod chaos;
 pub mod config;
 pub mod decide;
 pub mod invariants;
