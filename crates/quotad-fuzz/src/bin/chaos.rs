@@ -149,11 +149,14 @@ fn summary(report: &chaos::Report) -> String {
         let errors: u64 = p.tally.errors.values().sum();
         let _ = writeln!(
             out,
-            "\n{:?}: {:.0} s, {} faults played, {calls} calls answered, {errors} failed {:?}, {} ticks skipped",
+            "\n{:?}: {:.0} s, {} faults played, {calls} calls answered, {errors} failed {:?} ({} of them unanswered by their deadline, {} ended by a quotad SIGKILL), {:.0} calls/s started, {} ticks skipped",
             p.topology,
             p.seconds,
             p.played.len(),
             p.tally.errors,
+            p.tally.unanswered_by_deadline,
+            p.killed_calls,
+            p.achieved_rps,
             p.tally.skipped
         );
         let f = &p.findings;
@@ -203,7 +206,7 @@ fn summary(report: &chaos::Report) -> String {
         for s in &p.stall {
             let _ = writeln!(
                 out,
-                "  stall RSS quotad-{}: {:.1} MiB before, {:.1} MiB peak during (bound {:.1} MiB) at {:.0} calls/s offered",
+                "  stall RSS quotad-{}: {:.1} MiB before, {:.1} MiB peak during (bound {:.1} MiB) at {:.0} calls/s started",
                 s.replica,
                 s.before_kib as f64 / 1024.0,
                 s.during_kib as f64 / 1024.0,

@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tonic::transport::{Channel, Endpoint};
 
-use super::checker::{Answer, Said};
+use super::checker::{Answer, FAULT_CODES, Said};
 use super::{CHECKED, CONC, LEASE, POLICIES, epoch_ms};
 
 /// Deadline every call carries (`grpc-timeout`): quotad answers by then.
@@ -42,6 +42,23 @@ pub struct Tally {
     pub reasons: BTreeMap<String, u64>,
     /// Ticks skipped because [`MAX_IN_FLIGHT`] calls were in flight.
     pub skipped: u64,
+    /// Calls whose deadline passed before quotad answered (counted as
+    /// `DEADLINE_EXCEEDED` above): quotad should answer by the deadline.
+    pub unanswered_by_deadline: u64,
+    /// The first message of each code not documented for faults.
+    pub samples: BTreeMap<String, String>,
+    /// Every failure with a code not documented for faults (first 10,000).
+    pub odd: Vec<Odd>,
+}
+
+/// A call that failed with a code not in [`FAULT_CODES`].
+#[derive(Clone, Debug, Serialize)]
+pub struct Odd {
+    pub replica: usize,
+    pub recv_ms: u64,
+    pub method: String,
+    pub code: String,
+    pub message: String,
 }
 
 /// What every load task shares.
@@ -51,6 +68,8 @@ pub(super) struct Shared {
     tally: Mutex<Tally>,
     pub(super) stop: AtomicBool,
     skipped: AtomicU64,
+    /// Calls started.
+    pub(super) sent: AtomicU64,
     in_flight: Arc<Semaphore>,
     keys: u32,
 }
@@ -62,6 +81,7 @@ impl Shared {
             tally: Mutex::new(Tally::default()),
             stop: AtomicBool::new(false),
             skipped: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             keys,
         })
@@ -74,7 +94,7 @@ impl Shared {
             .push(answer);
     }
 
-    fn count(&self, method: &str, outcome: Result<&[pb::Decision], &str>) {
+    fn count(&self, replica: usize, method: &str, outcome: Result<&[pb::Decision], &Failure>) {
         let mut t = self.tally.lock().unwrap_or_else(|p| p.into_inner());
         match outcome {
             Ok(decisions) => {
@@ -83,7 +103,25 @@ impl Shared {
                     *t.reasons.entry(reason_name(d.reason)).or_default() += 1;
                 }
             }
-            Err(code) => *t.errors.entry(code.to_owned()).or_default() += 1,
+            Err(e) => {
+                *t.errors.entry(e.code.clone()).or_default() += 1;
+                if e.local_deadline {
+                    t.unanswered_by_deadline += 1;
+                }
+                if !e.message.is_empty() && !t.samples.contains_key(&e.code) {
+                    t.samples
+                        .insert(e.code.clone(), format!("{method}: {}", e.message));
+                }
+                if !FAULT_CODES.contains(&e.code.as_str()) && t.odd.len() < 10_000 {
+                    t.odd.push(Odd {
+                        replica,
+                        recv_ms: epoch_ms(),
+                        method: method.to_owned(),
+                        code: e.code.clone(),
+                        message: e.message.clone(),
+                    });
+                }
+            }
         }
     }
 
@@ -145,6 +183,8 @@ fn named(key: String, policy: &str) -> pb::CheckRequest {
 struct Failure {
     code: String,
     message: String,
+    /// The deadline passed here before quotad answered.
+    local_deadline: bool,
 }
 
 impl Failure {
@@ -162,18 +202,36 @@ where
 {
     match tokio::time::timeout(DEADLINE + NO_ANSWER_AFTER, f).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
+        // tonic ends a call whose deadline passes before the answer with
+        // CANCELLED "Timeout expired", raised in this process: to the
+        // caller that is the deadline exceeded (gRPC's name for it).
+        Ok(Err(status))
+            if status.code() == tonic::Code::Cancelled
+                && status.message() == tonic::TimeoutExpired(()).to_string() =>
+        {
+            Err(Failure {
+                code: "DEADLINE_EXCEEDED".to_owned(),
+                message: String::new(),
+                local_deadline: true,
+            })
+        }
         Ok(Err(status)) => {
             let code = quotad_proto::convert::code_name(status.code()).to_owned();
-            let message = if super::checker::FAULT_CODES.contains(&code.as_str()) {
+            let message = if FAULT_CODES.contains(&code.as_str()) {
                 String::new()
             } else {
                 status.message().chars().take(300).collect()
             };
-            Err(Failure { code, message })
+            Err(Failure {
+                code,
+                message,
+                local_deadline: false,
+            })
         }
         Err(_) => Err(Failure {
             code: "NO_ANSWER".to_owned(),
             message: format!("nothing within {:?}", DEADLINE + NO_ANSWER_AFTER),
+            local_deadline: false,
         }),
     }
 }
@@ -212,6 +270,7 @@ pub(super) async fn pacer(
             shared.skipped.fetch_add(1, Ordering::Relaxed);
             continue;
         };
+        shared.sent.fetch_add(1, Ordering::Relaxed);
         turn = turn.wrapping_add(1);
         let replica = turn % replicas.len();
         let client = replicas[replica].clone();
@@ -304,11 +363,11 @@ impl Op {
                 let said = match r {
                     Ok(resp) => {
                         let d = resp.decision.unwrap_or_default();
-                        shared.count("check", Ok(std::slice::from_ref(&d)));
+                        shared.count(replica, "check", Ok(std::slice::from_ref(&d)));
                         decision_said(&d, String::new(), 0)
                     }
                     Err(e) => {
-                        shared.count("check", Err(&e.code));
+                        shared.count(replica, "check", Err(&e));
                         e.said()
                     }
                 };
@@ -337,13 +396,13 @@ impl Op {
                 };
                 match call(c.quota.check_batch(request(message))).await {
                     Ok(resp) => {
-                        shared.count(method, Ok(&resp.decisions));
+                        shared.count(replica, method, Ok(&resp.decisions));
                         for ((p, k), d) in items.iter().zip(&resp.decisions) {
                             keep(*p, *k, sent_ms, decision_said(d, String::new(), 0));
                         }
                     }
                     Err(e) => {
-                        shared.count(method, Err(&e.code));
+                        shared.count(replica, method, Err(&e));
                         for (p, k) in items {
                             keep(p, k, sent_ms, e.clone().said());
                         }
@@ -362,14 +421,14 @@ impl Op {
                 };
                 let said = match call(c.leases.lease(request(message))).await {
                     Ok(resp) => {
-                        shared.count("lease", Ok(&[]));
+                        shared.count(replica, "lease", Ok(&[]));
                         Said::Lease {
                             units: resp.lease.map_or(0, |l| l.units),
                             reset_after_ms: resp.reset_after_ms,
                         }
                     }
                     Err(e) => {
-                        shared.count("lease", Err(&e.code));
+                        shared.count(replica, "lease", Err(&e));
                         e.said()
                     }
                 };
@@ -389,7 +448,7 @@ impl Op {
                 let slot = match call(c.slots.acquire(request(message))).await {
                     Ok(resp) => {
                         let d = resp.decision.unwrap_or_default();
-                        shared.count("acquire", Ok(std::slice::from_ref(&d)));
+                        shared.count(replica, "acquire", Ok(std::slice::from_ref(&d)));
                         keep(
                             CONC,
                             key,
@@ -399,7 +458,7 @@ impl Op {
                         resp.slot_id
                     }
                     Err(e) => {
-                        shared.count("acquire", Err(&e.code));
+                        shared.count(replica, "acquire", Err(&e));
                         keep(CONC, key, sent_ms, e.said());
                         String::new()
                     }
@@ -418,9 +477,9 @@ impl Op {
                 let released_sent = epoch_ms();
                 keep(CONC, key, released_sent, Said::Release { slot });
                 match call(c.slots.release(request(message))).await {
-                    Ok(_) => shared.count("release", Ok(&[])),
+                    Ok(_) => shared.count(replica, "release", Ok(&[])),
                     Err(e) => {
-                        shared.count("release", Err(&e.code));
+                        shared.count(replica, "release", Err(&e));
                         keep(CONC, key, released_sent, e.said());
                     }
                 }
@@ -450,8 +509,8 @@ impl Op {
                     }
                 };
                 match &outcome {
-                    Ok(d) => shared.count("background", Ok(d)),
-                    Err(e) => shared.count("background", Err(&e.code)),
+                    Ok(d) => shared.count(replica, "background", Ok(d)),
+                    Err(e) => shared.count(replica, "background", Err(e)),
                 }
             }
         }

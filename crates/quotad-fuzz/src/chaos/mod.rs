@@ -118,6 +118,9 @@ const REDIS_TIMEOUT: &str = "300ms";
 /// A loss event covers this much before and after it (the append-only
 /// file's second of unsynced writes, the failover noticed late).
 const LOSS_MARGIN_MS: u64 = 1_500;
+/// A call that fails this soon after its quotad was SIGKILLed, with the
+/// connection error tonic gives, failed with the kill.
+const KILLED_CALLS_MS: u64 = 1_000;
 /// A failover seen at T is a loss event from T minus this (the primary
 /// went down-after-milliseconds, 1.5 s, plus a poll before)...
 const FAILOVER_BEFORE_MS: u64 = 2_000;
@@ -207,7 +210,7 @@ pub struct StallRss {
     pub during_kib: u64,
     /// The bound `during` must stay under.
     pub bound_kib: u64,
-    /// Calls a second offered during the stall (all replicas).
+    /// Calls a second started during the stall (all replicas).
     pub offered_rps: f64,
 }
 
@@ -223,6 +226,11 @@ pub struct PhaseReport {
     pub ttl_scans: Vec<TtlScan>,
     pub ttl_violations: Vec<TtlViolation>,
     pub stall: Vec<StallRss>,
+    /// Calls that ended with UNKNOWN "transport error" as their quotad
+    /// was SIGKILLed (counted as UNAVAILABLE).
+    pub killed_calls: usize,
+    /// Calls started a second, over the phase.
+    pub achieved_rps: f64,
     pub tally: Tally,
     /// Everything that fails the phase, first first.
     pub failures: Vec<String>,
@@ -586,14 +594,24 @@ async fn run_phase(
     let at = |ms: u64| tokio::time::Instant::from_std(started + Duration::from_millis(ms));
     let since = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(0);
 
-    // RSS of every replica every 200 ms: (ms into the phase, replica, KiB).
+    // RSS of every replica every 200 ms: (ms into the phase, replica, KiB);
+    // and the calls started by then: (ms into the phase, count).
     let rss = Arc::new(std::sync::Mutex::new(Vec::<(u64, usize, u64)>::new()));
+    let sent = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
     let sampler = {
-        let (rss, pids, shared) = (Arc::clone(&rss), Arc::clone(&pids), Arc::clone(&shared));
+        let (rss, pids, shared, sent) = (
+            Arc::clone(&rss),
+            Arc::clone(&pids),
+            Arc::clone(&shared),
+            Arc::clone(&sent),
+        );
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(Duration::from_millis(200));
             while !shared.stop.load(Ordering::Relaxed) {
                 ticks.tick().await;
+                sent.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((since(), shared.sent.load(Ordering::Relaxed)));
                 for (i, pid) in pids.iter().enumerate() {
                     if let Ok(kib) = rss_kib(pid.load(Ordering::Relaxed)) {
                         rss.lock()
@@ -612,17 +630,31 @@ async fn run_phase(
             (store.watch(), Arc::clone(&shared), Arc::clone(&last_fault));
         tokio::spawn(async move {
             let mut changes = Vec::new();
+            // Times when more nodes said master than should (an old
+            // primary not yet demoted): (from, to, the fault last started).
+            let mut splits: Vec<(u64, u64, String)> = Vec::new();
+            let mut split_since: Option<(u64, String)> = None;
             let mut before = watch.primaries().await;
             while !shared.stop.load(Ordering::Relaxed) {
                 tokio::time::sleep(Duration::from_millis(250)).await;
+                let fault = last_fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let now = watch.primaries().await;
                 if !now.is_empty() && now != before {
-                    let fault = last_fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                    changes.push((epoch_ms(), before, now.clone(), fault));
+                    changes.push((epoch_ms(), before, now.clone(), fault.clone()));
                     before = now;
                 }
+                let (masters, expected) = watch.masters().await;
+                match (masters > expected, split_since.take()) {
+                    (true, None) => split_since = Some((epoch_ms(), fault)),
+                    (true, Some(since)) => split_since = Some(since),
+                    (false, Some((from, fault))) => splits.push((from, epoch_ms(), fault)),
+                    (false, None) => {}
+                }
             }
-            changes
+            if let Some((from, fault)) = split_since {
+                splits.push((from, epoch_ms(), fault));
+            }
+            (changes, splits)
         })
     };
     let mut pacers = Vec::new();
@@ -643,6 +675,8 @@ async fn run_phase(
     let mut ttl_violations = Vec::new();
     let mut stalls = Vec::new();
     let mut generation = 0;
+    // (replica, epoch ms) of each quotad SIGKILL.
+    let mut kills: Vec<(usize, u64)> = Vec::new();
     for event in &events {
         tokio::time::sleep_until(at(event.at_ms)).await;
         let from_ms = since();
@@ -689,6 +723,7 @@ async fn run_phase(
             }
             Fault::KillQuotad { replica, down_ms } => {
                 let q = &mut quotads[replica];
+                kills.push((replica, epoch_ms()));
                 q.process.kill();
                 tokio::time::sleep(Duration::from_millis(down_ms)).await;
                 q.process = Quotad::spawn(&q.binary, &q.config, &q.log)?;
@@ -759,14 +794,28 @@ async fn run_phase(
         p.await?;
     }
     sampler.await?;
-    for (at_ms, before, after, fault) in watcher.await? {
+    let (changes, splits) = watcher.await?;
+    for (at_ms, before, after, fault) in changes {
         // A promotion is seen up to down-after-milliseconds (1.5 s) plus
-        // a poll after the primary went; the old primary takes writes
-        // until it is demoted, a moment after.
+        // a poll after the primary went.
         losses.push(LossEvent {
             what: format!("failover (primaries {before:?} -> {after:?}) seen after {fault}"),
             from_ms: at_ms.saturating_sub(FAILOVER_BEFORE_MS),
             to_ms: at_ms + FAILOVER_AFTER_MS,
+        });
+    }
+    for (from_ms, to_ms, fault) in splits {
+        // An old primary that still says master takes the writes of
+        // whoever is still connected to it, and loses them when it is
+        // demoted: measured, from the first poll that saw two masters to
+        // the first that saw one.
+        losses.push(LossEvent {
+            what: format!(
+                "two masters at once for {} ms, after {fault}",
+                to_ms - from_ms
+            ),
+            from_ms,
+            to_ms,
         });
     }
     // Calls still in flight end by their deadline (plus the no-answer
@@ -781,10 +830,40 @@ async fn run_phase(
     }
     drop(store);
 
-    let (answers, tally) = shared.take();
+    let (mut answers, mut tally) = shared.take();
+    // A call in flight on a quotad the driver SIGKILLs ends when its
+    // connection does: tonic says UNKNOWN "transport error", or CANCELLED
+    // "operation was canceled" for one not sent yet (gRPC's UNAVAILABLE:
+    // the server went away). Only those, within a second of a kill of the
+    // replica they were sent to, are taken as such.
+    let killed_with = |replica: usize, recv_ms: u64, code: &str, message: &str| {
+        matches!(
+            (code, message),
+            ("UNKNOWN", "transport error") | ("CANCELLED", "operation was canceled")
+        ) && kills
+            .iter()
+            .any(|(r, at)| *r == replica && recv_ms >= *at && recv_ms <= at + KILLED_CALLS_MS)
+    };
+    for a in &mut answers {
+        if let checker::Said::Failed { code, message } = &mut a.said
+            && killed_with(a.replica, a.recv_ms, code, message)
+        {
+            "UNAVAILABLE".clone_into(code);
+            "quotad SIGKILLed".clone_into(message);
+        }
+    }
+    let killed_calls = tally.odd.len();
+    tally
+        .odd
+        .retain(|o| !killed_with(o.replica, o.recv_ms, &o.code, &o.message));
+    let killed_calls = killed_calls - tally.odd.len();
     let findings = checker::judge(POLICIES, &answers, &losses, LOSS_MARGIN_MS);
     let samples = rss.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let stall = judge_stalls(&stalls, &samples, &answers, options.rate);
+    let sent = sent.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let stall = judge_stalls(&stalls, &samples, &sent);
+    let achieved_rps = sent
+        .last()
+        .map_or(0.0, |(t, n)| *n as f64 * 1_000.0 / (*t).max(1) as f64);
     for e in &findings.over_admitted {
         failures.push(format!(
             "{} key k{}: {} admitted where {} may be, from {} to {} ms ({:.1} s into the phase)",
@@ -809,10 +888,16 @@ async fn run_phase(
             a.said, POLICIES[a.policy].name, POLICIES[a.policy].on_error
         ));
     }
-    for (code, n) in &tally.errors {
-        if !checker::FAULT_CODES.contains(&code.as_str()) {
-            failures.push(format!("{n} calls answered {code} (all load)"));
-        }
+    if let Some(o) = tally.odd.first() {
+        failures.push(format!(
+            "{} calls (all load) failed with codes not documented for faults, the first: {} {} from quotad-{} at {} ms: {}",
+            tally.odd.len(),
+            o.method,
+            o.code,
+            o.replica,
+            o.recv_ms,
+            o.message
+        ));
     }
     for t in &ttl_violations {
         failures.push(format!(
@@ -841,6 +926,8 @@ async fn run_phase(
         ttl_scans,
         ttl_violations,
         stall,
+        killed_calls,
+        achieved_rps,
         tally,
         failures,
     })
@@ -849,11 +936,17 @@ async fn run_phase(
 fn judge_stalls(
     stalls: &[(u64, u64)],
     samples: &[(u64, usize, u64)],
-    answers: &[checker::Answer],
-    rate: u64,
+    sent: &[(u64, u64)],
 ) -> Vec<StallRss> {
     let mut out = Vec::new();
     for &(from, to) in stalls {
+        let at = |t: u64| sent.iter().find(|(s, _)| *s >= t).copied();
+        let offered_rps = match (at(from), at(to)) {
+            (Some((t0, n0)), Some((t1, n1))) if t1 > t0 => {
+                (n1 - n0) as f64 * 1_000.0 / (t1 - t0) as f64
+            }
+            _ => 0.0,
+        };
         for replica in 0..3 {
             let peak = |lo: u64, hi: u64| {
                 samples
@@ -866,13 +959,12 @@ fn judge_stalls(
             let before = peak(from.saturating_sub(3_000), from);
             let during = peak(from, to + 1_000);
             let bound = before + (before as f64 * RSS_GROWTH) as u64 + RSS_SLACK_KIB;
-            let _ = answers;
             out.push(StallRss {
                 replica,
                 before_kib: before,
                 during_kib: during,
                 bound_kib: bound,
-                offered_rps: rate as f64,
+                offered_rps,
             });
         }
     }

@@ -107,8 +107,17 @@ impl Node {
 
 /// `redis-cli -p port args...` with a 2 s bound.
 pub(super) async fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
+    cli_within(port, args, Duration::from_secs(2)).await
+}
+
+/// `redis-cli -p port args...`, an error after `within`.
+pub(super) async fn cli_within(
+    port: u16,
+    args: &[&str],
+    within: Duration,
+) -> anyhow::Result<String> {
     let out = tokio::time::timeout(
-        Duration::from_secs(2),
+        within,
         tokio::process::Command::new("redis-cli")
             .args(["-p", &port.to_string()])
             .args(args)
@@ -116,7 +125,7 @@ pub(super) async fn cli(port: u16, args: &[&str]) -> anyhow::Result<String> {
             .output(),
     )
     .await
-    .with_context(|| format!("redis-cli -p {port} {args:?} took over 2 s"))?
+    .with_context(|| format!("redis-cli -p {port} {args:?} took over {within:?}"))?
     .context("cannot run redis-cli")?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -325,6 +334,26 @@ pub(super) enum Watch {
 }
 
 impl Watch {
+    /// How many data nodes say `ROLE` master now (a stopped node, which
+    /// takes no writes, does not answer within 300 ms and is not counted),
+    /// and how many should.
+    pub(super) async fn masters(&self) -> (usize, usize) {
+        let (ports, expected): (Vec<u16>, usize) = match self {
+            Watch::Sentinel { nodes, .. } => (nodes.iter().map(|(_, n)| *n).collect(), 1),
+            Watch::Cluster { nodes } => (nodes.clone(), 3),
+        };
+        let mut masters = 0;
+        for port in ports {
+            if cli_within(port, &["role"], Duration::from_millis(300))
+                .await
+                .is_ok_and(|r| r.starts_with("master"))
+            {
+                masters += 1;
+            }
+        }
+        (masters, expected)
+    }
+
     /// The ports of the nodes serving writes now, sorted; empty when no
     /// one answers.
     pub(super) async fn primaries(&self) -> Vec<u16> {
