@@ -229,6 +229,8 @@ pub struct PhaseReport {
     /// Calls that ended with UNKNOWN "transport error" as their quotad
     /// was SIGKILLed (counted as UNAVAILABLE).
     pub killed_calls: usize,
+    /// Changes of primaries a `CLUSTER FAILOVER` made (not loss events).
+    pub coordinated: Vec<String>,
     /// Calls started a second, over the phase.
     pub achieved_rps: f64,
     pub tally: Tally,
@@ -795,7 +797,16 @@ async fn run_phase(
     }
     sampler.await?;
     let (changes, splits) = watcher.await?;
+    let mut coordinated = Vec::new();
     for (at_ms, before, after, fault) in changes {
+        // CLUSTER FAILOVER (no FORCE) waits for the replica to catch up:
+        // it loses nothing, and an excess around it fails the run.
+        if topology == Topology::Cluster && fault.contains(" failover ") {
+            coordinated.push(format!(
+                "primaries {before:?} -> {after:?} at {at_ms} ms after {fault}"
+            ));
+            continue;
+        }
         // A promotion is seen up to down-after-milliseconds (1.5 s) plus
         // a poll after the primary went.
         losses.push(LossEvent {
@@ -927,6 +938,7 @@ async fn run_phase(
         ttl_violations,
         stall,
         killed_calls,
+        coordinated,
         achieved_rps,
         tally,
         failures,
