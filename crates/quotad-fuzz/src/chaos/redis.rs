@@ -650,3 +650,43 @@ pub(super) async fn ttls(port: u16, prefix: &str) -> anyhow::Result<Vec<(String,
     }
     Ok(keys.into_iter().zip(replies).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_read_from_cluster_nodes_in_slot_order_without_failed_nodes() {
+        let text = "\
+a1 127.0.0.1:7001@17001 master - 0 0 1 connected 5461-10922
+b1 127.0.0.1:7002@17002 myself,master - 0 0 2 connected 0-5460
+c1 127.0.0.1:7003@17003 master - 0 0 3 connected 10923-16383
+a2 127.0.0.1:7004@17004 slave a1 0 0 1 connected
+b2 127.0.0.1:7005@17005 slave b1 0 0 2 connected
+c2 127.0.0.1:7006@17006 master,fail - 0 0 3 connected
+c3 127.0.0.1:7007@17007 slave,fail c1 0 0 3 connected
+";
+        let ports = [7001, 7002, 7003, 7004, 7005, 7006, 7007];
+        let shards = parse_shards(text, &ports);
+        assert_eq!(
+            shards,
+            vec![
+                Shard {
+                    master: 1,
+                    replica: Some(4),
+                    first_slot: 0
+                },
+                Shard {
+                    master: 0,
+                    replica: Some(3),
+                    first_slot: 5461
+                },
+                Shard {
+                    master: 2,
+                    replica: None,
+                    first_slot: 10923
+                },
+            ]
+        );
+    }
+}
