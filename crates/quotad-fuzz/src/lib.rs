@@ -19,6 +19,9 @@
 //! [`soak`] is the driver behind `scripts/soak.sh`: mixed load against a
 //! release server, with the server's memory sampled and the budget of a
 //! checker key verified every window.
+//! [`chaos`] is the driver behind `scripts/chaos.sh`: three replicas on
+//! Redis (Sentinel, then Cluster) under a seeded fault schedule, every
+//! answer judged per key and window (docs/chaos.md).
 //!
 //! ```
 //! // A request that is not protobuf: the decoders refuse it, nothing panics.
