@@ -190,6 +190,11 @@ fn summary(report: &chaos::Report) -> String {
                 e.during.as_deref().unwrap_or("-")
             );
         }
+        let _ = writeln!(
+            out,
+            "  reloads: {} written, {} applied by the replicas running at the end",
+            p.reloads.0, p.reloads.1
+        );
         let keys: usize = p.ttl_scans.iter().map(|s| s.keys).sum();
         let worst = p
             .ttl_scans

@@ -229,6 +229,9 @@ pub struct PhaseReport {
     /// Calls that ended with UNKNOWN "transport error" as their quotad
     /// was SIGKILLed (counted as UNAVAILABLE).
     pub killed_calls: usize,
+    /// Config rewrites made, and reloads the replicas running at the end
+    /// applied (a replica restarted since a rewrite started with it).
+    pub reloads: (u64, u64),
     /// Changes of primaries a `CLUSTER FAILOVER` made (not loss events).
     pub coordinated: Vec<String>,
     /// Calls started a second, over the phase.
@@ -771,11 +774,11 @@ async fn run_phase(
             Fault::Reload => {
                 generation += 1;
                 for q in &quotads {
-                    let text = std::fs::read_to_string(&q.config)?;
-                    let grpc = q.grpc_port;
                     let admin = q.admin_port()?;
-                    let _ = text;
-                    std::fs::write(&q.config, config(grpc, admin, &store_toml, generation))?;
+                    std::fs::write(
+                        &q.config,
+                        config(q.grpc_port, admin, &store_toml, generation),
+                    )?;
                     signal(q.process.pid(), "-HUP")?;
                 }
             }
@@ -834,6 +837,23 @@ async fn run_phase(
     tokio::time::sleep(load::DEADLINE + Duration::from_secs(1)).await;
     let phase_seconds = started.elapsed().as_secs_f64();
     let mut failures = Vec::new();
+    // Reloads: none rejected (a replica restarted since counts from then).
+    let mut reloads_applied = 0;
+    for (i, q) in quotads.iter().enumerate() {
+        let metrics = match q.admin_port() {
+            Ok(port) => crate::soak::process::http_get(port, "/metrics")
+                .await
+                .unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let metric = |name: &str| crate::soak::verdict::metric(&metrics, name);
+        reloads_applied += metric("quotad_policy_reloads_total{outcome=\"ok\"}").unwrap_or(0);
+        if let Some(n) = metric("quotad_policy_reloads_total{outcome=\"error\"}")
+            && n > 0
+        {
+            failures.push(format!("quotad-{i} rejected {n} config reloads"));
+        }
+    }
     for q in &mut quotads {
         if let Err(e) = q.process.stop(Duration::from_secs(15)).await {
             failures.push(format!("quotad did not stop cleanly: {e}"));
@@ -938,6 +958,7 @@ async fn run_phase(
         ttl_violations,
         stall,
         killed_calls,
+        reloads: (generation, reloads_applied),
         coordinated,
         achieved_rps,
         tally,

@@ -4,7 +4,6 @@
 //! schedule, so a failure replays.
 
 use std::fmt;
-use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -226,11 +225,6 @@ pub fn schedule(seed: u64, phase: u64, topology: Topology, seconds: u64) -> Vec<
         at += fault.lasts_ms() + rng.random_range(1_000..4_000);
     }
     events
-}
-
-/// Time to wait for `ms`.
-pub fn ms(ms: u64) -> Duration {
-    Duration::from_millis(ms)
 }
 
 #[cfg(test)]
