@@ -19,6 +19,9 @@
 //! [`soak`] is the driver behind `scripts/soak.sh`: mixed load against a
 //! release server, with the server's memory sampled and the budget of a
 //! checker key verified every window.
+//! [`chaos`] is the driver behind `scripts/chaos.sh`: three replicas on
+//! Redis (Sentinel, then Cluster) under a seeded fault schedule, every
+//! answer judged per key and window (docs/chaos.md).
 //!
 //! ```
 //! // A request that is not protobuf: the decoders refuse it, nothing panics.
@@ -27,6 +30,7 @@
 //! quotad_fuzz::config::run(b"[policies.a]\nalgorithm = \"fixed_window\"\nlimit = 0\nwindow = \"1s\"\n");
 //! ```
 
+pub mod chaos;
 pub mod config;
 pub mod decide;
 pub mod invariants;

@@ -34,7 +34,7 @@
 
 mod load;
 mod plot;
-mod process;
+pub(crate) mod process;
 pub mod verdict;
 
 use std::path::{Path, PathBuf};

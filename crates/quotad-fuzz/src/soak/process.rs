@@ -14,13 +14,13 @@ use tokio::net::TcpStream;
 
 /// A child process, stopped by PID.
 #[derive(Debug)]
-pub(super) struct Managed {
+pub(crate) struct Managed {
     child: Option<Child>,
     name: &'static str,
 }
 
 impl Managed {
-    pub(super) fn spawn(command: &mut Command, name: &'static str) -> anyhow::Result<Managed> {
+    pub(crate) fn spawn(command: &mut Command, name: &'static str) -> anyhow::Result<Managed> {
         let child = command
             .spawn()
             .with_context(|| format!("cannot start {name} ({command:?})"))?;
@@ -30,13 +30,21 @@ impl Managed {
         })
     }
 
-    pub(super) fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGKILL, and the exit reaped: nothing of the process is left.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// SIGTERM, then waits up to `within` for the exit (then SIGKILL).
     /// Fails unless the process exited 0 after SIGTERM.
-    pub(super) async fn stop(&mut self, within: Duration) -> anyhow::Result<()> {
+    pub(crate) async fn stop(&mut self, within: Duration) -> anyhow::Result<()> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
@@ -76,7 +84,7 @@ impl Drop for Managed {
 }
 
 /// Sends `signal` to `pid`, a process this driver started.
-fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+pub(crate) fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .arg(signal)
         .arg(pid.to_string())
@@ -93,15 +101,15 @@ fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
 /// on every write stalls writes past quotad's Redis timeout when the disk
 /// is busy; a soak run on this shared machine saw it.)
 #[derive(Debug)]
-pub(super) struct Redis {
+pub(crate) struct Redis {
     binary: PathBuf,
     dir: PathBuf,
-    pub(super) port: u16,
+    pub(crate) port: u16,
     process: Managed,
 }
 
 impl Redis {
-    pub(super) async fn start(binary: &Path, port: u16, dir: &Path) -> anyhow::Result<Redis> {
+    pub(crate) async fn start(binary: &Path, port: u16, dir: &Path) -> anyhow::Result<Redis> {
         let process = Self::spawn(binary, port, dir)?;
         let redis = Redis {
             binary: binary.to_owned(),
@@ -141,14 +149,14 @@ impl Redis {
 
     /// Stops Redis (SIGTERM: it finishes the command in progress and
     /// exits) and starts it again on the same port and files.
-    pub(super) async fn restart(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn restart(&mut self) -> anyhow::Result<()> {
         tracing::info!(port = self.port, "restarting redis-server");
         self.process.stop(Duration::from_secs(20)).await?;
         self.process = Self::spawn(&self.binary, self.port, &self.dir)?;
         self.wait_ready(Duration::from_secs(20)).await
     }
 
-    pub(super) async fn stop(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(&mut self) -> anyhow::Result<()> {
         self.process.stop(Duration::from_secs(20)).await
     }
 
@@ -177,26 +185,26 @@ async fn ping(port: u16) -> anyhow::Result<bool> {
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
-pub(super) fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
 
 /// The resident memory of `pid`, KiB (`VmRSS` in `/proc/PID/status`).
-pub(super) fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("cannot read the status of pid {pid}"))?;
     parse_rss_kib(&status).with_context(|| format!("no VmRSS for pid {pid}"))
 }
 
 /// `VmRSS` from the text of `/proc/PID/status`, KiB.
-pub(super) fn parse_rss_kib(status: &str) -> Option<u64> {
+pub(crate) fn parse_rss_kib(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The body of `GET path` on the admin port (HTTP/1.0, one request).
-pub(super) async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+pub(crate) async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
     let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
