@@ -14,6 +14,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod traced;
 
 // What a backend reports is the metrics' vocabulary: the exporter renders
 // it, and the backends fill it in.

@@ -11,6 +11,7 @@
 
 pub mod arrival;
 pub mod status;
+pub mod trace;
 
 use std::time::Duration;
 
@@ -28,6 +29,7 @@ use crate::tasks::ServerTask;
 
 use self::arrival::ArrivalLayer;
 use self::status::SizeStatusLayer;
+use self::trace::RpcTraceLayer;
 
 /// Why the gRPC server could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -144,7 +146,8 @@ pub(crate) fn spawn(
     health: HealthServer<impl HealthService>,
     routes: Routes,
 ) -> Result<ServerTask<tonic::transport::Error>, BuildError> {
-    let mut builder = server(transport, tls)?.layer(auth);
+    // A span per call (disabled when traces are not exported), around auth.
+    let mut builder = server(transport, tls)?.layer(RpcTraceLayer).layer(auth);
     let health = health.max_decoding_message_size(CONTROL_MESSAGE_BYTES);
     let routes = reflection(routes.add_service(health))?;
     let router = builder.add_routes(routes);

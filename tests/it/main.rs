@@ -37,5 +37,6 @@ mod rls_reload;
 mod shutdown;
 mod snapshot;
 mod tls;
+mod trace;
 mod transport;
 mod unix;
