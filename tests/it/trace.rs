@@ -564,3 +564,98 @@ async fn otel_sdk_disabled_turns_export_off_even_with_an_endpoint() {
     calls_then_shutdown(server, grpc).await;
     assert!(received.exports() > 0, "spans are exported with the SDK on");
 }
+
+/// The trace id and span id of a caller's span, as bytes.
+fn ids_of(cx: &opentelemetry::trace::SpanContext) -> (Vec<u8>, Vec<u8>) {
+    (
+        cx.trace_id().to_bytes().to_vec(),
+        cx.span_id().to_bytes().to_vec(),
+    )
+}
+
+/// quotad exporting to a fresh receiver, and a Rust client of it.
+async fn traced_server_and_client(dir: &Path) -> (Server, Received, quotad_client::Client) {
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+    // The application's propagator: W3C trace context, which quotad reads.
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let (received, endpoint) = receiver().await;
+    let server = serve(
+        dir,
+        CONFIG,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+        &[],
+    );
+    let (grpc, _) = server.addresses();
+    let client = quotad_client::Client::builder(format!("http://{grpc}"))
+        .build()
+        .expect("valid address");
+    (server, received, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_sends_the_callers_opentelemetry_context() {
+    use opentelemetry::trace::{
+        FutureExt as _, Span as _, TraceContextExt as _, Tracer as _, TracerProvider as _,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, received, client) = traced_server_and_client(dir.path()).await;
+    let app = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let span = app.tracer("app").start("handle request");
+    let (trace, caller) = ids_of(span.span_context());
+    let cx = opentelemetry::Context::current_with_span(span);
+
+    let decision = client
+        .check(&quotad_client::Check::named("api", KEY))
+        .with_context(cx)
+        .await
+        .expect("check");
+    assert!(decision.allowed);
+    let spans = received
+        .trace_until(&trace, |s| {
+            s.iter().any(|s| s.name == "quotad.v1.Quota/Check")
+        })
+        .await;
+    let rpc = named(&spans, "quotad.v1.Quota/Check");
+    assert_eq!(
+        rpc.parent_span_id, caller,
+        "the client's span is the RPC's parent"
+    );
+    assert_no_key(&spans);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_sends_the_current_tracing_span_bridged_to_opentelemetry() {
+    use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+    use tracing::instrument::{Instrument as _, WithSubscriber as _};
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, received, client) = traced_server_and_client(dir.path()).await;
+    let app = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(app.tracer("app")));
+    let dispatch = tracing::Dispatch::new(subscriber);
+    let (span, (trace, caller)) = tracing::dispatcher::with_default(&dispatch, || {
+        let span = tracing::info_span!("handle request");
+        let ids = ids_of(span.context().span().span_context());
+        (span, ids)
+    });
+
+    let decision = client
+        .check(&quotad_client::Check::named("api", KEY))
+        .instrument(span)
+        .with_subscriber(dispatch)
+        .await
+        .expect("check");
+    assert!(decision.allowed);
+    let spans = received
+        .trace_until(&trace, |s| {
+            s.iter().any(|s| s.name == "quotad.v1.Quota/Check")
+        })
+        .await;
+    let rpc = named(&spans, "quotad.v1.Quota/Check");
+    assert_eq!(
+        rpc.parent_span_id, caller,
+        "the tracing span is the RPC's parent"
+    );
+}

@@ -37,7 +37,12 @@
 //!
 //! Features: `tls` (default) brings rustls with the ring provider for
 //! `https://` addresses; `http` brings the tower layer and its axum, `http`
-//! and `ipnet` dependencies.
+//! and `ipnet` dependencies; `otel` (off by default: it adds the
+//! OpenTelemetry API crate) sends the caller's OpenTelemetry context with
+//! each call (`traceparent`, through the application's global propagator;
+//! the current `tracing` span's when bridged by `tracing-opentelemetry`),
+//! so quotad's spans join the caller's trace. A check sent in a coalesced
+//! batch carries the context of whichever call sends the batch.
 //!
 //! A client is made once and cloned freely; it connects on first use. When
 //! quotad cannot be reached, the failure policy answers within the deadline
