@@ -177,6 +177,23 @@ pub(crate) fn record(policy: &str, algorithm: &str, outcome: &str, batch_size: O
     }
 }
 
+/// What an RLS call's handler knows, on the call's span: the domain (the
+/// Envoy configuration's, which quotad's rules name; `quotad.policy`), the
+/// overall outcome (`allowed` for OK, `denied` for OVER_LIMIT) and how many
+/// descriptors (`quotad.batch_size`).
+pub(crate) fn record_rls(domain: &str, outcome: &str, descriptors: usize) {
+    let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    span.record("quotad.policy", format!("rls:{domain}").as_str());
+    span.record("quotad.outcome", outcome);
+    span.record(
+        "quotad.batch_size",
+        i64::try_from(descriptors).unwrap_or(i64::MAX),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

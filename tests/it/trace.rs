@@ -659,3 +659,58 @@ async fn the_rust_client_sends_the_current_tracing_span_bridged_to_opentelemetry
         "the tracing span is the RPC's parent"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_rate_limit_call_is_a_span_under_envoys_without_the_descriptor_value() {
+    use crate::rls::{descriptor, request, rules_dir};
+    use quotad_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let (received, endpoint) = receiver().await;
+    let rules = rules_dir(&[(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "{CONFIG}\n[rls]\nconfig_dir = {:?}\n",
+        rules.path().display().to_string()
+    );
+    let server = serve(
+        dir.path(),
+        &config,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)],
+        &[],
+    );
+    let (grpc, _) = server.addresses();
+    let mut rls = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connect");
+    let mut traces = Vec::new();
+    // The second hit of the minute is over the limit of one.
+    for _ in 0..2 {
+        let (trace, caller) = ids();
+        rls.should_rate_limit(with_parent(
+            request("edge", vec![descriptor(&[("user", KEY)])]),
+            &traceparent(&trace, &caller),
+        ))
+        .await
+        .expect("ShouldRateLimit answers");
+        traces.push((trace, caller));
+    }
+    let name = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    for ((trace, caller), outcome) in traces.iter().zip(["allowed", "denied"]) {
+        let spans = received
+            .trace_until(trace, |s| {
+                s.iter().any(|s| s.name == name) && s.iter().any(|s| s.name == "memory check")
+            })
+            .await;
+        let rpc = named(&spans, name);
+        let store = named(&spans, "memory check");
+        assert_eq!(rpc.parent_span_id, *caller);
+        assert_eq!(store.parent_span_id, rpc.span_id);
+        assert_eq!(text(rpc, "quotad.policy"), "rls:edge");
+        assert_eq!(text(rpc, "quotad.outcome"), outcome);
+        assert_eq!(int(rpc, "quotad.batch_size"), 1);
+        assert_eq!(int(rpc, "rpc.grpc.status_code"), 0);
+    }
+    assert_no_key(&received.spans());
+}
