@@ -387,15 +387,17 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'stati
 /// are exported too ([`quotad::trace`]); the returned tracer sends the last
 /// ones at shutdown.
 fn init_server_tracing(log: &LogSettings) -> Option<quotad::trace::Tracer> {
-    use tracing_subscriber::filter::{FilterExt as _, filter_fn};
     use tracing_subscriber::fmt::{format, format::JsonFields, layer};
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{Layer as _, Registry};
 
     // The exported spans are the trace's, not the log's.
-    let filter =
-        EnvFilter::new(&log.level).and(filter_fn(|meta| !quotad::trace::is_trace_span(meta)));
+    let filter = EnvFilter::new(&log.level).add_directive(
+        quotad::trace::NOT_LOGGED
+            .parse()
+            .expect("the directive is well formed"),
+    );
     let logs: Box<dyn tracing_subscriber::Layer<Registry> + Send + Sync> = match log.format {
         LogFormat::Text => layer()
             .with_writer(std::io::stderr)

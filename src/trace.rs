@@ -26,7 +26,14 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// The `tracing` target of every span quotad exports (the RPC's and the
 /// store call's). The log filter (`log.level`) never shows these spans.
-pub const TARGET: &str = "quotad::trace";
+pub const TARGET: &str = "quotad::spans";
+
+/// The log filter's directive that leaves quotad's exported spans out of
+/// the log (added to `log.level`): their fields are the trace's, and a
+/// filter of the log's own keeps the log's callsites as cheap as without
+/// traces (a per-layer filter function would leave every callsite of
+/// every level enabled at the subscriber, to be filtered on each call).
+pub const NOT_LOGGED: &str = "quotad::spans=off";
 
 /// The service name spans carry unless `OTEL_SERVICE_NAME` (or
 /// `service.name` in `OTEL_RESOURCE_ATTRIBUTES`) says otherwise.
