@@ -66,6 +66,7 @@ pub mod backend;
 pub mod config;
 pub mod grpc;
 pub mod policy;
+pub mod trace;
 
 pub mod listen;
 
@@ -94,7 +95,7 @@ pub use config::{
     Config, ConfigError, FlagValues, ListenAddr, OnError, PolicySettings, TransportSettings,
 };
 pub use listen::GrpcListener;
-pub use log::{Causes, init_tool_logs};
+pub use log::{Causes, WithTraceId, init_tool_logs};
 pub use services::RegisterError;
 
 use crate::admin::AdminState;
@@ -102,6 +103,7 @@ use crate::backend::Backend;
 use crate::backend::fallback::{self, Fallback};
 use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
+use crate::backend::traced::Traced;
 use crate::config::BackendSettings;
 use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
@@ -270,6 +272,7 @@ pub async fn run(
                 .snapshot
                 .as_ref()
                 .map(|snapshot| (Arc::clone(&store), snapshot.path.clone()));
+            let store = Arc::new(Traced::new(Arc::clone(&store), None));
             let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
             serve(cx, listeners, shutdown).await
         }
@@ -294,6 +297,7 @@ pub async fn run(
             sync.read().await;
             let interval = settings.overrides_poll_interval;
             tasks.spawn(move |stop| sync.run(interval, stop));
+            let store = Arc::new(Traced::new(store, redis_node(&settings.target)));
             let cx = ServiceContext::new(&config, store, &registry, &metrics, &mut tasks);
             serve(cx, listeners, shutdown).await
         }
@@ -461,6 +465,21 @@ fn policies(config: &Config, metrics: &Arc<Metrics>, tasks: &mut Tasks) -> Arc<P
         tasks.spawn(|stop| reloader.run(poll, stop));
     }
     registry
+}
+
+/// The address of a standalone Redis, which serves every key (`host:port`),
+/// for the store-call spans; `None` for a Cluster or a Sentinel-found
+/// master, whose node varies.
+fn redis_node(target: &config::redis::RedisTarget) -> Option<String> {
+    let config::redis::RedisTarget::Standalone(url) = target else {
+        return None;
+    };
+    let uri: http::Uri = url.parse().ok()?;
+    let host = uri.host()?;
+    Some(match uri.port_u16() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    })
 }
 
 fn display_addr(addr: std::io::Result<std::net::SocketAddr>) -> String {

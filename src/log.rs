@@ -24,6 +24,56 @@ pub fn init_tool_logs(default: &str) {
         .init();
 }
 
+/// An event formatter that adds the trace id to the lines written inside
+/// an exported span ([`crate::trace`]): a `trace_id` member first in a
+/// JSON line, ` trace_id=<32 hex digits>` at the end of a text line. Other
+/// lines are `F`'s own, unchanged. A line that carries it is formatted
+/// without ANSI colours.
+///
+/// The current span is the process's global subscriber's, which the
+/// server installs; under a scoped subscriber no line carries a trace id.
+#[derive(Debug)]
+pub struct WithTraceId<F> {
+    inner: F,
+    json: bool,
+}
+
+impl<F> WithTraceId<F> {
+    /// `inner`'s lines, JSON objects when `json`, with trace ids.
+    pub fn new(inner: F, json: bool) -> Self {
+        WithTraceId { inner, json }
+    }
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for WithTraceId<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> fmt::Result {
+        let Some(trace_id) = crate::trace::current_trace_id() else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.inner.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        let body = line.strip_suffix('\n').unwrap_or(&line);
+        match body.strip_prefix('{') {
+            Some(rest) if self.json => writeln!(writer, "{{\"trace_id\":\"{trace_id}\",{rest}"),
+            _ => writeln!(writer, "{body} trace_id={trace_id}"),
+        }
+    }
+}
+
 /// How often a repeated warning is written, at most.
 pub(crate) const LOG_INTERVAL: Duration = Duration::from_secs(10);
 

@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use quotad::config::{LogFormat, LogSettings};
 use quotad::policy::rlqs::BucketRules;
-use quotad::{Causes, Config, ConfigError, FlagValues, Listeners};
+use quotad::{Causes, Config, ConfigError, FlagValues, Listeners, WithTraceId};
 use tracing_subscriber::EnvFilter;
 
 /// The process's allocator with the `mimalloc` feature; the system's
@@ -226,8 +226,23 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(config) => config,
         Err(error) => return config_error(args.config.as_deref(), &error),
     };
-    init_server_tracing(config.log());
-    match serve_config(config) {
+    let runtime = match runtime(&config) {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The trace exporter's connection runs on the runtime.
+    let tracer = {
+        let _entered = runtime.enter();
+        init_server_tracing(config.log())
+    };
+    let served = serve_config(config, &runtime);
+    if let Some(tracer) = tracer {
+        tracer.shutdown();
+    }
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // Each cause once, whatever the errors of the chain print.
@@ -256,16 +271,17 @@ fn config_error(file: Option<&Path>, error: &ConfigError) -> ExitCode {
     ExitCode::from(EXIT_INVALID_CONFIG)
 }
 
-fn serve_config(config: Config) -> anyhow::Result<()> {
-    raise_open_files_limit(config.transport().max_connections);
+/// The server's runtime: `server.worker_threads` threads, or one a core.
+fn runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = config.server().worker_threads {
         runtime.worker_threads(threads);
     }
-    let runtime = runtime
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    runtime.enable_all().build()
+}
+
+fn serve_config(config: Config, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    raise_open_files_limit(config.transport().max_connections);
     runtime.block_on(async {
         ignore_hangup();
         let listeners = Listeners::bind(&config).await?;
@@ -376,16 +392,47 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'stati
 }
 
 /// The server's logs on stderr: `log.level` filters, `log.format` is text
-/// or one JSON object a line.
-fn init_server_tracing(log: &LogSettings) {
-    let filter = EnvFilter::new(&log.level);
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match log.format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().init(),
+/// or one JSON object a line, and a line written inside an exported span
+/// carries its trace id. With an OTLP endpoint in the environment, spans
+/// are exported too ([`quotad::trace`]); the returned tracer sends the last
+/// ones at shutdown.
+fn init_server_tracing(log: &LogSettings) -> Option<quotad::trace::Tracer> {
+    use tracing_subscriber::fmt::{format, format::JsonFields, layer};
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{Layer as _, Registry};
+
+    // The exported spans are the trace's, not the log's.
+    let filter = EnvFilter::new(&log.level).add_directive(
+        quotad::trace::NOT_LOGGED
+            .parse()
+            .expect("the directive is well formed"),
+    );
+    let logs: Box<dyn tracing_subscriber::Layer<Registry> + Send + Sync> = match log.format {
+        LogFormat::Text => layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .event_format(WithTraceId::new(format(), false))
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => layer()
+            .with_writer(std::io::stderr)
+            .fmt_fields(JsonFields::new())
+            .event_format(WithTraceId::new(format().json(), true))
+            .with_filter(filter)
+            .boxed(),
+    };
+    let subscriber = tracing_subscriber::registry().with(logs);
+    let (tracer, exporting, failed) = match quotad::trace::Tracer::from_env() {
+        Ok(Some((tracer, layer))) => (Some(tracer), Some(layer), None),
+        Ok(None) => (None, None, None),
+        Err(error) => (None, None, Some(error)),
+    };
+    subscriber.with(exporting).init();
+    if let Some(error) = failed {
+        tracing::error!("traces are not exported: {}", Causes(&error));
     }
+    tracer
 }
 
 #[cfg(test)]

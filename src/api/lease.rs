@@ -588,6 +588,22 @@ mod tests {
         ) -> Result<(), BackendError> {
             Err(down())
         }
+        async fn put_override(&self, _: &str, _: &str, _: Deadline) -> Result<(), BackendError> {
+            Ok(())
+        }
+
+        async fn remove_override(&self, _: &str, _: Deadline) -> Result<(), BackendError> {
+            Ok(())
+        }
+
+        async fn load_overrides(
+            &self,
+            _: Option<u64>,
+            _: Deadline,
+        ) -> Result<Option<StoredOverrides>, BackendError> {
+            Ok(None)
+        }
+
         fn stats(&self) -> BackendStats {
             BackendStats::default()
         }

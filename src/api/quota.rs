@@ -132,6 +132,35 @@ fn resolve_results(
     Ok(decisions)
 }
 
+/// A batch's policy (`mixed` when its items name several), algorithm and
+/// outcome (`mixed` when some items were allowed and some denied) on the
+/// call's span.
+fn record_batch(targets: &Targets<'_>, decisions: &[Decision]) {
+    if !crate::grpc::trace::recording() {
+        return;
+    }
+    fn one<'s>(mut values: impl Iterator<Item = &'s str>) -> &'s str {
+        let first = values.next().unwrap_or("none");
+        if values.all(|v| v == first) {
+            first
+        } else {
+            "mixed"
+        }
+    }
+    let policy = one(targets
+        .distinct
+        .iter()
+        .map(|t| crate::trace::policy_label(&t.namespace)));
+    let algorithm = one(targets
+        .distinct
+        .iter()
+        .map(|t| t.policy.algorithm().as_str()));
+    let outcome = one(decisions
+        .iter()
+        .map(|d| if d.allowed { "allowed" } else { "denied" }));
+    crate::grpc::trace::record(policy, algorithm, outcome, Some(decisions.len()));
+}
+
 /// How many of a batch's most recently resolved policies an item's policy
 /// is compared with before it is resolved again: enough for the batches
 /// clients send (one policy, or a few interleaved, such as per-second and
@@ -300,6 +329,16 @@ impl<S: Backend> QuotaService<S> {
         let result = self.backend.check_one(&item, deadline).await;
         let decision = resolve_one(&target, result)?;
         target.decisions.record(&decision);
+        crate::grpc::trace::record(
+            crate::trace::policy_label(&target.namespace),
+            target.policy.algorithm().as_str(),
+            if decision.allowed {
+                "allowed"
+            } else {
+                "denied"
+            },
+            None,
+        );
         Ok(pb::CheckResponse {
             decision: Some(decision_to_pb(&decision)),
         })
@@ -344,6 +383,7 @@ impl<S: Backend> QuotaService<S> {
         let results = self.backend.check(&items, batch.mode, deadline).await;
         let decisions = resolve_results(&targets, results, Answer::of(batch.mode))?;
         targets.record(&decisions);
+        record_batch(&targets, &decisions);
         Ok(pb::CheckBatchResponse {
             decisions: decisions
                 .iter()

@@ -409,6 +409,22 @@ mod tests {
         async fn release(&self, _: &SlotItem<'_>, _: Deadline) -> SlotResult {
             Err(BackendError::Unavailable("down".to_owned()))
         }
+        async fn put_override(&self, _: &str, _: &str, _: Deadline) -> Result<(), BackendError> {
+            Ok(())
+        }
+
+        async fn remove_override(&self, _: &str, _: Deadline) -> Result<(), BackendError> {
+            Ok(())
+        }
+
+        async fn load_overrides(
+            &self,
+            _: Option<u64>,
+            _: Deadline,
+        ) -> Result<Option<StoredOverrides>, BackendError> {
+            Ok(None)
+        }
+
         fn stats(&self) -> BackendStats {
             BackendStats::default()
         }

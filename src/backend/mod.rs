@@ -17,6 +17,7 @@
 pub mod fallback;
 pub mod memory;
 pub mod redis;
+pub mod traced;
 
 // What a backend reports is the metrics' vocabulary: the exporter renders
 // it, and the backends fill it in.
@@ -305,8 +306,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Keeps a runtime override where every replica on this store reads
     /// it: `field` identifies it (policy and scope), `value` is opaque to
-    /// the store. The default keeps nothing: a store in this process has
-    /// no other replica, and its overrides go into its snapshot.
+    /// the store. A store in this process keeps nothing (it has no other
+    /// replica, and its overrides go into its snapshot); a wrapper passes
+    /// it on. No default: a wrapper that forgot would drop every override.
     ///
     /// # Errors
     ///
@@ -316,10 +318,7 @@ pub trait Backend: Send + Sync + 'static {
         field: &str,
         value: &str,
         deadline: Deadline,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        let _ = (field, value, deadline);
-        std::future::ready(Ok(()))
-    }
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Removes the runtime override `field` from the store.
     ///
@@ -330,14 +329,11 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         field: &str,
         deadline: Deadline,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        let _ = (field, deadline);
-        std::future::ready(Ok(()))
-    }
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// The runtime overrides the store keeps, as (field, value) pairs, and
     /// their version, unless it is `known` (then `None`, cheaply). `None`
-    /// too for a store that keeps none (the default).
+    /// too for a store that keeps none (the memory store).
     ///
     /// # Errors
     ///
@@ -346,10 +342,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         known: Option<u64>,
         deadline: Deadline,
-    ) -> impl Future<Output = Result<Option<StoredOverrides>, BackendError>> + Send {
-        let _ = (known, deadline);
-        std::future::ready(Ok(None))
-    }
+    ) -> impl Future<Output = Result<Option<StoredOverrides>, BackendError>> + Send;
 
     /// Counts for the metrics, the backend's own [`Figure`]s included;
     /// cheap enough to call on every scrape.

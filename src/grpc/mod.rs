@@ -12,6 +12,7 @@
 pub mod arrival;
 pub mod shed;
 pub mod status;
+pub mod trace;
 
 use std::time::Duration;
 
@@ -30,6 +31,7 @@ use crate::tasks::ServerTask;
 use self::arrival::ArrivalLayer;
 use self::shed::ShedLayer;
 use self::status::SizeStatusLayer;
+use self::trace::RpcTraceLayer;
 
 /// Why the gRPC server could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -147,7 +149,9 @@ pub(crate) fn spawn(
     health: HealthServer<impl HealthService>,
     routes: Routes,
 ) -> Result<ServerTask<tonic::transport::Error>, BuildError> {
-    let mut builder = server(transport, tls)?.layer(guards);
+    // A span per call (disabled when traces are not exported), around the
+    // guards (auth, then the in-flight bound).
+    let mut builder = server(transport, tls)?.layer(RpcTraceLayer).layer(guards);
     let health = health.max_decoding_message_size(CONTROL_MESSAGE_BYTES);
     let routes = reflection(routes.add_service(health))?;
     let router = builder.add_routes(routes);

@@ -41,5 +41,6 @@ mod shed;
 mod shutdown;
 mod snapshot;
 mod tls;
+mod trace;
 mod transport;
 mod unix;

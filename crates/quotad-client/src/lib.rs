@@ -37,7 +37,13 @@
 //!
 //! Features: `tls` (default) brings rustls with the ring provider for
 //! `https://` addresses; `http` brings the tower layer and its axum, `http`
-//! and `ipnet` dependencies.
+//! and `ipnet` dependencies; `otel` (off by default: it adds the
+//! OpenTelemetry API crate) sends the caller's OpenTelemetry context with
+//! each call (`traceparent`, through the application's global propagator;
+//! the current `tracing` span's when bridged by `tracing-opentelemetry`),
+//! so quotad's spans join the caller's trace. A check that waits to leave
+//! in a coalesced batch carries none: the batch is sent by a task of its
+//! own.
 //!
 //! A client is made once and cloned freely; it connects on first use. When
 //! quotad cannot be reached, the failure policy answers within the deadline

@@ -99,6 +99,7 @@ where
     }
     let mut request = tonic::Request::new(request);
     request.set_timeout(left);
+    crate::transport::propagate(request.metadata_mut());
     match tokio::time::timeout_at(deadline, f(request)).await {
         Ok(answer) => answer.map(tonic::Response::into_inner),
         Err(_) => Err(deadline_exceeded()),

@@ -246,6 +246,40 @@ pub(crate) fn endpoint(
     }
 }
 
+/// Puts the caller's OpenTelemetry context into a call's metadata
+/// (feature `otel`): [`opentelemetry::Context::current`], which holds the
+/// current `tracing` span's when the application bridges them with
+/// `tracing-opentelemetry`, injected by the application's global text map
+/// propagator (`opentelemetry::global::set_text_map_propagator`, e.g. W3C
+/// trace context, which quotad reads). With no propagator set, or no span
+/// current, nothing is added. Without the feature this does nothing.
+#[cfg(feature = "otel")]
+pub(crate) fn propagate(metadata: &mut tonic::metadata::MetadataMap) {
+    struct Injector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+    impl opentelemetry::propagation::Injector for Injector<'_> {
+        fn set(&mut self, key: &str, value: String) {
+            // A propagator's header names and values are ASCII; one that is
+            // not cannot be sent and is left out.
+            if let (Ok(key), Ok(value)) = (
+                tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+                tonic::metadata::MetadataValue::try_from(value),
+            ) {
+                self.0.insert(key, value);
+            }
+        }
+    }
+
+    let cx = opentelemetry::Context::current();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&cx, &mut Injector(metadata));
+    });
+}
+
+/// Without the `otel` feature, calls carry no trace context.
+#[cfg(not(feature = "otel"))]
+pub(crate) fn propagate(_metadata: &mut tonic::metadata::MetadataMap) {}
+
 #[cfg(feature = "tls")]
 fn with_tls(endpoint: Endpoint, tls: &TlsConfig) -> Result<Endpoint, String> {
     use crate::request::source_chain;

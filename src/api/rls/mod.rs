@@ -321,13 +321,20 @@ impl<S: Backend> RlsService<S> {
         let verdict = self.verdict(&resolved, &answers);
         status::record(&resolved, &answers.outcomes, &set, verdict.is_ok());
         verdict?;
-        Ok(status::respond(
+        let response = status::respond(
             &resolved,
             &answers.outcomes,
             &set,
             &self.options,
             &self.metrics,
-        ))
+        );
+        let over = response.overall_code == pb::rate_limit_response::Code::OverLimit as i32;
+        crate::grpc::trace::record_rls(
+            request.domain,
+            if over { "denied" } else { "allowed" },
+            resolved.len(),
+        );
+        Ok(response)
     }
 
     /// Whether the answer stands although the store failed on some

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireResult, Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem,
-    LeaseResult, SlotItem, SlotResult,
+    LeaseResult, SlotItem, SlotResult, StoredOverrides,
 };
 use crate::config::{Config, MemorySettings};
 use crate::metrics::Metrics;
@@ -87,6 +87,24 @@ impl Backend for MemoryStore {
 
     fn spends_when_denied(&self) -> bool {
         true
+    }
+
+    // A store in this process has no other replica: its runtime overrides
+    // live in the registry and go into its snapshot.
+    async fn put_override(&self, _: &str, _: &str, _: Deadline) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn remove_override(&self, _: &str, _: Deadline) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn load_overrides(
+        &self,
+        _: Option<u64>,
+        _: Deadline,
+    ) -> Result<Option<StoredOverrides>, BackendError> {
+        Ok(None)
     }
 
     fn stats(&self) -> BackendStats {

@@ -15,7 +15,8 @@ pub(crate) fn quotad(args: &[&str]) -> Command {
     command.args(args);
     // The environment must not configure the binary behind the test's back.
     for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("QUOTAD_") {
+        let name_text = name.to_string_lossy();
+        if name_text.starts_with("QUOTAD_") || name_text.starts_with("OTEL_") {
             command.env_remove(name);
         }
     }
@@ -31,7 +32,12 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn spawn(args: &[&str]) -> Server {
-        let mut child = quotad(args)
+        Server::spawn_command(quotad(args))
+    }
+
+    /// Runs `command` (made by [`quotad`], with more settings) as a server.
+    pub(crate) fn spawn_command(mut command: Command) -> Server {
+        let mut child = command
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn quotad");
