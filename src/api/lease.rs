@@ -600,7 +600,7 @@ mod tests {
             &self,
             _: Option<u64>,
             _: Deadline,
-        ) -> Result<Option<StoredOverrides>, BackendError> {
+        ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
             Ok(None)
         }
 

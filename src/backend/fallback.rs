@@ -127,7 +127,9 @@ impl<B: Backend> Fallback<B> {
     fn share<'i>(&self, item: &CheckItem<'i>) -> Option<CheckItem<'i>> {
         let replicas = u64::from(self.replicas?.get());
         let policy = share(item.policy(), replicas)?;
-        CheckItem::new(item.name(), policy, item.key(), item.cost().get()).ok()
+        CheckItem::new(item.name(), policy, item.key(), item.cost().get())
+            .ok()
+            .map(|local| local.with_spend(item.spend()))
     }
 
     /// Decides `items` (each a rate item the store failed on) locally, as
@@ -227,6 +229,11 @@ fn share(policy: &Policy, replicas: u64) -> Option<Policy> {
         return None;
     }
     let algorithm = policy.algorithm();
+    if let Some(calendar) = policy.calendar_period() {
+        // The same local periods: a share per calendar period, not per
+        // epoch-aligned stretch of its nominal length.
+        return Policy::calendar(algorithm, limit, calendar).ok();
+    }
     let burst = algorithm.is_bucket().then_some(burst);
     Policy::try_new(
         algorithm,
@@ -421,7 +428,7 @@ mod tests {
             &self,
             _: Option<u64>,
             _: Deadline,
-        ) -> Result<Option<StoredOverrides>, BackendError> {
+        ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
             Ok(None)
         }
 
@@ -445,6 +452,28 @@ mod tests {
 
     fn policy(algorithm: Algorithm, limit: u64, burst: Option<u64>) -> Policy {
         Policy::try_new(algorithm, limit, Duration::from_secs(2), burst).expect("valid")
+    }
+
+    #[test]
+    fn a_calendar_policys_share_keeps_its_local_periods_and_an_items_spend() {
+        use quotad_core::{Calendar, Period, Spend, Zone};
+        let day = Calendar::new(
+            Period::Day,
+            Zone::named("America/New_York").expect("a zone"),
+        );
+        let policy = Policy::calendar(Algorithm::FixedWindow, 30, day).expect("valid");
+        let local = share(&policy, 3).expect("a share");
+        assert_eq!(local.limit(), 10);
+        assert_eq!(local.calendar_period(), Some(day));
+        let at = 1_700_000_000_000;
+        assert_eq!(local.window_bounds(at), policy.window_bounds(at));
+        let clock = Arc::new(FakeClock::new(at));
+        let fallback = fallback(3, &clock);
+        let item = CheckItem::new("p", policy, "k", 1)
+            .expect("valid")
+            .with_spend(Spend::Always);
+        let local = fallback.share(&item).expect("a share");
+        assert_eq!(local.spend(), Spend::Always);
     }
 
     #[tokio::test]

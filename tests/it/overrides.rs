@@ -229,7 +229,12 @@ async fn bad_overrides_are_invalid_argument_naming_the_field_and_change_nothing(
     burst.burst = Some(7);
     let mut window = set("bucket", key("k"), 5);
     window.window_ms = Some(0);
+    // Past year 9999 the CLI could not print it; 10 years is the bound.
+    let mut far = set("api", key("k"), 5);
+    far.expires_at_ms = Some(NOON_30 + 11 * 366 * 86_400_000);
     let cases = [
+        (far, "expires_at_ms"),
+        (set("api\nquotad::audit forged", key("k"), 5), "policy"),
         (set("nope", key("k"), 5), "policy"),
         (set("", key("k"), 5), "policy"),
         (set("api", None, 5), "scope"),

@@ -93,11 +93,9 @@ impl<S: Backend> ExplainService<S> {
         };
         let decision = self.backend.peek(&item, deadline).await?;
         let (window_start_ms, window_end_ms) = match in_force.algorithm() {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                let w = in_force.window_ms();
-                let start = now - now % w;
-                (start, start.saturating_add(w))
-            }
+            // The local period of a calendar policy, else the epoch-aligned
+            // window.
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => in_force.window_bounds(now),
             _ => (0, 0),
         };
         Ok(pb::ExplainResponse {

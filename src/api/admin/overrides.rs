@@ -66,7 +66,9 @@ fn rename(error: ServiceError, field: &str) -> ServiceError {
 }
 
 fn policy_of(policy: &str) -> Result<(), ServiceError> {
-    if policy.is_empty() {
+    // A policy name is a config table's name: short and printable. What
+    // is not cannot name one, and must not reach the audit log.
+    if policy.is_empty() || policy.len() > MAX_POLICY_NAME || policy.chars().any(char::is_control) {
         Err(ServiceError::invalid(
             "policy",
             "must name a configured policy",
@@ -75,6 +77,13 @@ fn policy_of(policy: &str) -> Result<(), ServiceError> {
         Ok(())
     }
 }
+
+/// The longest policy name an override call may give.
+const MAX_POLICY_NAME: usize = 256;
+
+/// The latest expiry an override may have: 10 years from now (past it, say
+/// none; dates past year 9999 cannot even be written in RFC 3339).
+const MAX_EXPIRY_MS: u64 = 10 * 366 * 86_400_000;
 
 impl<S: Backend> OverridesService<S> {
     pub(crate) fn new(
@@ -117,6 +126,14 @@ impl<S: Backend> OverridesService<S> {
             return Err(ServiceError::invalid(
                 "expires_at_ms",
                 format!("must be in the future (it is {at}, now is {now})"),
+            ));
+        }
+        if let Some(at) = request.expires_at_ms
+            && at - now > MAX_EXPIRY_MS
+        {
+            return Err(ServiceError::invalid(
+                "expires_at_ms",
+                format!("must be within 10 years (it is {at}, now is {now}); omit it for none"),
             ));
         }
         let entry = Override {
