@@ -18,8 +18,10 @@
 //!
 //! Nothing decided here is carried into the store when it answers again:
 //! the store's counts are what they were (a stalled Redis refuses scripts
-//! past their deadline; a restarted one starts empty), so no admission is
-//! counted twice. The local state is not dropped at recovery either, but
+//! past their deadline; a restarted one starts empty). But every
+//! `Unavailable` falls back, including a call whose script ran and whose
+//! reply came late or was lost: that one is counted in the store and
+//! decided here too (docs/redis.md says the bound). The local state is not dropped at recovery either, but
 //! swept as each key becomes fresh: a store that flaps within one window
 //! finds the replica's share already spent, not a new one.
 
