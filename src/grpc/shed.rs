@@ -28,8 +28,15 @@ use tower_service::Service;
 pub const SHED_MESSAGE: &str =
     "quotad is over capacity (transport.max_in_flight calls in progress): retry later";
 
-/// Paths never shed: health checking and reflection.
-const EXEMPT: [&str; 2] = ["/grpc.health.v1.Health/", "/grpc.reflection."];
+/// Paths never shed: health checking and reflection, and the calls that
+/// keep or free concurrency slots (shed, a renewal lets a slot end under
+/// its holder, and a release strands what it frees until its TTL).
+const EXEMPT: [&str; 4] = [
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.",
+    "/quotad.v1.Concurrency/Renew",
+    "/quotad.v1.Concurrency/Release",
+];
 
 /// Sheds calls past a bound on the calls in progress; see the module.
 #[derive(Clone, Debug)]

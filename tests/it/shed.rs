@@ -31,6 +31,11 @@ timeout = "4s"
 algorithm = "fixed_window"
 limit = 1000
 window = "1d"
+
+[policies.jobs]
+algorithm = "concurrency"
+limit = 5
+slot_ttl = "1m"
 "#,
         redis.url()
     ))
@@ -94,8 +99,28 @@ async fn the_call_past_max_in_flight_is_refused_at_once_and_counts_nothing() {
         );
         // Health is never shed: a busy replica is not a dead one.
         assert_eq!(health_status(&server, "").await, 1, "SERVING");
+        // Nor is a slot's release (or renewal): shed, it would strand the
+        // capacity it frees. It goes to the (stalled) store instead.
+        let mut slots =
+            quotad_proto::v1::concurrency_client::ConcurrencyClient::new(server.channel().await);
+        let release = tokio::spawn(async move {
+            slots
+                .release(pb::SlotRequest {
+                    key: "k".to_owned(),
+                    policy: Some(pb::slot_request::Policy::PolicyName("jobs".to_owned())),
+                    slot_id: "00000000000000ab".to_owned(),
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !release.is_finished(),
+            "round {round}: the release was not shed"
+        );
 
         redis.resume();
+        let released = release.await.expect("no panic").expect("answered");
+        assert!(!released.into_inner().was_held, "an unknown slot");
         for call in held {
             let d = call
                 .await
