@@ -400,6 +400,43 @@ fn leases_and_their_charge_survive_a_snapshot() {
 }
 
 #[test]
+fn a_calendar_policys_leases_survive_a_snapshot() {
+    use quotad_core::{Calendar, Period, Zone};
+    // 2023-11-14 22:13:20 UTC: 17:13 in New York.
+    let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+    let store = store(&clock);
+    let day = Calendar::new(
+        Period::Day,
+        Zone::named("America/New_York").expect("a zone"),
+    );
+    let p = Policy::calendar(Algorithm::FixedWindow, 100, day).expect("valid");
+    let t = terms(40, 1, Duration::from_secs(30));
+    let g = granted(
+        store
+            .lease("api", "k", &p, &t, &ask(40, 9))
+            .expect("lease")
+            .answer,
+    );
+    let mut file = Vec::new();
+    store.export(&mut file, b"").expect("export");
+    let config = StoreConfig::try_new(10_000, 16, OnFull::Deny).expect("valid config");
+    let (restored, report) = SnapshotReader::open(file.as_slice())
+        .expect("open")
+        .load(config, clock.clone(), |_| true)
+        .expect("a snapshot holding a calendar lease loads");
+    assert_eq!(report.namespaces["api"].loaded, 1);
+    assert_eq!(remaining(&restored, p), 60);
+    let back = LeaseAsk {
+        settle: Some(settle(&g, 10)),
+        want: 0,
+        new_id: 10,
+    };
+    let out = restored.lease("api", "k", &p, &t, &back).expect("return");
+    assert_eq!(out.settled, Some(Settled::Returned { returned: 30 }));
+    assert_eq!(remaining(&restored, p), 90);
+}
+
+#[test]
 fn a_version_2_snapshot_still_loads() {
     // Written by the build before grants existed (format version 2): one
     // key per algorithm and two keys each, at 1,000,000 ms, 10 per minute.

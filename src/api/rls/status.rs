@@ -21,7 +21,7 @@
 //! - The overall code is `OVER_LIMIT` when a descriptor that is not in
 //!   quota mode is over, or when every quota-mode descriptor is.
 
-use quotad_core::{Algorithm, Decision, Reason};
+use quotad_core::{Algorithm, Decision, Policy, Reason};
 use quotad_proto::envoy::config::core::v3::HeaderValue;
 use quotad_proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use quotad_proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -150,9 +150,8 @@ fn limited(
 ) -> DescriptorStatus {
     let limit = applied.limit();
     let unit = limit.unit();
-    let algorithm = limit
-        .policy()
-        .map_or(Algorithm::FixedWindow, |p| p.algorithm());
+    let policy = limit.policy();
+    let algorithm = policy.map_or(Algorithm::FixedWindow, |p| p.algorithm());
     let counters = set.counters(applied);
     let (over, remaining, reset_ms) = match outcome {
         Outcome::Decided(d) => {
@@ -163,9 +162,13 @@ fn limited(
             } else {
                 u32::try_from(d.remaining).unwrap_or(u32::MAX)
             };
-            (over, remaining, reset_ms(algorithm, unit, &d, over, now))
+            (
+                over,
+                remaining,
+                reset_ms(algorithm, policy, unit, &d, over, now),
+            )
         }
-        Outcome::Zero | Outcome::NoLimit => (true, 0, now.window_end(unit)),
+        Outcome::Zero | Outcome::NoLimit => (true, 0, now.window_end(policy, unit)),
     };
     // A store failure `store.on_error` passed on: the call failed unless
     // the answer does not depend on this descriptor (see `verdict`).
@@ -197,10 +200,17 @@ fn limited(
 /// window (the store's figure, or the clock's when nothing is stored);
 /// otherwise the wait until the hits would pass when over, or until the
 /// budget is whole again.
-fn reset_ms(algorithm: Algorithm, unit: Unit, d: &Decision, over: bool, now: &mut Now<'_>) -> u64 {
+fn reset_ms(
+    algorithm: Algorithm,
+    policy: Option<&Policy>,
+    unit: Unit,
+    d: &Decision,
+    over: bool,
+    now: &mut Now<'_>,
+) -> u64 {
     match algorithm {
         Algorithm::FixedWindow if d.reset_after_ms > 0 => d.reset_after_ms,
-        Algorithm::FixedWindow => now.window_end(unit),
+        Algorithm::FixedWindow => now.window_end(policy, unit),
         _ if over && d.retry_after_ms > 0 => d.retry_after_ms,
         _ => d.reset_after_ms,
     }
@@ -252,9 +262,14 @@ impl<'a> Now<'a> {
         Now { options, ms: None }
     }
 
-    fn window_end(&mut self, unit: Unit) -> u64 {
+    /// The ms to the end of the window holding now: the rule's policy's
+    /// (a calendar period, a `window:` of its own), else its unit's.
+    fn window_end(&mut self, policy: Option<&Policy>, unit: Unit) -> u64 {
         let now = *self.ms.get_or_insert_with(|| self.options.clock.now_ms());
-        unit.until_window_end_ms(now)
+        match policy {
+            Some(policy) => policy.window_bounds(now).1.saturating_sub(now),
+            None => unit.until_window_end_ms(now),
+        }
     }
 }
 

@@ -24,6 +24,10 @@ use crate::backend::BackendError;
 /// The code the script answers when a key holds state it cannot read.
 pub(super) const CORRUPT: &str = "QUOTAD_CORRUPT";
 
+/// The code of the error the rate script raises when Redis's clock is
+/// outside every calendar period quotad sent (`quota.lua`).
+pub(super) const CLOCK: &str = "QUOTAD_CLOCK";
+
 /// How quotad treats one error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Class {
@@ -65,7 +69,8 @@ pub(super) fn wrapped_code(detail: &str) -> Option<&str> {
     rest.split(": ").skip(1).find_map(|part| {
         let part = part.strip_prefix('-').unwrap_or(part);
         let code = part.split(' ').next()?;
-        (code.len() >= 2 && code.bytes().all(|b| b.is_ascii_uppercase())).then_some(code)
+        (code.len() >= 2 && code.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'))
+            .then_some(code)
     })
 }
 
@@ -79,6 +84,10 @@ pub(super) fn classify_parts(
         match code {
             CORRUPT | "WRONGTYPE" => return Class::Corrupt,
             "CROSSSLOT" => return Class::CrossSlot,
+            // The script found Redis's clock outside the calendar periods
+            // quotad sent (the clocks apart by more than a period): this
+            // call cannot be decided now, which on_error answers.
+            CLOCK => return Class::Outage { replace: false },
             // A failover behind the same name: this connection now reaches
             // a replica. A new one finds the primary.
             "READONLY" => return Class::Outage { replace: true },
@@ -230,6 +239,12 @@ mod tests {
                 Class::CrossSlot,
             ),
             (extension, Some(CORRUPT), None, Class::Corrupt),
+            (
+                extension,
+                Some(CLOCK),
+                None,
+                Class::Outage { replace: false },
+            ),
             (extension, Some("WRONGTYPE"), None, Class::Corrupt),
             (
                 ErrorKind::Io,

@@ -400,7 +400,11 @@ fn ledger_of(
                 if window != 0 {
                     return Err("concurrency slots bound to a window");
                 }
-            } else if !(1..=MAX_EXACT).contains(&window) {
+            } else if !(1..=MAX_EXACT).contains(&window)
+                // A calendar policy's leases are bound to its calendar's
+                // binding, as its state is.
+                && !(algorithm == Algorithm::FixedWindow && crate::calendar::is_binding(window))
+            {
                 return Err("grants under a window of 0 ms or above 2^53");
             }
             (algorithm, window)
