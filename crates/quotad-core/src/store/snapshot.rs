@@ -400,12 +400,14 @@ fn ledger_of(
                 if window != 0 {
                     return Err("concurrency slots bound to a window");
                 }
-            } else if !(1..=MAX_EXACT).contains(&window)
+            } else {
                 // A calendar policy's leases are bound to its calendar's
                 // binding, as its state is.
-                && !(algorithm == Algorithm::FixedWindow && crate::calendar::is_binding(window))
-            {
-                return Err("grants under a window of 0 ms or above 2^53");
+                let calendar =
+                    algorithm == Algorithm::FixedWindow && crate::calendar::is_binding(window);
+                if !calendar && !(1..=MAX_EXACT).contains(&window) {
+                    return Err("grants under a window of 0 ms or above 2^53");
+                }
             }
             (algorithm, window)
         }
