@@ -588,21 +588,7 @@ mod tests {
         ) -> Result<(), BackendError> {
             Err(down())
         }
-        async fn put_override(&self, _: &str, _: &str, _: Deadline) -> Result<(), BackendError> {
-            Ok(())
-        }
-
-        async fn remove_override(&self, _: &str, _: Deadline) -> Result<(), BackendError> {
-            Ok(())
-        }
-
-        async fn load_overrides(
-            &self,
-            _: Option<u64>,
-            _: Deadline,
-        ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
-            Ok(None)
-        }
+        crate::backend::keeps_no_overrides!();
 
         fn stats(&self) -> BackendStats {
             BackendStats::default()

@@ -316,26 +316,7 @@ impl<B: Backend> Backend for Fallback<B> {
 
     // Overrides are the store's, outage or not: a change during an outage
     // fails (UNAVAILABLE), and each replica keeps the set it last read.
-    async fn put_override(
-        &self,
-        field: &str,
-        value: &str,
-        deadline: Deadline,
-    ) -> Result<(), BackendError> {
-        self.store.put_override(field, value, deadline).await
-    }
-
-    async fn remove_override(&self, field: &str, deadline: Deadline) -> Result<(), BackendError> {
-        self.store.remove_override(field, deadline).await
-    }
-
-    async fn load_overrides(
-        &self,
-        known: Option<u64>,
-        deadline: Deadline,
-    ) -> Result<Option<super::StoredOverrides>, BackendError> {
-        self.store.load_overrides(known, deadline).await
-    }
+    crate::backend::passes_overrides_to!(store);
 
     fn stats(&self) -> BackendStats {
         let mut stats = self.store.stats();
@@ -418,21 +399,7 @@ mod tests {
         async fn release(&self, _: &SlotItem<'_>, _: Deadline) -> SlotResult {
             Err(BackendError::Unavailable("down".to_owned()))
         }
-        async fn put_override(&self, _: &str, _: &str, _: Deadline) -> Result<(), BackendError> {
-            Ok(())
-        }
-
-        async fn remove_override(&self, _: &str, _: Deadline) -> Result<(), BackendError> {
-            Ok(())
-        }
-
-        async fn load_overrides(
-            &self,
-            _: Option<u64>,
-            _: Deadline,
-        ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
-            Ok(None)
-        }
+        crate::backend::keeps_no_overrides!();
 
         fn stats(&self) -> BackendStats {
             BackendStats::default()

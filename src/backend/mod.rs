@@ -15,6 +15,74 @@
 //!   `on_error = "local"` while it is down.
 
 pub mod fallback;
+/// The override methods of a [`Backend`] that keeps none: a store in
+/// this process (it has no other replica; its runtime overrides live in
+/// the registry and go into its snapshot) and test stores. Written out by
+/// each, since the trait has no default: a wrapper that forgot them would
+/// drop every override.
+macro_rules! keeps_no_overrides {
+    () => {
+        async fn put_override(
+            &self,
+            _: &str,
+            _: &str,
+            _: $crate::backend::Deadline,
+        ) -> Result<(), $crate::backend::BackendError> {
+            Ok(())
+        }
+
+        async fn remove_override(
+            &self,
+            _: &str,
+            _: $crate::backend::Deadline,
+        ) -> Result<(), $crate::backend::BackendError> {
+            Ok(())
+        }
+
+        async fn load_overrides(
+            &self,
+            _: Option<u64>,
+            _: $crate::backend::Deadline,
+        ) -> Result<Option<$crate::backend::StoredOverrides>, $crate::backend::BackendError> {
+            Ok(None)
+        }
+    };
+}
+
+/// The override methods of a wrapper [`Backend`], passed to the store in
+/// its field `$inner`: overrides are the store's, whatever the wrapper
+/// does to checks.
+macro_rules! passes_overrides_to {
+    ($inner:ident) => {
+        async fn put_override(
+            &self,
+            field: &str,
+            value: &str,
+            deadline: $crate::backend::Deadline,
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.$inner.put_override(field, value, deadline).await
+        }
+
+        async fn remove_override(
+            &self,
+            field: &str,
+            deadline: $crate::backend::Deadline,
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.$inner.remove_override(field, deadline).await
+        }
+
+        async fn load_overrides(
+            &self,
+            known: Option<u64>,
+            deadline: $crate::backend::Deadline,
+        ) -> Result<Option<$crate::backend::StoredOverrides>, $crate::backend::BackendError> {
+            self.$inner.load_overrides(known, deadline).await
+        }
+    };
+}
+
+pub(crate) use {keeps_no_overrides, passes_overrides_to};
+
 pub mod memory;
 pub mod redis;
 pub mod traced;

@@ -15,7 +15,7 @@ use tracing::{Instrument as _, Span};
 
 use super::{
     AcquireResult, Atomicity, Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem,
-    LeaseResult, SlotItem, SlotResult, StoredOverrides,
+    LeaseResult, SlotItem, SlotResult,
 };
 use crate::trace::{TARGET, policy_label};
 
@@ -253,26 +253,7 @@ impl<B: Backend> Backend for Traced<B> {
         traced(span, self.inner.release(slot, deadline), unit_outcome)
     }
 
-    async fn put_override(
-        &self,
-        field: &str,
-        value: &str,
-        deadline: Deadline,
-    ) -> Result<(), BackendError> {
-        self.inner.put_override(field, value, deadline).await
-    }
-
-    async fn remove_override(&self, field: &str, deadline: Deadline) -> Result<(), BackendError> {
-        self.inner.remove_override(field, deadline).await
-    }
-
-    async fn load_overrides(
-        &self,
-        known: Option<u64>,
-        deadline: Deadline,
-    ) -> Result<Option<StoredOverrides>, BackendError> {
-        self.inner.load_overrides(known, deadline).await
-    }
+    crate::backend::passes_overrides_to!(inner);
 
     fn stats(&self) -> BackendStats {
         self.inner.stats()

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireResult, Backend, BackendError, BackendStats, Deadline, ItemResult, LeaseItem,
-    LeaseResult, SlotItem, SlotResult, StoredOverrides,
+    LeaseResult, SlotItem, SlotResult,
 };
 use crate::config::{Config, MemorySettings};
 use crate::metrics::Metrics;
@@ -89,23 +89,9 @@ impl Backend for MemoryStore {
         true
     }
 
-    // A store in this process has no other replica: its runtime overrides
-    // live in the registry and go into its snapshot.
-    async fn put_override(&self, _: &str, _: &str, _: Deadline) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    async fn remove_override(&self, _: &str, _: Deadline) -> Result<(), BackendError> {
-        Ok(())
-    }
-
-    async fn load_overrides(
-        &self,
-        _: Option<u64>,
-        _: Deadline,
-    ) -> Result<Option<StoredOverrides>, BackendError> {
-        Ok(None)
-    }
+    // No other replica: runtime overrides live in the registry, and go
+    // into the snapshot.
+    crate::backend::keeps_no_overrides!();
 
     fn stats(&self) -> BackendStats {
         BackendStats {
