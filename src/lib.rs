@@ -99,17 +99,17 @@ pub use log::{Causes, WithTraceId, init_tool_logs};
 pub use services::RegisterError;
 
 use crate::admin::AdminState;
-use crate::backend::Backend;
 use crate::backend::fallback::{self, Fallback};
 use crate::backend::memory::snapshot;
 use crate::backend::redis::RedisBackend;
 use crate::backend::traced::Traced;
+use crate::backend::{Backend, OverridesSync};
 use crate::config::BackendSettings;
 use crate::health::Health;
 use crate::listen::{ConnectionLimit, HTTP2_PREFACE_BYTES};
 use crate::methods::Service;
 use crate::metrics::Metrics;
-use crate::registry::{OverridesSync, PolicyRegistry, PolicySet, Reloader};
+use crate::registry::{PolicyRegistry, PolicySet, Reloader};
 use crate::services::ServiceContext;
 use crate::tasks::{ServerFailed, ServerTask, Tasks};
 

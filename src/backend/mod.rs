@@ -81,9 +81,11 @@ macro_rules! passes_overrides_to {
     };
 }
 
+pub(crate) use overrides_sync::OverridesSync;
 pub(crate) use {keeps_no_overrides, passes_overrides_to};
 
 pub mod memory;
+mod overrides_sync;
 pub mod redis;
 pub mod traced;
 

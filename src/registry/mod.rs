@@ -27,14 +27,12 @@
 //! their parameters, so a changed inline policy is a different state.
 
 pub(crate) mod overrides;
-mod overrides_sync;
 mod policies;
 mod reload;
 mod rlqs_reload;
 mod rls;
 mod rls_reload;
 
-pub(crate) use overrides_sync::OverridesSync;
 pub(crate) use policies::{PolicyRegistry, PolicySet, PutError};
 pub(crate) use reload::Reloader;
 pub(crate) use rlqs_reload::start as start_rlqs;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::PolicyRegistry;
-use super::overrides::from_store;
-use crate::backend::{Backend, Deadline};
+use super::{Backend, Deadline};
+use crate::registry::PolicyRegistry;
+use crate::registry::overrides::from_store;
 
 /// Reads the store's overrides into `registry` until `stop`.
 pub(crate) struct OverridesSync<B> {
