@@ -66,12 +66,23 @@ fn algorithm(policy: &pb::Policy) -> &'static str {
 }
 
 fn describe(policy: &pb::Policy) -> String {
-    let mut text = format!(
-        "{} {} per {}",
-        algorithm(policy),
-        policy.limit,
+    let per = if policy.period.is_empty() {
         human(policy.window_ms)
-    );
+    } else {
+        // A calendar policy: its local period, not a window.
+        let zone = if policy.time_zone.is_empty() {
+            "UTC"
+        } else {
+            &policy.time_zone
+        };
+        match policy.period.as_str() {
+            "week" if !policy.week_start.is_empty() => {
+                format!("week from {} in {zone}", policy.week_start)
+            }
+            period => format!("{period} in {zone}"),
+        }
+    };
+    let mut text = format!("{} {} per {per}", algorithm(policy), policy.limit);
     if let Some(b) = policy.burst
         && b != policy.limit
     {
@@ -199,4 +210,32 @@ fn json(key: &str, a: &pb::ExplainResponse) -> serde_json::Value {
         "window_start_ms": a.window_start_ms,
         "window_end_ms": a.window_end_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calendar_policy_is_described_by_its_period_and_zone() {
+        let calendar = quotad_core::Calendar::new(
+            quotad_core::Period::Month,
+            quotad_core::Zone::named("Europe/Berlin").expect("a zone"),
+        );
+        let policy =
+            quotad_core::Policy::calendar(quotad_core::Algorithm::FixedWindow, 1000, calendar)
+                .expect("valid");
+        assert_eq!(
+            describe(&(&policy).into()),
+            "fixed_window 1000 per month in Europe/Berlin"
+        );
+        let minute = quotad_core::Policy::try_new(
+            quotad_core::Algorithm::FixedWindow,
+            10,
+            Duration::from_secs(60),
+            None,
+        )
+        .expect("valid");
+        assert_eq!(describe(&(&minute).into()), "fixed_window 10 per 1m");
+    }
 }

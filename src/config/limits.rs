@@ -13,6 +13,19 @@ impl LimitSettings {
     /// `burst`) and a message naming the setting that bounds it.
     pub fn check_inline(&self, policy: &Policy) -> Result<(), (&'static str, String)> {
         let max_window_ms = u64::try_from(self.max_inline_window.as_millis()).unwrap_or(u64::MAX);
+        if let Some(calendar) = policy.calendar_period()
+            && policy.window_ms() > max_window_ms
+        {
+            // The caller sent a period, not a window: name what it sent.
+            return Err((
+                "period",
+                format!(
+                    "a {} ({} ms at its longest nominal length) is longer than an inline policy may count over (limits.max_inline_window = {max_window_ms} ms)",
+                    calendar.period().as_str(),
+                    policy.window_ms()
+                ),
+            ));
+        }
         if policy.window_ms() > max_window_ms {
             return Err((
                 "window_ms",
@@ -93,6 +106,24 @@ mod tests {
 
     fn policy(algorithm: Algorithm, limit: u64, window: Duration, burst: Option<u64>) -> Policy {
         Policy::try_new(algorithm, limit, window, burst).expect("a valid policy")
+    }
+
+    #[test]
+    fn an_inline_calendar_longer_than_max_inline_window_names_its_period() {
+        use quotad_core::{Calendar, Period, Zone};
+        let limits = Config::default().limits().clone();
+        let in_ = |period| {
+            let calendar = Calendar::new(period, Zone::named("Europe/Berlin").expect("a zone"));
+            Policy::calendar(Algorithm::FixedWindow, 10, calendar).expect("valid")
+        };
+        assert!(limits.check_inline(&in_(Period::Day)).is_ok());
+        let monday = quotad_core::calendar::Weekday::Monday;
+        for period in [Period::Week(monday), Period::Month, Period::Year] {
+            let (field, message) = limits.check_inline(&in_(period)).expect_err("too long");
+            assert_eq!(field, "period", "{period:?}");
+            assert!(message.contains("limits.max_inline_window"), "{message}");
+            assert!(message.contains(period.as_str()), "{message}");
+        }
     }
 
     #[test]
