@@ -34,6 +34,7 @@
 //!         limit: 100,
 //!         window_ms: 60_000,
 //!         burst: Some(20),
+//!         ..Policy::default() // no calendar period
 //!     })),
 //! };
 //!
