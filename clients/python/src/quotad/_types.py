@@ -26,7 +26,8 @@ class Reason(str, enum.Enum):
     UNAVAILABLE = "unavailable"
     """Not decided (independent batch): the store failed for this item."""
     LOCAL_FALLBACK = "local_fallback"
-    """Allowed or denied by one quotad replica alone, against its share of the limit, while the store is down."""
+    """Allowed or denied by one quotad replica alone, against its share of
+    the limit, while the store is down."""
 
 
 class Algorithm(str, enum.Enum):
