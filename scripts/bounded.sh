@@ -5,8 +5,10 @@
 set -uo pipefail
 secs=$1 dir=$2
 shift 2
+start=$SECONDS
 (cd "$dir" && exec timeout -k 10 "$secs" "$@")
 rc=$?
+echo "bounded: $* (in $dir) took $((SECONDS - start))s of ${secs}s" >&2
 if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   echo "timed out after ${secs}s (in $dir): $*" >&2
 fi

@@ -30,6 +30,7 @@ node_bin="$(scripts/check-node.sh --install-under target/node)"
 [ -z "$node_bin" ] || export PATH="$node_bin:$PATH"
 
 cargo test --workspace --all-targets
+echo "test.sh: the Rust tests done at ${SECONDS}s" >&2
 # Doctests are not part of --all-targets.
 cargo test --workspace --doc
 

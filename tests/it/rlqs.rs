@@ -278,8 +278,25 @@ rules = "rlqs.toml"
 [policies.api]
 algorithm = "fixed_window"
 limit = 10
-window = "1m"
+window = "1h"
 "#;
+
+/// `MATCH_CONFIG`'s window, which the tests below must not see roll over:
+/// near a window's end quotad rightly cuts shorter assignments (a TTL of 1 s,
+/// or a deny when under a second is left), which these tests do not expect.
+const MATCH_WINDOW_MS: u64 = 3_600_000;
+
+/// Starts a server on `MATCH_CONFIG`-based `files` once the current window
+/// (aligned to the epoch, as quotad's are) has at least a minute left, so a
+/// test never depends on where in the window it began.
+async fn start_clear_of_window_end(files: &Files) -> TestServer {
+    const NEED_MS: u64 = 60_000;
+    let into = now_us() / 1_000 % MATCH_WINDOW_MS;
+    if MATCH_WINDOW_MS - into < NEED_MS {
+        tokio::time::sleep(Duration::from_millis(MATCH_WINDOW_MS - into + 50)).await;
+    }
+    start(&files.config).await
+}
 
 const MATCH_RULES: &str = r#"
 [defaults]
@@ -304,7 +321,7 @@ blanket = "deny_all"
 #[tokio::test]
 async fn buckets_match_by_domain_and_pairs_and_share_a_key_whatever_their_order() {
     let files = files(MATCH_CONFIG, MATCH_RULES);
-    let server = start(&files.config).await;
+    let server = start_clear_of_window_end(&files).await;
     let envoy = SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await;
     let other = SimEnvoy::start(server.channel().await, "core", REPORT_EVERY).await;
     let acme = [("name", "api"), ("tenant", "acme"), ("path", "/a")];
@@ -354,7 +371,7 @@ async fn buckets_match_by_domain_and_pairs_and_share_a_key_whatever_their_order(
 #[tokio::test]
 async fn a_bad_report_closes_only_its_stream_and_grants_nothing() {
     let files = files(MATCH_CONFIG, MATCH_RULES);
-    let server = start(&files.config).await;
+    let server = start_clear_of_window_end(&files).await;
     let good = SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await;
     let bad = SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await;
     let usage = |pairs: &[(&str, &str)], elapsed: Option<i64>| {
@@ -479,7 +496,7 @@ async fn a_closed_streams_assignments_keep_counting_until_they_end() {
             .replace("max_tokens = 4", "max_tokens = 10")
             .as_str(),
     );
-    let server = start(&files.config).await;
+    let server = start_clear_of_window_end(&files).await;
     let pairs = [("name", "api"), ("tenant", "solo")];
     let mut first = SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await;
     first.request(&pairs).await;
@@ -504,7 +521,7 @@ async fn a_closed_streams_assignments_keep_counting_until_they_end() {
 #[tokio::test]
 async fn an_idle_bucket_is_abandoned_only_once_its_assignment_has_ended() {
     let files = files(MATCH_CONFIG, MATCH_RULES);
-    let server = start(&files.config).await;
+    let server = start_clear_of_window_end(&files).await;
     // Reports every 100 ms: six idle reports take 0.6 s, under the 2 s TTL.
     let envoy = SimEnvoy::start(server.channel().await, "edge", Duration::from_millis(100)).await;
     let pairs = [("name", "api"), ("tenant", "idle")];
@@ -542,7 +559,7 @@ async fn an_idle_bucket_is_abandoned_only_once_its_assignment_has_ended() {
 async fn a_reloaded_rules_file_applies_to_the_next_assignment_and_a_broken_one_is_refused() {
     let config = format!("[server]\nconfig_poll_interval = \"20ms\"\n{MATCH_CONFIG}");
     let files = files(&config, MATCH_RULES);
-    let server = start(&files.config).await;
+    let server = start_clear_of_window_end(&files).await;
     let envoy = SimEnvoy::start(server.channel().await, "edge", REPORT_EVERY).await;
     let pairs = [("name", "x")];
     envoy.request(&pairs).await;
