@@ -397,9 +397,27 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'stati
 /// are exported too ([`quotad::trace`]); the returned tracer sends the last
 /// ones at shutdown.
 fn init_server_tracing(log: &LogSettings) -> Option<quotad::trace::Tracer> {
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
+    let (tracer, exporting, failed) = match quotad::trace::Tracer::from_env() {
+        Ok(Some((tracer, layer))) => (Some(tracer), Some(layer), None),
+        Ok(None) => (None, None, None),
+        Err(error) => (None, None, Some(error)),
+    };
+    server_subscriber(log, exporting).init();
+    if let Some(error) = failed {
+        tracing::error!("traces are not exported: {}", Causes(&error));
+    }
+    tracer
+}
+
+/// The log layer, and the exporting layer when there is one.
+fn server_subscriber(
+    log: &LogSettings,
+    exporting: Option<quotad::trace::TraceLayer<LogsOnly>>,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
     use tracing_subscriber::fmt::{format, format::JsonFields, layer};
     use tracing_subscriber::layer::SubscriberExt as _;
-    use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{Layer as _, Registry};
 
     // The exported spans are the trace's, not the log's.
@@ -423,21 +441,39 @@ fn init_server_tracing(log: &LogSettings) -> Option<quotad::trace::Tracer> {
             .boxed(),
     };
     let subscriber = tracing_subscriber::registry().with(logs);
-    let (tracer, exporting, failed) = match quotad::trace::Tracer::from_env() {
-        Ok(Some((tracer, layer))) => (Some(tracer), Some(layer), None),
-        Ok(None) => (None, None, None),
-        Err(error) => (None, None, Some(error)),
-    };
-    subscriber.with(exporting).init();
-    if let Some(error) = failed {
-        tracing::error!("traces are not exported: {}", Causes(&error));
+    // Without an exporter there is no layer in its place: an `Option`
+    // layer that is `None` answers every callsite "always", which would
+    // enable the trace's spans on every call with nothing to send them to.
+    match exporting {
+        Some(exporting) => Box::new(subscriber.with(exporting)),
+        None => Box::new(subscriber),
     }
-    tracer
 }
+
+/// The subscriber the exporting layer sits on: the registry and the log layer.
+type LogsOnly = tracing_subscriber::layer::Layered<
+    Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>,
+    tracing_subscriber::Registry,
+>;
 
 #[cfg(test)]
 mod tests {
     use super::open_files_short;
+
+    #[test]
+    fn without_an_exporter_the_traces_spans_are_disabled_and_log_lines_still_written() {
+        let config = quotad::Config::load(None, &quotad::FlagValues::default())
+            .expect("the defaults are a valid config");
+        let subscriber = super::server_subscriber(config.log(), None);
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(target: quotad::trace::TARGET, "rpc");
+            assert!(
+                span.is_disabled(),
+                "a trace span costs nothing when nothing exports it"
+            );
+            assert!(tracing::enabled!(target: "quotad", tracing::Level::WARN));
+        });
+    }
 
     #[test]
     fn the_command_line_is_well_formed() {
