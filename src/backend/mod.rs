@@ -167,12 +167,6 @@ pub enum BackendError {
         /// The batch's items, a sliding log counting as 4.
         got: usize,
     },
-    /// A batch holding an acquire of a concurrency slot on a backend that
-    /// decides acquires only alone (Redis: `Concurrency.Acquire`).
-    #[error(
-        "an acquire of a concurrency slot cannot be an item of a batch (or a Peek) on the Redis backend: use Concurrency.Acquire"
-    )]
-    AcquireInBatch,
     /// The backend answered something quotad cannot use (a bug, not an
     /// outage).
     #[error("state store error: {0}")]
