@@ -159,7 +159,7 @@ pub enum BackendError {
     /// on Redis it is one script, and Redis serves no one else while it
     /// runs (`store.redis.max_atomic_items`).
     #[error(
-        "an ALL_OR_NOTHING batch on Redis holds at most {max} items, a sliding log counting as 4 (got {got}): it runs as one script, during which Redis serves no one else; send fewer items, or raise store.redis.max_atomic_items"
+        "an ALL_OR_NOTHING batch on Redis holds at most {max} items, a sliding log or an acquire counting as 4 (got {got}): it runs as one script, during which Redis serves no one else; send fewer items, or raise store.redis.max_atomic_items"
     )]
     TooManyAtomicItems {
         /// `store.redis.max_atomic_items`.

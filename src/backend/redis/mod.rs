@@ -227,7 +227,8 @@ impl RedisBackend {
     }
 
     /// Whether `items` fit in one all-or-nothing script
-    /// (`store.redis.max_atomic_items`, a sliding log counting as 4).
+    /// (`store.redis.max_atomic_items`, a sliding log or an acquire counting
+    /// as 4).
     fn fits_one_script<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
         items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
     }
