@@ -103,9 +103,7 @@ fn log_failure(log: &Throttled, error: &BackendError) {
     // is told (FAILED_PRECONDITION), and nothing is logged.
     if matches!(
         error,
-        BackendError::CrossSlot
-            | BackendError::TooManyAtomicItems { .. }
-            | BackendError::AcquireInBatch
+        BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. }
     ) {
         return;
     }

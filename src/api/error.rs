@@ -138,9 +138,7 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::NotKept(_) => Status::unavailable(message),
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
         ServiceError::Backend(
-            BackendError::CrossSlot
-            | BackendError::TooManyAtomicItems { .. }
-            | BackendError::AcquireInBatch,
+            BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. },
         ) => Status::failed_precondition(message),
         ServiceError::Backend(BackendError::Internal(_)) => Status::internal(message),
     }

@@ -159,7 +159,7 @@ pub enum BackendError {
     /// on Redis it is one script, and Redis serves no one else while it
     /// runs (`store.redis.max_atomic_items`).
     #[error(
-        "an ALL_OR_NOTHING batch on Redis holds at most {max} items, a sliding log counting as 4 (got {got}): it runs as one script, during which Redis serves no one else; send fewer items, or raise store.redis.max_atomic_items"
+        "an ALL_OR_NOTHING batch on Redis holds at most {max} items, a sliding log or an acquire counting as 4 (got {got}): it runs as one script, during which Redis serves no one else; send fewer items, or raise store.redis.max_atomic_items"
     )]
     TooManyAtomicItems {
         /// `store.redis.max_atomic_items`.
@@ -167,12 +167,6 @@ pub enum BackendError {
         /// The batch's items, a sliding log counting as 4.
         got: usize,
     },
-    /// A batch holding an acquire of a concurrency slot on a backend that
-    /// decides acquires only alone (Redis: `Concurrency.Acquire`).
-    #[error(
-        "an acquire of a concurrency slot cannot be an item of a batch (or a Peek) on the Redis backend: use Concurrency.Acquire"
-    )]
-    AcquireInBatch,
     /// The backend answered something quotad cannot use (a bug, not an
     /// outage).
     #[error("state store error: {0}")]

@@ -281,30 +281,103 @@ async fn a_config_names_a_concurrency_policys_own_rules() {
 #[tokio::test]
 async fn an_all_or_nothing_batch_takes_slots_only_when_every_item_fits() {
     let (_clock, server) = start(CONFIG).await;
-    let (mut conc, mut quota) = clients(&server).await;
+    batch_takes_slots_only_when_every_item_fits(&server).await;
+}
+
+/// `exports` (2 in flight, slots of 10 s) and `per-minute`, 3 units a day
+/// refilling (too slowly to refill a unit while a test runs on Redis's
+/// clock), on the Redis of `target` (its `[store.redis]` lines).
+fn redis_batch_config(target: &str, on_error: &str) -> String {
+    format!(
+        r#"
+[store]
+backend = "redis"
+
+[store.redis]
+{target}
+timeout = "300ms"
+
+[policies.exports]
+algorithm = "concurrency"
+limit = 2
+slot_ttl = "10s"
+on_error = "{on_error}"
+
+[policies.per-minute]
+algorithm = "token_bucket"
+limit = 3
+window = "1d"
+on_error = "{on_error}"
+"#
+    )
+}
+
+#[tokio::test]
+async fn on_redis_an_all_or_nothing_batch_takes_slots_only_when_every_item_fits() {
+    let redis = RedisServer::start();
+    let toml = redis_batch_config(&format!("url = {:?}", redis.url()), "error");
+    let server = TestServer::start_toml(&toml, Arc::new(quotad_core::SystemClock)).await;
+    batch_takes_slots_only_when_every_item_fits(&server).await;
+}
+
+/// The same on a Cluster: a key's rate and slots share its hash tag, so
+/// its Cluster slot, and the batch is one script there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_an_all_or_nothing_batch_takes_slots_only_when_every_item_fits() {
+    let cluster = crate::common::redis::RedisCluster::start();
+    let toml = redis_batch_config(&format!("cluster_nodes = {:?}", cluster.urls()), "error");
+    let server = TestServer::start_toml(&toml, Arc::new(quotad_core::SystemClock)).await;
+    batch_takes_slots_only_when_every_item_fits(&server).await;
+}
+
+/// "3 per minute and at most 2 at once" as all-or-nothing batches of key
+/// `t` on `server`: each takes the rate's unit and a slot, or nothing, as
+/// Peeks of both policies show after each.
+async fn batch_takes_slots_only_when_every_item_fits(server: &TestServer) {
+    let (mut conc, mut quota) = clients(server).await;
     let batch = || vec![named("t", "per-minute", None), named("t", "exports", None)];
+    let rate_left = |quota: &mut QuotaClient<Channel>| {
+        let mut quota = quota.clone();
+        async move {
+            peek(&mut quota, named("t", "per-minute", None))
+                .await
+                .remaining
+        }
+    };
     let mut slots = Vec::new();
-    for _ in 0..2 {
+    for taken in 1..=2 {
         let d = check_batch(&mut quota, batch(), pb::BatchMode::AllOrNothing).await;
         assert!(d.iter().all(|d| d.allowed), "{d:?}");
         assert_eq!((d[0].slot_id.as_str(), d[1].slot_id.len()), ("", 16));
         assert_eq!(d[1].slot_ttl_ms, 10_000);
+        assert_eq!(d[1].remaining, 2 - taken);
         slots.push(d[1].slot_id.clone());
+        assert_eq!(free(&mut quota, "t").await, 2 - taken);
+        assert_eq!(rate_left(&mut quota).await, 3 - taken);
     }
     // Slots full: the rate's unit is not taken either.
     let d = check_batch(&mut quota, batch(), pb::BatchMode::AllOrNothing).await;
     assert_eq!(d[0].reason(), pb::Reason::BatchRejected);
     assert_eq!(d[1].reason(), pb::Reason::LimitExceeded);
-    assert_eq!(
-        peek(&mut quota, named("t", "per-minute", None))
-            .await
-            .remaining,
-        1
-    );
+    assert!((1..=10_000).contains(&d[1].retry_after_ms), "{d:?}");
+    assert_eq!(rate_left(&mut quota).await, 1);
+    // A Peek of the full slots answers what the acquire did, twice: it
+    // takes nothing.
+    for _ in 0..2 {
+        let p = peek(&mut quota, named("t", "exports", None)).await;
+        assert_eq!((p.allowed, p.remaining), (false, 0), "{p:?}");
+        assert!((1..=10_000).contains(&p.retry_after_ms), "{p:?}");
+        assert!(p.retry_after_ms <= d[1].retry_after_ms, "{p:?} after {d:?}");
+    }
     // The batch's slot is released like any.
     assert!(release(&mut conc, slot_req("t", "exports", &slots[0])).await);
+    assert_eq!(free(&mut quota, "t").await, 1);
     let d = check_batch(&mut quota, batch(), pb::BatchMode::AllOrNothing).await;
     assert!(d.iter().all(|d| d.allowed), "{d:?}");
+    assert_eq!(
+        (free(&mut quota, "t").await, rate_left(&mut quota).await),
+        (0, 0)
+    );
     // The rate is spent: the slot is not taken.
     assert!(release(&mut conc, slot_req("t", "exports", &slots[1])).await);
     let d = check_batch(&mut quota, batch(), pb::BatchMode::AllOrNothing).await;
@@ -314,6 +387,33 @@ async fn an_all_or_nothing_batch_takes_slots_only_when_every_item_fits() {
         (pb::Reason::BatchRejected, "")
     );
     assert_eq!(free(&mut quota, "t").await, 1);
+    // Two acquires of one key in one batch see each other: with one slot
+    // free, both are refused and neither is taken.
+    let two = vec![named("t", "exports", None), named("t", "exports", None)];
+    let d = check_batch(&mut quota, two, pb::BatchMode::AllOrNothing).await;
+    assert_eq!(
+        (d[0].reason(), d[1].reason()),
+        (pb::Reason::BatchRejected, pb::Reason::LimitExceeded),
+        "{d:?}"
+    );
+    assert_eq!(free(&mut quota, "t").await, 1);
+    // An independent batch with an acquire is refused, taking nothing.
+    let status = quota
+        .check_batch(pb::CheckBatchRequest {
+            items: vec![named("u", "per-minute", None), named("u", "exports", None)],
+            mode: pb::BatchMode::Independent.into(),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(field_of(&status), "items[1]", "{status:?}");
+    assert_eq!(free(&mut quota, "u").await, 2);
+    assert_eq!(
+        peek(&mut quota, named("u", "per-minute", None))
+            .await
+            .remaining,
+        3
+    );
 }
 
 #[tokio::test]
@@ -629,6 +729,59 @@ async fn a_stalled_redis_acquires_nothing_late_and_on_error_applies() {
     assert!(
         after.decision.expect("a decision").allowed,
         "nothing was acquired late"
+    );
+}
+
+/// An all-or-nothing batch of a rate and an acquire sent to a stalled
+/// Redis is answered by on_error, and when Redis runs it after its
+/// deadline it takes neither the slot nor the rate's unit.
+#[tokio::test]
+async fn a_stalled_redis_takes_nothing_late_from_a_batch_of_a_rate_and_an_acquire() {
+    let mut redis = RedisServer::start();
+    let clock = Arc::new(quotad_core::SystemClock);
+    let target = format!("url = {:?}", redis.url());
+    let closed =
+        TestServer::start_toml(&redis_batch_config(&target, "fail_closed"), clock.clone()).await;
+    let failing = TestServer::start_toml(&redis_batch_config(&target, "error"), clock).await;
+    let (_, mut closed_quota) = clients(&closed).await;
+    let (_, mut failing_quota) = clients(&failing).await;
+    let batch = |key: &str| vec![named(key, "per-minute", None), named(key, "exports", None)];
+    // Both connected and with the script loaded.
+    for quota in [&mut closed_quota, &mut failing_quota] {
+        let d = check_batch(quota, batch("warm"), pb::BatchMode::AllOrNothing).await;
+        assert!(d.iter().all(|d| d.allowed), "{d:?}");
+    }
+    redis.pause();
+    let d = check_batch(
+        &mut closed_quota,
+        batch("stalled"),
+        pb::BatchMode::AllOrNothing,
+    )
+    .await;
+    assert!(
+        d.iter()
+            .all(|d| !d.allowed && d.reason() == pb::Reason::FailClosed && d.slot_id.is_empty()),
+        "{d:?}"
+    );
+    let status = failing_quota
+        .check_batch(pb::CheckBatchRequest {
+            items: batch("stalled"),
+            mode: pb::BatchMode::AllOrNothing.into(),
+        })
+        .await
+        .expect_err("unavailable");
+    assert_eq!(status.code(), Code::Unavailable);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    redis.resume();
+    // The two batches queued in the stalled Redis ran past their deadline
+    // and took nothing: both slots and all three units are there.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(free(&mut failing_quota, "stalled").await, 2);
+    assert_eq!(
+        peek(&mut failing_quota, named("stalled", "per-minute", None))
+            .await
+            .remaining,
+        3
     );
 }
 

@@ -6,7 +6,11 @@
 //! atomically, with the same integer arithmetic as quotad-core and the Redis
 //! server's clock (`TIME`), so replicas with skewed clocks agree. The script
 //! is called by SHA and loaded again transparently after `SCRIPT FLUSH` or a
-//! restart (NOSCRIPT).
+//! restart (NOSCRIPT). An acquire of a concurrency slot is an item of that
+//! script too (its slots' part, `slots.lua`, is put in front of it), so an
+//! all-or-nothing batch of rates and acquires is one atomic call, and a
+//! Peek of a concurrency policy reads its slots there; a lone Acquire,
+//! Renew or Release is `concurrency.lua`, with the same slots' part.
 //!
 //! Keys (see `keys.rs`) are `<prefix>:<policy>|{<key>}|<format><algorithm><window_ms>`:
 //! the braces make the rate-limit key the Redis Cluster hash tag, so one key
@@ -65,10 +69,16 @@ use super::{
     LeaseItem, LeaseResult, SlotItem, SlotResult,
 };
 
-const SCRIPT: &str = include_str!("quota.lua");
+/// Checks, batches and peeks of every algorithm, acquires of concurrency
+/// slots included: one script, so an all-or-nothing batch of rates and
+/// acquires is one atomic call. The slots' part (`slots.lua`) comes first,
+/// shared with [`CONCURRENCY_SCRIPT`].
+const SCRIPT: &str = concat!(include_str!("slots.lua"), include_str!("quota.lua"));
 
-/// Acquire, renew and release of one key's concurrency slots.
-const CONCURRENCY_SCRIPT: &str = include_str!("concurrency.lua");
+/// A lone acquire, renew and release of one key's concurrency slots, by
+/// the same slots' part as [`SCRIPT`].
+const CONCURRENCY_SCRIPT: &str =
+    concat!(include_str!("slots.lua"), include_str!("concurrency.lua"));
 
 /// `Reset`: refuses past its deadline (`ARGV[1]`, ms in Redis's clock) as
 /// the checks' script does; 1 done, 0 refused. It forgets the key's state
@@ -217,7 +227,8 @@ impl RedisBackend {
     }
 
     /// Whether `items` fit in one all-or-nothing script
-    /// (`store.redis.max_atomic_items`, a sliding log counting as 4).
+    /// (`store.redis.max_atomic_items`, a sliding log or an acquire counting
+    /// as 4).
     fn fits_one_script<'i>(&self, items: impl IntoIterator<Item = CheckItem<'i>>) -> bool {
         items.into_iter().map(|i| weight(&i)).sum::<usize>() <= self.max_atomic_items
     }
@@ -303,8 +314,19 @@ impl RedisBackend {
                 let policy = item.policy();
                 cmd.arg(wire::algorithm(policy.algorithm()))
                     .arg(policy.limit());
-                window_arg(cmd, policy, redis_now);
-                cmd.arg(policy.capacity()).arg(item.cost().get());
+                match item.slot() {
+                    // An acquire: the slot's TTL, and its id (a decimal
+                    // string: a double cannot hold every u64) in
+                    // capacity's place, which is the limit sent already.
+                    Some(id) => {
+                        cmd.arg(policy.slot_ttl_ms()).arg(id.to_string());
+                    }
+                    None => {
+                        window_arg(cmd, policy, redis_now);
+                        cmd.arg(policy.capacity());
+                    }
+                }
+                cmd.arg(item.cost().get());
             }
         };
         let reply = self
@@ -330,6 +352,15 @@ impl RedisBackend {
                 call.link
                     .offsets
                     .record(call.slot, u64::try_from(*time).unwrap_or(0), received);
+                // A call holding acquires answers the ended slots it
+                // dropped last.
+                let rest = match rest {
+                    [rest @ .., expired] if items.iter().any(|i| i.slot().is_some()) => {
+                        self.count_expired(*expired);
+                        rest
+                    }
+                    rest => rest,
+                };
                 let decided = decisions(rest, items)?;
                 Ok(decided
                     .into_iter()
@@ -600,12 +631,12 @@ impl RedisBackend {
 
 /// What one item costs a script, in units of the cheapest check: a
 /// sliding log's searches and trims a sorted set, up to about four times
-/// the others' at its 10,000-entry cap (BENCHMARKS.md).
+/// the others' at its 10,000-entry cap (BENCHMARKS.md); an acquire reads
+/// every slot its key holds (up to its limit, 10,000), counted as a log.
 fn weight(item: &CheckItem<'_>) -> usize {
-    if item.policy().algorithm() == Algorithm::SlidingLog {
-        4
-    } else {
-        1
+    match item.policy().algorithm() {
+        Algorithm::SlidingLog | Algorithm::Concurrency => 4,
+        _ => 1,
     }
 }
 
@@ -775,9 +806,6 @@ impl Backend for RedisBackend {
     }
 
     async fn check_one(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
-        if item.slot().is_some() {
-            return Err(BackendError::AcquireInBatch);
-        }
         self.eval(Mode::Check, std::slice::from_ref(item), deadline)
             .await?
             .remove(0)
@@ -789,9 +817,6 @@ impl Backend for RedisBackend {
         mode: BatchMode,
         deadline: Deadline,
     ) -> Vec<ItemResult> {
-        if items.iter().any(|i| i.slot().is_some()) {
-            return vec![Err(BackendError::AcquireInBatch); items.len()];
-        }
         match mode {
             BatchMode::Independent => self.each(Mode::Check, items, deadline).await,
             BatchMode::AllOrNothing if !self.fits_one_script(items.iter().copied()) => {
@@ -821,18 +846,12 @@ impl Backend for RedisBackend {
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
-        if item.slot().is_some() {
-            return Err(BackendError::AcquireInBatch);
-        }
         self.eval(Mode::Peek, std::slice::from_ref(item), deadline)
             .await?
             .remove(0)
     }
 
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        if items.iter().any(|i| i.slot().is_some()) {
-            return vec![Err(BackendError::AcquireInBatch); items.len()];
-        }
         self.each(Mode::Peek, items, deadline).await
     }
 

@@ -24,7 +24,10 @@
 -- ARGV[3]   "" to decide by the Redis server's clock (TIME), or milliseconds
 --           since the epoch (tests only)
 -- ARGV[4..] per item: algorithm (a code below), limit, window_ms, capacity
---           (burst for the buckets, limit otherwise), cost. A calendar
+--           (burst for the buckets, limit otherwise), cost; for an acquire
+--           of a concurrency slot, window_ms is the slot TTL and the slot's
+--           id (a decimal string) stands in capacity's place (a
+--           concurrency policy's capacity is its limit, sent already). A calendar
 --           quota (a fixed window over local days, weeks, months or
 --           years) sends, for window_ms, "b0:b1:b2:b3": the bounds of three
 --           consecutive local periods, which quotad computes (Lua has no
@@ -35,7 +38,8 @@
 -- Returns the TIME read (ms), then four integers per item: remaining,
 -- retry_after_ms, reset_after_ms, reason (a code below; the item is
 -- allowed exactly when it is WITHIN, and its limit is the capacity quotad
--- sent). The TIME alone means refused: past the deadline,
+-- sent); when any item is an acquire, then one more: the ended slots the
+-- call dropped (expired unreleased). The TIME alone means refused: past the deadline,
 -- nothing read or written. A key holding state that cannot be read is an
 -- error reply QUOTAD_CORRUPT naming the key in an all-or-nothing batch (or
 -- an error raised on a lone check's short path); in "check" and "peek" it
@@ -46,9 +50,10 @@
 -- them together; they are not quotad.v1's enum numbers, whatever those
 -- become):
 --   algorithms  1 fixed window, 2 sliding window, 3 token bucket,
---               4 leaky bucket, 5 sliding log
+--               4 leaky bucket, 5 sliding log, 6 concurrency (an acquire)
 --   reasons     0 UNREADABLE (no decision), 1 WITHIN, 2 EXCEEDED,
---               3 TOO_BIG (cost exceeds capacity), 5 BATCH_REJECTED
+--               3 TOO_BIG (cost exceeds capacity), 4 CAPACITY (an acquire
+--               whose slot id is held already), 5 BATCH_REJECTED
 --
 -- State, with a TTL equal to the time until it is fresh again:
 --   fixed window    hash: one field, the window's start (ms), whose value
@@ -63,10 +68,17 @@
 -- "id:units:granted_at:ends_at", with a TTL to when its last grant stops
 -- counting. Checks of buckets and logs read it (their short paths step
 -- aside when it exists); the windows charged their leases to the count.
+--
+-- An acquire (algorithm 6) is decided on the key's slots (slots.lua, which
+-- quotad puts in front of this script): "check" takes a slot when it fits,
+-- "all" takes every batch's slot or none, "peek" answers what an acquire
+-- would (what is free now; the wait until the slots' ends free enough).
+-- Two acquires of one key in one call see each other.
 
-local WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED = 1, 2, 3, 5
+local WITHIN, EXCEEDED, TOO_BIG, CAPACITY, BATCH_REJECTED = 1, 2, 3, 4, 5
 local UNREADABLE = 0
 local FIXED_ID, LOG_ID = 1, 5
+local SLOTS_ID = 6
 local MAX_EXACT = 9007199254740992
 -- Entries of a sliding log that have left, removed per write at most.
 local MAX_GONE = 32
@@ -1210,6 +1222,9 @@ end
 -- refused), as it stands after the items so far, and its new TTL.
 local loaded, states, resets, order, algs, stale, ledgers = {}, {}, {}, {}, {}, {}, {}
 local unreadable = {}
+-- The slots' functions, built by the first acquire; the ended slots the
+-- writes drop; whether the reply carries their count.
+local SLOTS, expired, acquires = nil, 0, false
 local items, decisions = {}, {}
 local all_allowed = true
 for i = 1, #KEYS do
@@ -1226,7 +1241,12 @@ for i = 1, #KEYS do
   local cost = tonumber(ARGV[b + 5])
   if loaded[key] == nil then
     local st, err
-    if p.alg == LOG_ID then
+    if p.alg == SLOTS_ID then
+      SLOTS = SLOTS or SLOTS_LIB()
+      local why
+      st, why = SLOTS.load(key, now)
+      if not st then err = corrupt(key, why) end
+    elseif p.alg == LOG_ID then
       st, err = METERS[LOG_ID].load(key, p.window, now)
     elseif p.alg == FIXED_ID then
       st, err = load_fixed(key)
@@ -1243,7 +1263,7 @@ for i = 1, #KEYS do
     if st and st.stale then st, stale[key] = nil, true end
     -- Buckets and the log count a key's leases; the windows charged them
     -- to their counts when they were granted.
-    if not err and p.alg >= 3 then
+    if not err and p.alg >= 3 and p.alg ~= SLOTS_ID then
       local grants
       grants, err = load_ledger(key .. LEDGER)
       if err then
@@ -1260,7 +1280,21 @@ for i = 1, #KEYS do
     algs[key] = p.alg
   end
   local d = { 0, 0, 0, 0, 0, UNREADABLE }
-  if not unreadable[key] then
+  if p.alg == SLOTS_ID then acquires = true end
+  if p.alg == SLOTS_ID and not unreadable[key] then
+    -- An acquire: ARGV[b + 4] is the slot's id, p.window its TTL. A Peek
+    -- takes nothing, and so checks no id.
+    local st, id, taking = states[key], ARGV[b + 4], mode ~= 'peek'
+    if taking and SLOTS.holds(st, id) then
+      d = { 0, p.limit, 0, 0, 0, CAPACITY }
+    else
+      local fits, remaining, retry, reset = SLOTS.decide(st, p.limit, p.window, cost, now, taking)
+      if fits and taking then SLOTS.take(st, id, cost, p.window, now) end
+      d = { 0, p.limit, remaining, retry, reset, EXCEEDED }
+      if fits then d[1], d[6] = 1, WITHIN end
+    end
+    if taking then resets[key] = 0 end
+  elseif not unreadable[key] then
     local ok, m, decided = true, nil, nil
     if p.alg == LOG_ID then
       -- A denial's wait reads a member the load did not: one that is not
@@ -1292,7 +1326,13 @@ if mode == 'all' and not all_allowed then
   -- Nothing is written; what would have fit is reported as rejected, with
   -- the key's budget as it stands.
   for i = 1, #KEYS do
-    if decisions[i][1] == 1 then
+    if decisions[i][1] == 1 and items[i].p.alg == SLOTS_ID then
+      -- The slots as they were: what is free, and when they end.
+      local p = items[i].p
+      local st = SLOTS.as_loaded(states[KEYS[i]])
+      local _, remaining, _, reset = SLOTS.decide(st, p.limit, p.window, items[i].cost, now, false)
+      decisions[i] = { 0, p.limit, remaining, 0, reset, BATCH_REJECTED }
+    elseif decisions[i][1] == 1 then
       local st = loaded[KEYS[i]] or nil
       if st and items[i].p.alg == LOG_ID then st.merged, st.pending, st.at = 0, 0, nil end
       local _, d = evaluate(items[i].p, st, now, items[i].cost, false, ledgers[KEYS[i]])
@@ -1306,7 +1346,9 @@ elseif mode ~= 'peek' then
     if resets[key] ~= nil then
       local st = states[key]
       local ttl = max(resets[key], 1) + ttl_slack
-      if algs[key] == LOG_ID then
+      if algs[key] == SLOTS_ID then
+        expired = expired + SLOTS.store(key, st, now, ttl_slack, false)
+      elseif algs[key] == LOG_ID then
         -- UNLINK: a log of thousands of entries is freed off Redis's thread.
         if stale[key] then redis.call('UNLINK', key) end
         if st then METERS[LOG_ID].store(key, st, ttl) end
@@ -1329,4 +1371,5 @@ for i = 1, #decisions do
   out[#out + 1] = d[5]
   out[#out + 1] = d[6]
 end
+if acquires then out[#out + 1] = expired end
 return out

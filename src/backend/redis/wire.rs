@@ -25,11 +25,14 @@ pub(super) fn algorithm(algorithm: Algorithm) -> u64 {
 pub(super) const UNREADABLE: i64 = 0;
 
 /// The reason codes the script answers, and the reasons they stand for:
-/// `WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED` in the script.
-pub(super) const REASONS: [(i64, Reason); 4] = [
+/// `WITHIN, EXCEEDED, TOO_BIG, CAPACITY, BATCH_REJECTED` in the script
+/// (`CAPACITY`: an acquire in a batch whose slot id is held already, as the
+/// memory store answers it).
+pub(super) const REASONS: [(i64, Reason); 5] = [
     (1, Reason::WithinLimit),
     (2, Reason::LimitExceeded),
     (3, Reason::CostExceedsCapacity),
+    (4, Reason::Capacity),
     (5, Reason::BatchRejected),
 ];
 
@@ -97,13 +100,17 @@ mod tests {
     #[test]
     fn the_script_declares_the_same_codes_as_the_table() {
         assert_eq!(
-            declared("WITHIN, EXCEEDED, TOO_BIG, BATCH_REJECTED"),
+            declared("WITHIN, EXCEEDED, TOO_BIG, CAPACITY, BATCH_REJECTED"),
             REASONS.map(|(code, _)| code)
         );
         assert_eq!(declared("UNREADABLE"), [UNREADABLE]);
         assert_eq!(
             declared("FIXED_ID, LOG_ID"),
             [Algorithm::FixedWindow, Algorithm::SlidingLog].map(|a| algorithm(a) as i64)
+        );
+        assert_eq!(
+            declared("SLOTS_ID"),
+            [algorithm(Algorithm::Concurrency) as i64]
         );
         let script = super::super::SCRIPT;
         for a in Algorithm::RATES {
@@ -133,7 +140,7 @@ mod tests {
         for (code, r) in REASONS {
             assert_eq!(reason(code), Some(r));
         }
-        for code in [UNREADABLE, 4, 6, 7, 8, 99, -1] {
+        for code in [UNREADABLE, 6, 7, 8, 99, -1] {
             assert_eq!(reason(code), None, "{code}");
         }
         let mut codes: Vec<u64> = Algorithm::ALL.into_iter().map(algorithm).collect();
