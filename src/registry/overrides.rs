@@ -238,6 +238,57 @@ impl OverrideTable {
     }
 }
 
+/// The prefix lookup alone, for the criterion bench (`benches/overrides.rs`):
+/// a policy's table of prefix overrides and its `find`. Not an API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct PrefixLookup(OverrideTable);
+
+impl PrefixLookup {
+    /// A table of one token-bucket policy `api` with a prefix override for
+    /// each of `prefixes`.
+    ///
+    /// # Panics
+    ///
+    /// If a prefix is empty (not an override).
+    #[must_use]
+    pub fn new(prefixes: &[String]) -> Self {
+        let base = Policy::try_new(
+            quotad_core::Algorithm::TokenBucket,
+            10,
+            std::time::Duration::from_secs(1),
+            None,
+        )
+        .expect("a valid policy");
+        let entries: Vec<Arc<Override>> = prefixes
+            .iter()
+            .map(|p| {
+                Arc::new(Override {
+                    policy: "api".to_owned(),
+                    scope: Scope::Prefix(p.clone()),
+                    limit: 20,
+                    window_ms: None,
+                    burst: None,
+                    expires_at_ms: None,
+                    source: Source::Runtime,
+                    set_by: "bench".to_owned(),
+                    set_at_ms: 0,
+                })
+            })
+            .collect();
+        let (table, dropped) =
+            OverrideTable::build(&entries, |_| Some(base), Arc::new(SystemClock));
+        assert!(dropped.is_empty(), "{dropped:?}");
+        PrefixLookup(table)
+    }
+
+    /// The limit of the override `key` finds, if any.
+    #[must_use]
+    pub fn find(&self, key: &str) -> Option<u64> {
+        self.0.find("api", key, 0).map(|a| a.policy.limit())
+    }
+}
+
 /// The version of the runtime overrides a store keeps: its epoch and its
 /// count of changes in that epoch (the backend's `OverridesVersion`).
 pub(crate) type Version = (u64, u64);

@@ -515,4 +515,55 @@ mod tests {
         let open = service(&format!("[limits]\nallow_overrides = \"anyone\"\n{API}"));
         set_from(&open, "10.1.2.3:4000").await.expect("anyone");
     }
+
+    fn runtime(limit: u64) -> Override {
+        Override {
+            policy: "api".to_owned(),
+            scope: Scope::Key("k".to_owned()),
+            limit,
+            window_ms: None,
+            burst: None,
+            expires_at_ms: None,
+            source: Source::Runtime,
+            set_by: "test".to_owned(),
+            set_at_ms: 0,
+        }
+    }
+
+    fn limit_held(service: &OverridesService<MemoryStore>) -> Option<u64> {
+        service
+            .policies
+            .runtime_overrides()
+            .first()
+            .map(|e| e.limit)
+    }
+
+    #[test]
+    fn a_set_read_before_this_replicas_own_change_never_undoes_it() {
+        let s = service(API);
+        let slot = ("api".to_owned(), Scope::Key("k".to_owned()));
+        assert!(s.policies.set_stored_overrides((7, 1), Vec::new()));
+        s.policies
+            .apply_stored_change(slot.clone(), Some(runtime(30)), (7, 3));
+        // A read under way during the change answers the hash before it.
+        assert!(!s.policies.set_stored_overrides((7, 2), Vec::new()));
+        assert_eq!(limit_held(&s), Some(30));
+        // The store's set at the change, or later, is applied.
+        assert!(
+            s.policies
+                .set_stored_overrides((7, 4), vec![Arc::new(runtime(40))])
+        );
+        assert_eq!(limit_held(&s), Some(40));
+        // A change answered after that set was read is not applied over it.
+        s.policies
+            .apply_stored_change(slot, Some(runtime(30)), (7, 3));
+        assert_eq!(limit_held(&s), Some(40));
+        // Never back, nor again the same version.
+        assert!(!s.policies.set_stored_overrides((7, 4), Vec::new()));
+        assert!(!s.policies.set_stored_overrides((7, 1), Vec::new()));
+        assert_eq!(limit_held(&s), Some(40));
+        // Another epoch is another history: the store's word is followed.
+        assert!(s.policies.set_stored_overrides((9, 4), Vec::new()));
+        assert_eq!(limit_held(&s), None);
+    }
 }
