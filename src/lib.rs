@@ -96,6 +96,8 @@ pub use config::{
 };
 pub use listen::GrpcListener;
 pub use log::{Causes, WithTraceId, init_tool_logs};
+#[doc(hidden)]
+pub use registry::overrides::PrefixLookup;
 pub use services::RegisterError;
 
 use crate::admin::AdminState;

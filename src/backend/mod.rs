@@ -22,26 +22,17 @@ pub mod fallback;
 /// drop every override.
 macro_rules! keeps_no_overrides {
     () => {
-        async fn put_override(
+        async fn write_override(
             &self,
-            _: &str,
-            _: &str,
+            _: &$crate::backend::OverrideWrite<'_>,
             _: $crate::backend::Deadline,
-        ) -> Result<(), $crate::backend::BackendError> {
-            Ok(())
-        }
-
-        async fn remove_override(
-            &self,
-            _: &str,
-            _: $crate::backend::Deadline,
-        ) -> Result<(), $crate::backend::BackendError> {
-            Ok(())
+        ) -> Result<$crate::backend::OverrideWritten, $crate::backend::OverrideWriteError> {
+            Ok($crate::backend::OverrideWritten::default())
         }
 
         async fn load_overrides(
             &self,
-            _: Option<u64>,
+            _: Option<$crate::backend::OverridesVersion>,
             _: $crate::backend::Deadline,
         ) -> Result<Option<$crate::backend::StoredOverrides>, $crate::backend::BackendError> {
             Ok(None)
@@ -54,26 +45,17 @@ macro_rules! keeps_no_overrides {
 /// does to checks.
 macro_rules! passes_overrides_to {
     ($inner:ident) => {
-        async fn put_override(
+        async fn write_override(
             &self,
-            field: &str,
-            value: &str,
+            write: &$crate::backend::OverrideWrite<'_>,
             deadline: $crate::backend::Deadline,
-        ) -> Result<(), $crate::backend::BackendError> {
-            self.$inner.put_override(field, value, deadline).await
-        }
-
-        async fn remove_override(
-            &self,
-            field: &str,
-            deadline: $crate::backend::Deadline,
-        ) -> Result<(), $crate::backend::BackendError> {
-            self.$inner.remove_override(field, deadline).await
+        ) -> Result<$crate::backend::OverrideWritten, $crate::backend::OverrideWriteError> {
+            self.$inner.write_override(write, deadline).await
         }
 
         async fn load_overrides(
             &self,
-            known: Option<u64>,
+            known: Option<$crate::backend::OverridesVersion>,
             deadline: $crate::backend::Deadline,
         ) -> Result<Option<$crate::backend::StoredOverrides>, $crate::backend::BackendError> {
             self.$inner.load_overrides(known, deadline).await
@@ -176,9 +158,56 @@ pub enum BackendError {
 /// One item's answer: its decision, or why the backend could not make it.
 pub type ItemResult = Result<Decision, BackendError>;
 
+/// The version of a store's runtime overrides: the history they belong
+/// to (an epoch, fixed when the store first keeps one) and how many
+/// changes that history has seen, which never goes back: a replica
+/// applies a set only of another epoch or a larger count.
+pub type OverridesVersion = (u64, u64);
+
 /// The runtime overrides a store keeps: their version and the (field,
 /// value) pairs ([`Backend::load_overrides`]).
-pub type StoredOverrides = (u64, Vec<(String, String)>);
+pub type StoredOverrides = (OverridesVersion, Vec<(String, String)>);
+
+/// One change of a runtime override ([`Backend::write_override`]).
+#[derive(Clone, Copy, Debug)]
+pub struct OverrideWrite<'a> {
+    /// The override's field: its policy and scope.
+    pub field: &'a str,
+    /// Its new value, or `None` to remove it.
+    pub value: Option<&'a str>,
+    /// What the field of every override of the same policy starts with.
+    pub policy_fields: &'a str,
+    /// How many runtime overrides the policy may have in the store (a set
+    /// of a new one past it is refused).
+    pub room: u64,
+    /// Now, by the clock overrides expire by: those expired are purged.
+    pub now_ms: u64,
+}
+
+/// What a change of a runtime override did in the store.
+#[derive(Clone, Debug, Default)]
+pub struct OverrideWritten {
+    /// The store's version after it; `None` for a store in this process,
+    /// which keeps none (the registry is then the only copy, and checks
+    /// `limits.max_overrides` itself).
+    pub version: Option<OverridesVersion>,
+    /// The value it replaced or removed, if one was in force.
+    pub previous: Option<String>,
+}
+
+/// Why a change of a runtime override did not certainly happen.
+#[derive(Debug, thiserror::Error)]
+pub enum OverrideWriteError {
+    /// The policy has `room` runtime overrides in the store already.
+    #[error("the store holds {0} runtime overrides of the policy already")]
+    Full(u64),
+    /// The store did not apply it.
+    #[error(transparent)]
+    NotApplied(BackendError),
+    /// It was sent but no answer came: it may or may not have been applied.
+    #[error("{0}: the change may have been applied; List to see")]
+    Unknown(BackendError),
+}
 
 /// One lease request: settle a lease of `(name, key)` and grant another.
 #[derive(Clone, Copy, Debug)]
@@ -368,43 +397,36 @@ pub trait Backend: Send + Sync + 'static {
         deadline: Deadline,
     ) -> impl Future<Output = SlotResult> + Send;
 
-    /// Keeps a runtime override where every replica on this store reads
-    /// it: `field` identifies it (policy and scope), `value` is opaque to
-    /// the store. A store in this process keeps nothing (it has no other
-    /// replica, and its overrides go into its snapshot); a wrapper passes
-    /// it on. No default: a wrapper that forgot would drop every override.
+    /// Changes a runtime override where every replica on this store reads
+    /// it, in one atomic step: checks the policy's room (for a new one),
+    /// writes or removes it, purges expired ones, advances the version and
+    /// answers the value it replaced. A store in this process keeps
+    /// nothing (it has no other replica, and its overrides go into its
+    /// snapshot); a wrapper passes it on. No default: a wrapper that
+    /// forgot would drop every override.
     ///
     /// # Errors
     ///
-    /// [`BackendError`] when the store cannot keep it by `deadline`.
-    fn put_override(
+    /// [`OverrideWriteError`]: the policy is full, the store did not apply
+    /// it, or the answer did not come (it may have been applied).
+    fn write_override(
         &self,
-        field: &str,
-        value: &str,
+        write: &OverrideWrite<'_>,
         deadline: Deadline,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
-
-    /// Removes the runtime override `field` from the store.
-    ///
-    /// # Errors
-    ///
-    /// [`BackendError`] when the store cannot remove it by `deadline`.
-    fn remove_override(
-        &self,
-        field: &str,
-        deadline: Deadline,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    ) -> impl Future<Output = Result<OverrideWritten, OverrideWriteError>> + Send;
 
     /// The runtime overrides the store keeps, as (field, value) pairs, and
-    /// their version, unless it is `known` (then `None`, cheaply). `None`
-    /// too for a store that keeps none (the memory store).
+    /// their version, unless it is no newer than `known` (the same epoch
+    /// and a count no larger: then `None`, cheaply; a replica never goes
+    /// back to an older set). `None` too for
+    /// a store that keeps none (the memory store).
     ///
     /// # Errors
     ///
     /// [`BackendError`] when the store cannot answer by `deadline`.
     fn load_overrides(
         &self,
-        known: Option<u64>,
+        known: Option<OverridesVersion>,
         deadline: Deadline,
     ) -> impl Future<Output = Result<Option<StoredOverrides>, BackendError>> + Send;
 

@@ -1,7 +1,14 @@
 //! Keeping a replica's runtime overrides the same as the store's: read
 //! once at start, then polled every `store.redis.overrides_poll_interval`.
 //! A read that fails keeps the last set read, logs once until a read
-//! succeeds again, and sets `quotad_overrides_in_sync` to 0.
+//! succeeds again, and sets `quotad_overrides_in_sync` to 0; until the
+//! first read succeeds (quotad may start before Redis answers) the replica
+//! is out of sync, and the first answer is applied at once.
+//!
+//! The poller never goes back: a set is applied only when its version is
+//! newer than the one held, and not older than this replica's own last
+//! change (a read that was under way while this replica wrote answers the
+//! hash from before the write, and must not undo it here).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,42 +25,48 @@ pub(crate) struct OverridesSync<B> {
     registry: Arc<PolicyRegistry>,
     /// The longest one read may take.
     timeout: Duration,
-    /// The version last read.
-    known: Option<u64>,
+    /// Whether the last read failed (and was logged).
+    failing: bool,
 }
 
 impl<B: Backend> OverridesSync<B> {
     pub(crate) fn new(backend: Arc<B>, registry: Arc<PolicyRegistry>, timeout: Duration) -> Self {
+        // Nothing is read yet: out of sync until the store first answers.
+        registry.set_in_sync(false);
         OverridesSync {
             backend,
             registry,
             timeout,
-            known: None,
+            failing: false,
         }
     }
 
     /// One read: swaps in the store's overrides if they changed.
     pub(crate) async fn read(&mut self) {
         let deadline = Deadline::after(self.timeout);
-        match self.backend.load_overrides(self.known, deadline).await {
+        let known = self.registry.stored_version();
+        match self.backend.load_overrides(known, deadline).await {
             Ok(Some((version, pairs))) => {
                 let entries: Vec<_> = pairs
                     .iter()
                     .filter_map(|(f, v)| from_store(f, v))
                     .map(Arc::new)
                     .collect();
+                let count = entries.len();
+                let applied = self.registry.set_stored_overrides(version, entries);
                 tracing::debug!(
-                    version,
-                    overrides = entries.len(),
+                    epoch = version.0,
+                    version = version.1,
+                    overrides = count,
+                    applied,
                     "runtime overrides read from the store"
                 );
-                self.registry.set_runtime_overrides(entries);
-                self.known = Some(version);
                 self.recovered();
             }
             Ok(None) => self.recovered(),
             Err(error) => {
-                if self.registry.in_sync() {
+                if !self.failing {
+                    self.failing = true;
                     tracing::warn!(
                         %error,
                         "cannot read the runtime overrides from the store; serving the last set read until it answers"
@@ -64,8 +77,9 @@ impl<B: Backend> OverridesSync<B> {
         }
     }
 
-    fn recovered(&self) {
-        if !self.registry.in_sync() {
+    fn recovered(&mut self) {
+        if self.failing {
+            self.failing = false;
             tracing::info!("runtime overrides read from the store again");
         }
         self.registry.set_in_sync(true);

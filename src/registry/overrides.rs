@@ -17,11 +17,11 @@
 //! old value.
 //!
 //! The lookup is bounded whatever admins write: an exact key is one hash
-//! lookup, and a prefix is one lookup per distinct prefix length the
-//! policy's overrides use, and there are at most `limits.max_overrides`
-//! overrides per policy.
+//! lookup, and the longest prefix is one pass over the key's bytes down a
+//! trie of the policy's prefixes (O(L) in the key's length, whatever the
+//! number or lengths of the prefixes).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use quotad_core::{Clock, Policy, SystemClock};
@@ -39,9 +39,7 @@ pub(crate) struct Active {
 #[derive(Clone, Debug, Default)]
 struct PolicyOverrides {
     exact: HashMap<String, Active>,
-    prefixes: HashMap<String, Active>,
-    /// The lengths of `prefixes`' keys, longest first.
-    prefix_lens: Vec<usize>,
+    prefixes: PrefixTrie,
 }
 
 impl PolicyOverrides {
@@ -49,11 +47,80 @@ impl PolicyOverrides {
         if let Some(a) = self.exact.get(key).filter(|a| a.entry.live_at(now_ms)) {
             return Some(a);
         }
-        self.prefix_lens.iter().find_map(|&len| {
-            key.get(..len)
-                .and_then(|p| self.prefixes.get(p))
+        self.prefixes.longest(key, now_ms)
+    }
+}
+
+/// The prefix overrides of one policy as a byte trie: the longest prefix
+/// of a key in force is found in one pass over the key's bytes, O(L) in
+/// the key's length whatever the prefixes (a lookup per prefix length
+/// would hash up to L prefixes of up to L bytes each, O(L²)).
+#[derive(Clone, Debug, Default)]
+struct PrefixTrie {
+    /// The root first; a node's children sorted by byte.
+    nodes: Vec<TrieNode>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct TrieNode {
+    children: Vec<(u8, usize)>,
+    /// The override of the prefix that ends here.
+    active: Option<Active>,
+}
+
+impl PrefixTrie {
+    fn child(&self, at: usize, byte: u8) -> Option<usize> {
+        let children = &self.nodes[at].children;
+        children
+            .binary_search_by_key(&byte, |&(b, _)| b)
+            .ok()
+            .map(|i| children[i].1)
+    }
+
+    fn insert(&mut self, prefix: &str, active: Active) {
+        if self.nodes.is_empty() {
+            self.nodes.push(TrieNode::default());
+        }
+        let mut at = 0;
+        for &byte in prefix.as_bytes() {
+            at = match self.child(at, byte) {
+                Some(next) => next,
+                None => {
+                    let next = self.nodes.len();
+                    self.nodes.push(TrieNode::default());
+                    let children = &mut self.nodes[at].children;
+                    let i = children.partition_point(|&(b, _)| b < byte);
+                    children.insert(i, (byte, next));
+                    next
+                }
+            };
+        }
+        self.nodes[at].active = Some(active);
+    }
+
+    /// The override of the longest prefix of `key` in force at `now_ms`.
+    /// A prefix is whole UTF-8, so one that matches ends on a character
+    /// boundary of the key.
+    fn longest(&self, key: &str, now_ms: u64) -> Option<&Active> {
+        if self.nodes.is_empty() {
+            return None;
+        }
+        let mut at = 0;
+        let mut best = None;
+        for &byte in key.as_bytes() {
+            let Some(next) = self.child(at, byte) else {
+                break;
+            };
+            at = next;
+            if let Some(a) = self.nodes[at]
+                .active
+                .as_ref()
                 .filter(|a| a.entry.live_at(now_ms))
-        })
+            {
+                best = Some(a);
+            }
+        }
+        best
     }
 }
 
@@ -128,13 +195,12 @@ impl OverrideTable {
                 .or_default();
             match &entry.scope {
                 Scope::Key(k) => of_policy.exact.insert(k.clone(), active.clone()),
-                Scope::Prefix(p) => of_policy.prefixes.insert(p.clone(), active.clone()),
+                Scope::Prefix(p) => {
+                    of_policy.prefixes.insert(p, active.clone());
+                    None
+                }
             };
             table.all.insert(slot, active);
-        }
-        for of_policy in table.by_policy.values_mut() {
-            let lens: BTreeSet<usize> = of_policy.prefixes.keys().map(String::len).collect();
-            of_policy.prefix_lens = lens.into_iter().rev().collect();
         }
         (table, dropped)
     }
@@ -170,6 +236,79 @@ impl OverrideTable {
         }
         counts
     }
+}
+
+/// The prefix lookup alone, for the criterion bench (`benches/overrides.rs`):
+/// a policy's table of prefix overrides and its `find`. Not an API.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct PrefixLookup(OverrideTable);
+
+impl PrefixLookup {
+    /// A table of one token-bucket policy `api` with a prefix override for
+    /// each of `prefixes`.
+    ///
+    /// # Panics
+    ///
+    /// If a prefix is empty (not an override).
+    #[must_use]
+    pub fn new(prefixes: &[String]) -> Self {
+        let base = Policy::try_new(
+            quotad_core::Algorithm::TokenBucket,
+            10,
+            std::time::Duration::from_secs(1),
+            None,
+        )
+        .expect("a valid policy");
+        let entries: Vec<Arc<Override>> = prefixes
+            .iter()
+            .map(|p| {
+                Arc::new(Override {
+                    policy: "api".to_owned(),
+                    scope: Scope::Prefix(p.clone()),
+                    limit: 20,
+                    window_ms: None,
+                    burst: None,
+                    expires_at_ms: None,
+                    source: Source::Runtime,
+                    set_by: "bench".to_owned(),
+                    set_at_ms: 0,
+                })
+            })
+            .collect();
+        let (table, dropped) =
+            OverrideTable::build(&entries, |_| Some(base), Arc::new(SystemClock));
+        assert!(dropped.is_empty(), "{dropped:?}");
+        PrefixLookup(table)
+    }
+
+    /// The limit of the override `key` finds, if any.
+    #[must_use]
+    pub fn find(&self, key: &str) -> Option<u64> {
+        self.0.find("api", key, 0).map(|a| a.policy.limit())
+    }
+}
+
+/// The version of the runtime overrides a store keeps: its epoch and its
+/// count of changes in that epoch (the backend's `OverridesVersion`).
+pub(crate) type Version = (u64, u64);
+
+/// Whether a set read at `read` is newer than one held at `held`: a later
+/// count in the same epoch, or another epoch (the store's hash was lost and
+/// made again, or restored: its history is another, and the store's word
+/// is the one to follow). Within an epoch the count never goes back, so a
+/// smaller one is a stale read.
+pub(crate) fn newer(read: Version, held: Version) -> bool {
+    read.0 != held.0 || read.1 > held.1
+}
+
+/// What the store field of every override of `policy` starts with (see
+/// [`store_field`]).
+pub(crate) fn store_fields_of(policy: &str) -> String {
+    format!(
+        "[{},",
+        serde_json::to_string(policy).expect("strings serialize")
+    )
 }
 
 /// The field of an override in the store's hash of overrides: its policy
@@ -271,6 +410,39 @@ mod tests {
         let found = t.find("api", "tenant:acme:1", 0).expect("an override");
         assert_eq!(found.policy.burst(), 40);
         assert_eq!(found.policy.algorithm(), Algorithm::TokenBucket);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_prefix_found_is_the_longest_in_force_as_a_scan_of_all_finds_it(
+            prefixes in proptest::collection::vec(("[ab]{1,6}", proptest::option::of(0u64..4)), 0..12),
+            key in "[ab]{0,8}",
+            now in 0u64..4,
+        ) {
+            let entries: Vec<_> = prefixes
+                .iter()
+                .enumerate()
+                .map(|(i, (p, expires))| {
+                    let mut e = (*entry(Scope::Prefix(p.clone()), 1 + i as u64, Source::Runtime)).clone();
+                    e.expires_at_ms = *expires;
+                    Arc::new(e)
+                })
+                .collect();
+            let t = table(&entries);
+            // The table keeps the last entry of a prefix written twice.
+            let mut last: BTreeMap<&str, &Arc<Override>> = BTreeMap::new();
+            for e in &entries {
+                if let Scope::Prefix(p) = &e.scope {
+                    last.insert(p, e);
+                }
+            }
+            let expected = last
+                .iter()
+                .filter(|(p, e)| key.starts_with(**p) && e.live_at(now))
+                .max_by_key(|(p, _)| p.len())
+                .map(|(_, e)| e.limit);
+            proptest::prop_assert_eq!(t.find("api", &key, now).map(|a| a.entry.limit), expected);
+        }
     }
 
     #[test]

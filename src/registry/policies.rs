@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::overrides::{Active, InvalidOverride, Override, OverrideTable, Scope, Source};
+use super::overrides::{
+    Active, InvalidOverride, Override, OverrideTable, Scope, Source, Version, newer,
+};
 use crate::config::{LimitSettings, PolicySettings};
 use crate::metrics::{DecisionCounters, LeaseCounters, Metrics};
 use arc_swap::ArcSwap;
@@ -166,6 +168,12 @@ impl PolicySet {
 struct Sources {
     file: Vec<Arc<Override>>,
     runtime: BTreeMap<(String, Scope), Arc<Override>>,
+    /// The store's version of `runtime`, once read from it.
+    applied: Option<Version>,
+    /// The version of this replica's own last change in the store: a set
+    /// read from the store older than it lacks that change, and is not
+    /// applied (the poller never goes back).
+    floor: Option<Version>,
 }
 
 /// What writing a runtime override found.
@@ -177,6 +185,14 @@ pub(crate) enum PutError {
     Invalid(InvalidOverride),
     /// The policy has `limits.max_overrides` overrides already.
     TooMany(u64),
+}
+
+/// The runtime overrides keyed by what identifies them.
+fn by_slot(entries: Vec<Arc<Override>>) -> BTreeMap<(String, Scope), Arc<Override>> {
+    entries
+        .into_iter()
+        .map(|e| ((e.policy.clone(), e.scope.clone()), e))
+        .collect()
 }
 
 /// The current set of named policies, replaced whole on reload, and the
@@ -247,14 +263,39 @@ impl PolicyRegistry {
         self.publish(&set, &sources);
     }
 
-    /// Replaces every runtime override (loaded from the store).
+    /// Replaces every runtime override (loaded from a snapshot).
     pub(crate) fn set_runtime_overrides(&self, entries: Vec<Arc<Override>>) {
         let mut sources = self.sources();
-        sources.runtime = entries
-            .into_iter()
-            .map(|e| ((e.policy.clone(), e.scope.clone()), e))
-            .collect();
+        sources.runtime = by_slot(entries);
         self.publish(&self.current.load(), &sources);
+    }
+
+    /// Replaces every runtime override with the store's at `version`,
+    /// unless that is not [`newer`] than the set held, or older than this
+    /// replica's own last change in the same epoch (a read that was under
+    /// way while this replica wrote): answers whether it did.
+    pub(crate) fn set_stored_overrides(
+        &self,
+        version: Version,
+        entries: Vec<Arc<Override>>,
+    ) -> bool {
+        let mut sources = self.sources();
+        if sources.applied.is_some_and(|held| !newer(version, held))
+            || sources
+                .floor
+                .is_some_and(|own| own.0 == version.0 && version.1 < own.1)
+        {
+            return false;
+        }
+        sources.runtime = by_slot(entries);
+        sources.applied = Some(version);
+        self.publish(&self.current.load(), &sources);
+        true
+    }
+
+    /// The store's version of the runtime overrides held, once read.
+    pub(crate) fn stored_version(&self) -> Option<Version> {
+        self.sources().applied
     }
 
     /// The runtime overrides, sorted by policy and scope.
@@ -262,24 +303,41 @@ impl PolicyRegistry {
         self.sources().runtime.values().cloned().collect()
     }
 
-    /// Checks `entry` against the policies in force and the bound of
-    /// `limits.max_overrides`, without writing it.
+    /// How many of the config file's overrides of `policy` are in force.
+    pub(crate) fn file_overrides_of(&self, policy: &str) -> u64 {
+        let now = self.now_ms();
+        let n = self
+            .sources()
+            .file
+            .iter()
+            .filter(|f| f.policy == policy && f.live_at(now))
+            .count();
+        u64::try_from(n).unwrap_or(u64::MAX)
+    }
+
+    /// Checks `entry` against the policies in force, without writing it
+    /// (the bound of `limits.max_overrides` is the writer's: the store's,
+    /// or [`Self::put_override`]'s).
     ///
     /// # Errors
     ///
     /// What is wrong with it ([`PutError`]).
     pub(crate) fn check_override(&self, entry: &Override) -> Result<(), PutError> {
-        let sources = self.sources();
-        self.check_locked(&sources, entry)
-    }
-
-    fn check_locked(&self, sources: &Sources, entry: &Override) -> Result<(), PutError> {
         let set = self.current.load();
         let (_, named) = set.get(&entry.policy).ok_or(PutError::UnknownPolicy)?;
         entry
             .effective(&named.settings.policy)
             .map_err(PutError::Invalid)?;
-        let max = set.limits.max_overrides;
+        Ok(())
+    }
+
+    /// Checks `entry` and the bound of `limits.max_overrides`, counting
+    /// only overrides in force (expired runtime ones are purged first).
+    fn check_locked(&self, sources: &mut Sources, entry: &Override) -> Result<(), PutError> {
+        self.check_override(entry)?;
+        let now = self.now_ms();
+        sources.runtime.retain(|_, e| e.live_at(now));
+        let max = self.current.load().limits.max_overrides;
         let slot = (entry.policy.clone(), entry.scope.clone());
         if !sources.runtime.contains_key(&slot) {
             let of_policy = sources
@@ -290,7 +348,7 @@ impl PolicyRegistry {
                 + sources
                     .file
                     .iter()
-                    .filter(|f| f.policy == entry.policy)
+                    .filter(|f| f.policy == entry.policy && f.live_at(now))
                     .count();
             if u64::try_from(of_policy).unwrap_or(u64::MAX) >= max {
                 return Err(PutError::TooMany(max));
@@ -299,7 +357,8 @@ impl PolicyRegistry {
         Ok(())
     }
 
-    /// Writes a runtime override; answers the one it replaced.
+    /// Writes a runtime override kept only here (the memory store):
+    /// answers the one in force it replaced.
     ///
     /// # Errors
     ///
@@ -307,11 +366,37 @@ impl PolicyRegistry {
     pub(crate) fn put_override(&self, entry: Override) -> Result<Option<Arc<Override>>, PutError> {
         debug_assert_eq!(entry.source, Source::Runtime);
         let mut sources = self.sources();
-        self.check_locked(&sources, &entry)?;
+        self.check_locked(&mut sources, &entry)?;
         let slot = (entry.policy.clone(), entry.scope.clone());
         let old = sources.runtime.insert(slot, Arc::new(entry));
         self.publish(&self.current.load(), &sources);
         Ok(old)
+    }
+
+    /// Applies a change the store made at `version` (`entry`, or the
+    /// removal of `slot` when `None`), which the store checked: no set
+    /// older than it is applied after it, and it is not applied over a set
+    /// read at it or later.
+    pub(crate) fn apply_stored_change(
+        &self,
+        slot: (String, Scope),
+        entry: Option<Override>,
+        version: Version,
+    ) {
+        let mut sources = self.sources();
+        if sources.applied.is_some_and(|held| !newer(version, held)) {
+            // A set read from the store since holds this change, or a
+            // later one: applying it again here would undo that.
+            return;
+        }
+        match entry {
+            Some(entry) => sources.runtime.insert(slot, Arc::new(entry)),
+            None => sources.runtime.remove(&slot),
+        };
+        if sources.floor.is_none_or(|own| newer(version, own)) {
+            sources.floor = Some(version);
+        }
+        self.publish(&self.current.load(), &sources);
     }
 
     /// Removes a runtime override; answers it, if there was one.

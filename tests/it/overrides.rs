@@ -722,3 +722,72 @@ async fn the_overrides_allowlist_admits_only_its_identities_and_records_who_set_
         .into_inner();
     assert_eq!(explained.in_force.map(|p| p.limit), Some(50));
 }
+
+#[tokio::test]
+async fn override_numbers_past_the_limits_bounds_are_invalid_argument_naming_the_field() {
+    let mut admin = start(
+        "[limits]\nmax_inline_limit = 1000\nmax_inline_window = \"1h\"\nmax_inline_log_limit = 50\n\
+         [policies.log]\nalgorithm = \"sliding_log\"\nlimit = 10\nwindow = \"1s\"\n",
+    )
+    .await;
+    let mut too_long = set("api", key("k"), 10);
+    too_long.window_ms = Some(3_600_001);
+    let mut burst = set("bucket", key("k"), 10);
+    burst.burst = Some(1_001);
+    for (request, field, setting) in [
+        (
+            set("api", key("k"), 1_001),
+            "limit",
+            "limits.max_inline_limit",
+        ),
+        (too_long, "window_ms", "limits.max_inline_window"),
+        (burst, "burst", "limits.max_inline_limit"),
+        (
+            set("log", key("k"), 51),
+            "limit",
+            "limits.max_inline_log_limit",
+        ),
+    ] {
+        let refused = admin
+            .overrides
+            .set_override(request)
+            .await
+            .expect_err("past a bound");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{field}");
+        assert!(
+            refused.message().starts_with(&format!("{field}:"))
+                && refused.message().contains(setting),
+            "{field}: {}",
+            refused.message()
+        );
+    }
+    assert!(admin.list().await.is_empty(), "nothing stored");
+    assert_eq!(admin.admitted("api", "k", 5).await, 3);
+    // At the bounds, and a window left to the policy's, are accepted.
+    let mut at = set("api", key("k"), 1_000);
+    at.window_ms = Some(3_600_000);
+    admin.set(at).await;
+    let mut day = set("log", key("d"), 50);
+    day.window_ms = None;
+    admin.set(day).await;
+    assert_eq!(admin.list().await.len(), 2);
+}
+
+#[tokio::test]
+async fn an_expired_override_is_purged_and_no_longer_counts_towards_max_overrides() {
+    let mut admin = start("[limits]\nmax_overrides = 1\n").await;
+    let mut brief = set("api", key("brief"), 10);
+    brief.expires_at_ms = Some(NOON_30 + 1_000);
+    admin.set(brief).await;
+    let full = admin
+        .overrides
+        .set_override(set("api", key("other"), 10))
+        .await
+        .expect_err("the policy is full");
+    assert_eq!(full.code(), Code::InvalidArgument);
+    admin.clock.advance(Duration::from_millis(1_000));
+    admin.set(set("api", key("other"), 10)).await;
+    let listed = admin.list().await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].scope, key("other"));
+}

@@ -160,3 +160,304 @@ async fn a_replica_that_cannot_read_the_overrides_keeps_its_last_set_and_says_so
         1.0
     );
 }
+
+fn config_with(redis_url: &str, poll: &str, limits: &str) -> Config {
+    Config::from_toml(&format!(
+        r#"
+[store]
+backend = "redis"
+
+[store.redis]
+url = "{redis_url}"
+timeout = "200ms"
+overrides_poll_interval = "{poll}"
+
+[limits]
+{limits}
+
+[policies.api]
+algorithm = "fixed_window"
+limit = 3
+window = "1d"
+"#
+    ))
+    .expect("valid config")
+}
+
+fn set_key(k: &str, limit: u64) -> pb::SetOverrideRequest {
+    pb::SetOverrideRequest {
+        scope: Some(pb::OverrideScope {
+            scope: Some(pb::override_scope::Scope::Key(k.to_owned())),
+        }),
+        ..set_prefix("unused", limit)
+    }
+}
+
+/// The overrides stored in Redis (the hash's fields but its own).
+fn stored(redis: &RedisServer) -> Vec<String> {
+    redis
+        .cli(&["HKEYS", "quotad:overrides"])
+        .lines()
+        .filter(|f| !f.trim().is_empty() && !f.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn sets_racing_on_two_replicas_never_exceed_max_overrides() {
+    let redis = RedisServer::start();
+    // A long poll: neither replica learns of the other's writes, so only
+    // the store can hold the count.
+    let a = TestServer::start(config_with(&redis.url(), "1h", "max_overrides = 3")).await;
+    let b = TestServer::start(config_with(&redis.url(), "1h", "max_overrides = 3")).await;
+    let (on_a, on_b) = (overrides(&a).await, overrides(&b).await);
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        for (name, client) in [("a", &on_a), ("b", &on_b)] {
+            let mut client = client.clone();
+            calls.spawn(async move {
+                client
+                    .set_override(set_key(&format!("{name}{i}"), 10))
+                    .await
+            });
+        }
+    }
+    let (mut kept, mut refused) = (0, 0);
+    while let Some(answer) = calls.join_next().await {
+        match answer.expect("the call ran") {
+            Ok(_) => kept += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+                assert!(
+                    status.message().contains("limits.max_overrides"),
+                    "{}",
+                    status.message()
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((kept, refused), (3, 13));
+    assert_eq!(stored(&redis).len(), 3, "{:?}", stored(&redis));
+    // Replacing one already stored is no new override: still allowed.
+    let mut on_a = on_a;
+    let first = stored(&redis)[0].clone();
+    let key: (String, serde_json::Value) = serde_json::from_str(&first).expect("a field");
+    let key = key.1["key"].as_str().expect("a key scope").to_owned();
+    on_a.set_override(set_key(&key, 11))
+        .await
+        .expect("a replacement fits");
+}
+
+#[tokio::test]
+async fn a_set_answers_the_value_the_store_held_not_the_replicas_stale_copy() {
+    let redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "1h")).await;
+    let b = TestServer::start(config(&redis, "1h")).await;
+    let (mut on_a, mut on_b) = (overrides(&a).await, overrides(&b).await);
+    let first = on_a
+        .set_override(set_key("k", 5))
+        .await
+        .expect("set on a")
+        .into_inner();
+    assert!(first.previous.is_none());
+    // b has not polled since: its own copy has no override for k.
+    let second = on_b
+        .set_override(set_key("k", 7))
+        .await
+        .expect("set on b")
+        .into_inner();
+    assert_eq!(second.previous.map(|p| p.limit), Some(5));
+    let removed = on_a
+        .remove_override(pb::RemoveOverrideRequest {
+            policy: "api".to_owned(),
+            scope: set_key("k", 1).scope,
+        })
+        .await
+        .expect("removed on a")
+        .into_inner();
+    assert!(removed.removed);
+    assert_eq!(removed.previous.map(|p| p.limit), Some(7));
+}
+
+#[tokio::test]
+async fn a_replica_writing_while_it_polls_never_reverts_its_own_write() {
+    let redis = RedisServer::start();
+    // A poll always under way, and the other replica changing the hash
+    // all the time, so most polls read it whole.
+    let a = TestServer::start(config(&redis, "1ms")).await;
+    let b = TestServer::start(config(&redis, "1ms")).await;
+    let (mut on_a, on_b) = (overrides(&a).await, overrides(&b).await);
+    let noise = tokio::spawn(async move {
+        let mut on_b = on_b;
+        for round in 0..400u64 {
+            on_b.set_override(set_key("b", 100 + round))
+                .await
+                .expect("set on b");
+        }
+    });
+    let mut reverted = 0;
+    for round in 0..150u64 {
+        let limit = 10 + round;
+        on_a.set_override(set_key("a", limit))
+            .await
+            .expect("set on a");
+        // Several looks, each after a poll may have landed.
+        for _ in 0..3 {
+            let seen = listed(&mut on_a).await;
+            let own = seen
+                .overrides
+                .iter()
+                .find(|o| {
+                    o.scope.as_ref().and_then(|s| s.scope.clone())
+                        == Some(pb::override_scope::Scope::Key("a".to_owned()))
+                })
+                .map(|o| o.limit);
+            if own != Some(limit) {
+                reverted += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    noise.abort();
+    assert_eq!(
+        reverted, 0,
+        "looks at a's own override that saw an older value"
+    );
+}
+
+#[tokio::test]
+async fn a_hash_lost_and_written_again_up_to_a_version_seen_is_read_again() {
+    let redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "300ms")).await;
+    let b = TestServer::start(config(&redis, "1h")).await;
+    let (on_a, mut on_b) = (overrides(&a).await, overrides(&b).await);
+    for limit in [5, 6, 7] {
+        on_b.set_override(set_key("old", limit)).await.expect("set");
+    }
+    eventually(WITHIN, "a reads the first history", || {
+        let mut on_a = on_a.clone();
+        async move { listed(&mut on_a).await.overrides.len() == 1 }
+    })
+    .await;
+    // The hash is lost (a flush, a failover to an empty replica) and the
+    // same number of changes writes other overrides: the version number
+    // alone comes back to the one a holds.
+    redis.cli(&["DEL", "quotad:overrides"]);
+    for limit in [8, 9, 10] {
+        on_b.set_override(set_key("new", limit)).await.expect("set");
+    }
+    eventually(WITHIN, "a reads the new history", || {
+        let mut on_a = on_a.clone();
+        async move {
+            let seen = listed(&mut on_a).await;
+            seen.overrides.len() == 1 && seen.overrides[0].limit == 10
+        }
+    })
+    .await;
+    assert_eq!(limit_of(&a, "old").await, 3);
+    assert_eq!(limit_of(&a, "new").await, 10);
+}
+
+#[tokio::test]
+async fn overrides_already_in_redis_apply_once_redis_comes_up_after_quotad() {
+    let port = RedisServer::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let a = TestServer::start(config_with(&url, "50ms", "")).await;
+    let mut on_a = overrides(&a).await;
+    let seen = listed(&mut on_a).await;
+    assert!(!seen.in_sync, "nothing read yet: out of sync");
+    assert_eq!(
+        a.metrics().await.value("quotad_overrides_in_sync", &[]),
+        0.0
+    );
+    // Redis comes up holding an override another replica wrote.
+    let redis = RedisServer::start_on(port);
+    let b = TestServer::start(config_with(&url, "1h", "")).await;
+    overrides(&b)
+        .await
+        .set_override(set_prefix("t:", 9))
+        .await
+        .expect("set on b");
+    let up = Instant::now();
+    eventually(WITHIN, "a applies the stored override", || {
+        let mut on_a = on_a.clone();
+        async move {
+            let seen = listed(&mut on_a).await;
+            seen.in_sync && seen.overrides.first().map(|o| o.limit) == Some(9)
+        }
+    })
+    .await;
+    eprintln!("override applied {:?} after Redis answered", up.elapsed());
+    assert_eq!(limit_of(&a, "t:1").await, 9);
+    assert_eq!(
+        a.metrics().await.value("quotad_overrides_in_sync", &[]),
+        1.0
+    );
+    drop(redis);
+}
+
+#[tokio::test]
+async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
+    let mut redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "50ms")).await;
+    let mut on_a = overrides(&a).await;
+    on_a.set_override(set_prefix("t:", 9)).await.expect("set");
+    redis.pause();
+    let refused = on_a
+        .set_override(set_prefix("t:", 99))
+        .await
+        .expect_err("redis is stalled");
+    assert_eq!(refused.code(), Code::Unavailable);
+    assert!(
+        refused
+            .message()
+            .contains("may have been applied; List to see"),
+        "{}",
+        refused.message()
+    );
+    // Not applied here, whatever the store does with it.
+    assert_eq!(
+        listed(&mut on_a).await.overrides.first().map(|o| o.limit),
+        Some(9)
+    );
+    redis.resume();
+    eventually(WITHIN, "a is in sync again", || {
+        let mut on_a = on_a.clone();
+        async move { listed(&mut on_a).await.in_sync }
+    })
+    .await;
+    // It reached Redis past its deadline, in Redis's clock: refused there.
+    assert_eq!(
+        listed(&mut on_a).await.overrides.first().map(|o| o.limit),
+        Some(9)
+    );
+    assert_eq!(limit_of(&a, "t:1").await, 9);
+}
+
+#[tokio::test]
+async fn an_expired_override_is_purged_from_redis_and_no_longer_counts() {
+    let redis = RedisServer::start();
+    let clock = std::sync::Arc::new(quotad_core::FakeClock::new(crate::common::NOON_30));
+    let a = TestServer::start(
+        config_with(&redis.url(), "1h", "max_overrides = 1").with_clock(clock.clone()),
+    )
+    .await;
+    let mut on_a = overrides(&a).await;
+    let mut brief = set_key("brief", 10);
+    brief.expires_at_ms = Some(crate::common::NOON_30 + 1_000);
+    on_a.set_override(brief).await.expect("set");
+    let full = on_a
+        .set_override(set_key("other", 10))
+        .await
+        .expect_err("the policy is full");
+    assert_eq!(full.code(), Code::InvalidArgument);
+    assert_eq!(stored(&redis).len(), 1);
+    clock.advance(Duration::from_millis(1_000));
+    on_a.set_override(set_key("other", 10))
+        .await
+        .expect("the expired one no longer counts");
+    let left = stored(&redis);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].contains("other"), "{left:?}");
+}

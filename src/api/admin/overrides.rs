@@ -1,15 +1,21 @@
 //! The `quotad.v1.Overrides` gRPC service: set, remove and list runtime
 //! overrides.
 //!
-//! A change is validated against the policies in force, kept in the store
-//! (so that every replica on it applies it; the memory store keeps it in
-//! its snapshot), then swapped into this replica's registry, and logged
-//! with the caller's identity (target `quotad::audit`). A change the store
-//! could not keep is UNAVAILABLE and changes nothing.
+//! A change is validated against the policies in force and the bounds of
+//! `[limits]` (an override's numbers are chosen by a caller, as an inline
+//! policy's are), kept in the store (so that every replica on it applies
+//! it; the memory store keeps it in its snapshot), then swapped into this
+//! replica's registry, and logged with the caller's identity and the
+//! previous value the store answered (target `quotad::audit`). A change
+//! the store certainly did not keep is UNAVAILABLE and changes nothing; a
+//! change sent whose answer never came is UNAVAILABLE saying it may have
+//! been applied, is logged as unknown (never as applied), and the poller
+//! shows which it was.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use quotad_core::Algorithm;
 use quotad_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -17,11 +23,14 @@ use super::entry_to_pb;
 use crate::api::error::ServiceError;
 use crate::api::request::check_key_bytes;
 use crate::auth::{self, Origin};
-use crate::backend::{Backend, Deadline};
+use crate::backend::{Backend, Deadline, OverrideWrite, OverrideWriteError, OverrideWritten};
+use crate::config::LimitSettings;
 use crate::metrics::{Method, Metrics};
 use crate::registry::PolicyRegistry;
 use crate::registry::PutError;
-use crate::registry::overrides::{Override, Scope, Source, store_field, store_value};
+use crate::registry::overrides::{
+    Override, Scope, Source, from_store, store_field, store_fields_of, store_value,
+};
 
 /// The Overrides service over a backend `S`.
 #[derive(Debug)]
@@ -150,18 +159,45 @@ impl<S: Backend> OverridesService<S> {
         self.policies
             .check_override(&entry)
             .map_err(|e| put_error(&entry, e))?;
-        self.backend
-            .put_override(
-                &store_field(&entry.policy, &entry.scope),
-                &store_value(&entry),
-                deadline,
-            )
+        let set = self.policies.snapshot();
+        let algorithm = set
+            .get(&entry.policy)
+            .map(|(_, named)| named.settings.policy.algorithm());
+        within_limits(&entry, algorithm, set.limits())?;
+        let max = set.limits().max_overrides;
+        let field = store_field(&entry.policy, &entry.scope);
+        let value = store_value(&entry);
+        let fields = store_fields_of(&entry.policy);
+        let write = OverrideWrite {
+            field: &field,
+            value: Some(&value),
+            policy_fields: &fields,
+            room: max.saturating_sub(self.policies.file_overrides_of(&entry.policy)),
+            now_ms: now,
+        };
+        let written = self
+            .written(&write, deadline, &caller, &entry.policy, &entry.scope)
             .await
-            .map_err(|e| ServiceError::NotKept(e.to_string()))?;
-        let old = self
-            .policies
-            .put_override(entry.clone())
-            .map_err(|e| put_error(&entry, e))?;
+            .map_err(|e| match e {
+                OverrideWriteError::Full(_) => put_error(&entry, PutError::TooMany(max)),
+                other => not_kept(other),
+            })?;
+        let slot = (entry.policy.clone(), entry.scope.clone());
+        let old = match written.version {
+            Some(version) => {
+                self.policies
+                    .apply_stored_change(slot, Some(entry.clone()), version);
+                written
+                    .previous
+                    .as_deref()
+                    .and_then(|v| from_store(&field, v))
+                    .map(Arc::new)
+            }
+            None => self
+                .policies
+                .put_override(entry.clone())
+                .map_err(|e| put_error(&entry, e))?,
+        };
         tracing::info!(
             target: "quotad::audit",
             %caller,
@@ -177,6 +213,31 @@ impl<S: Backend> OverridesService<S> {
         })
     }
 
+    /// Runs `write` in the store; a write whose outcome is unknown is
+    /// logged as such (never as applied).
+    async fn written(
+        &self,
+        write: &OverrideWrite<'_>,
+        deadline: Deadline,
+        caller: &str,
+        policy: &str,
+        scope: &Scope,
+    ) -> Result<OverrideWritten, OverrideWriteError> {
+        let result = self.backend.write_override(write, deadline).await;
+        if let Err(OverrideWriteError::Unknown(error)) = &result {
+            tracing::warn!(
+                target: "quotad::audit",
+                %caller,
+                %policy,
+                scope = %scope.describe(),
+                %error,
+                change = if write.value.is_some() { "set" } else { "remove" },
+                "override change sent, outcome unknown (it may have been applied; the store's set shows which)"
+            );
+        }
+        result
+    }
+
     async fn remove_one(
         &self,
         request: pb::RemoveOverrideRequest,
@@ -187,11 +248,34 @@ impl<S: Backend> OverridesService<S> {
         self.admit(origin, "RemoveOverride")?;
         policy_of(&request.policy)?;
         let scope = scope_of(request.scope, self.max_key_bytes)?;
-        self.backend
-            .remove_override(&store_field(&request.policy, &scope), deadline)
+        let field = store_field(&request.policy, &scope);
+        let fields = store_fields_of(&request.policy);
+        let write = OverrideWrite {
+            field: &field,
+            value: None,
+            policy_fields: &fields,
+            room: 0,
+            now_ms: self.policies.now_ms(),
+        };
+        let written = self
+            .written(&write, deadline, &caller, &request.policy, &scope)
             .await
-            .map_err(|e| ServiceError::NotKept(e.to_string()))?;
-        let old = self.policies.remove_override(&request.policy, &scope);
+            .map_err(not_kept)?;
+        let old = match written.version {
+            Some(version) => {
+                self.policies.apply_stored_change(
+                    (request.policy.clone(), scope.clone()),
+                    None,
+                    version,
+                );
+                written
+                    .previous
+                    .as_deref()
+                    .and_then(|v| from_store(&field, v))
+                    .map(Arc::new)
+            }
+            None => self.policies.remove_override(&request.policy, &scope),
+        };
         tracing::info!(
             target: "quotad::audit",
             %caller,
@@ -228,6 +312,69 @@ impl<S: Backend> OverridesService<S> {
             in_sync: self.policies.in_sync(),
         })
     }
+}
+
+/// The UNAVAILABLE of a change the store did not certainly keep: one that
+/// certainly changed nothing says so; one sent whose answer never came
+/// says it may have been applied.
+fn not_kept(error: OverrideWriteError) -> ServiceError {
+    match error {
+        OverrideWriteError::Unknown(_) => {
+            ServiceError::Backend(crate::backend::BackendError::Unavailable(error.to_string()))
+        }
+        other => ServiceError::NotKept(other.to_string()),
+    }
+}
+
+/// Refuses an override whose numbers `[limits]` does not allow an inline
+/// policy: its limit (and burst) above `limits.max_inline_limit` (a
+/// sliding log's above `limits.max_inline_log_limit` when smaller), a
+/// window it sets above `limits.max_inline_window`. A window (or calendar
+/// period) left out is the policy's, written in the config file, and is
+/// not the caller's to answer for.
+fn within_limits(
+    entry: &Override,
+    algorithm: Option<Algorithm>,
+    limits: &LimitSettings,
+) -> Result<(), ServiceError> {
+    let max_window_ms = u64::try_from(limits.max_inline_window.as_millis()).unwrap_or(u64::MAX);
+    if let Some(window_ms) = entry.window_ms
+        && window_ms > max_window_ms
+    {
+        return Err(ServiceError::invalid(
+            "window_ms",
+            format!(
+                "must be at most {max_window_ms} for an override (limits.max_inline_window); got {window_ms}"
+            ),
+        ));
+    }
+    let max_limit = limits.max_inline_limit;
+    let (max_of_limit, setting) =
+        if algorithm == Some(Algorithm::SlidingLog) && limits.max_inline_log_limit < max_limit {
+            (limits.max_inline_log_limit, "limits.max_inline_log_limit")
+        } else {
+            (max_limit, "limits.max_inline_limit")
+        };
+    if entry.limit > max_of_limit {
+        return Err(ServiceError::invalid(
+            "limit",
+            format!(
+                "must be at most {max_of_limit} for an override ({setting}); got {}",
+                entry.limit
+            ),
+        ));
+    }
+    if let Some(burst) = entry.burst
+        && burst > max_limit
+    {
+        return Err(ServiceError::invalid(
+            "burst",
+            format!(
+                "must be at most {max_limit} for an override (limits.max_inline_limit); got {burst}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The INVALID_ARGUMENT for an override the registry refuses.
@@ -367,5 +514,56 @@ mod tests {
         assert_eq!(local.policies.runtime_overrides().len(), 1);
         let open = service(&format!("[limits]\nallow_overrides = \"anyone\"\n{API}"));
         set_from(&open, "10.1.2.3:4000").await.expect("anyone");
+    }
+
+    fn runtime(limit: u64) -> Override {
+        Override {
+            policy: "api".to_owned(),
+            scope: Scope::Key("k".to_owned()),
+            limit,
+            window_ms: None,
+            burst: None,
+            expires_at_ms: None,
+            source: Source::Runtime,
+            set_by: "test".to_owned(),
+            set_at_ms: 0,
+        }
+    }
+
+    fn limit_held(service: &OverridesService<MemoryStore>) -> Option<u64> {
+        service
+            .policies
+            .runtime_overrides()
+            .first()
+            .map(|e| e.limit)
+    }
+
+    #[test]
+    fn a_set_read_before_this_replicas_own_change_never_undoes_it() {
+        let s = service(API);
+        let slot = ("api".to_owned(), Scope::Key("k".to_owned()));
+        assert!(s.policies.set_stored_overrides((7, 1), Vec::new()));
+        s.policies
+            .apply_stored_change(slot.clone(), Some(runtime(30)), (7, 3));
+        // A read under way during the change answers the hash before it.
+        assert!(!s.policies.set_stored_overrides((7, 2), Vec::new()));
+        assert_eq!(limit_held(&s), Some(30));
+        // The store's set at the change, or later, is applied.
+        assert!(
+            s.policies
+                .set_stored_overrides((7, 4), vec![Arc::new(runtime(40))])
+        );
+        assert_eq!(limit_held(&s), Some(40));
+        // A change answered after that set was read is not applied over it.
+        s.policies
+            .apply_stored_change(slot, Some(runtime(30)), (7, 3));
+        assert_eq!(limit_held(&s), Some(40));
+        // Never back, nor again the same version.
+        assert!(!s.policies.set_stored_overrides((7, 4), Vec::new()));
+        assert!(!s.policies.set_stored_overrides((7, 1), Vec::new()));
+        assert_eq!(limit_held(&s), Some(40));
+        // Another epoch is another history: the store's word is followed.
+        assert!(s.policies.set_stored_overrides((9, 4), Vec::new()));
+        assert_eq!(limit_held(&s), None);
     }
 }

@@ -1019,22 +1019,17 @@ impl Backend for RedisBackend {
     }
 
     /// In the hash of overrides every replica polls (`overrides`).
-    async fn put_override(
+    async fn write_override(
         &self,
-        field: &str,
-        value: &str,
+        write: &crate::backend::OverrideWrite<'_>,
         deadline: Deadline,
-    ) -> Result<(), BackendError> {
-        self.put_override_in_redis(field, value, deadline).await
-    }
-
-    async fn remove_override(&self, field: &str, deadline: Deadline) -> Result<(), BackendError> {
-        self.remove_override_in_redis(field, deadline).await
+    ) -> Result<crate::backend::OverrideWritten, crate::backend::OverrideWriteError> {
+        self.write_override_in_redis(write, deadline).await
     }
 
     async fn load_overrides(
         &self,
-        known: Option<u64>,
+        known: Option<crate::backend::OverridesVersion>,
         deadline: Deadline,
     ) -> Result<Option<crate::backend::StoredOverrides>, BackendError> {
         self.load_overrides_from_redis(known, deadline).await

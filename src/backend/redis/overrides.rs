@@ -1,99 +1,140 @@
 //! Runtime overrides in Redis: one hash per key prefix (`<prefix>:overrides`),
-//! a field per override (its policy and scope) holding its JSON, and a
-//! version field (`#version`) that every change increments in the same
-//! script. Each replica polls the version (`HGET`) and reads the hash
-//! (`HGETALL`) only when it changed, so an idle poll is one small call and
+//! a field per override (its policy and scope) holding its JSON, and two
+//! fields of its own: `#version`, which every change increments in the
+//! same script (`HINCRBY`, never reset), and `#epoch`, fixed when the hash
+//! is made (Redis time in microseconds), so a hash lost and made again
+//! starts a newer history rather than counting back through versions a
+//! replica has seen. Each replica polls the version (`HMGET`) and reads
+//! the hash (`HGETALL`) only when it is newer than the one it holds (a
+//! larger count, or another epoch), so an idle poll is one small call and
 //! no script.
 //!
-//! A change is a script that checks the call's deadline in Redis's own
-//! clock first, as the state scripts do: a change quotad answered as
-//! failed never lands later.
+//! A change is one script ([`SCRIPT`], `overrides.lua`) that checks the
+//! call's deadline in Redis's own clock first, as the state scripts do (a
+//! change quotad answered as failed never lands later), then, atomically:
+//! purges expired overrides, refuses a new override past the policy's
+//! room (`limits.max_overrides`, less the file's), writes or removes it,
+//! bumps the version and answers the value it replaced. Two replicas
+//! setting at once therefore cannot both pass the count.
 
 use redis::Value;
 
 use super::RedisBackend;
+use super::connection::CallError;
 use super::deadline;
-use crate::backend::{BackendError, Deadline};
+use crate::backend::{
+    BackendError, Deadline, OverrideWrite, OverrideWriteError, OverrideWritten, OverridesVersion,
+};
 
 /// The field of the hash that holds its version.
 const VERSION: &str = "#version";
 
-/// `ARGV[1]`: the deadline (ms, Redis clock); `ARGV[2]`: `set` or `del`;
-/// then the field and value (`set`) or the field (`del`). Answers
-/// `{version}` (the new one), or `{-1}` past the deadline, nothing done.
-const SCRIPT: &str = "local t = redis.call('TIME') \
-if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then return {-1} end \
-if ARGV[2] == 'set' then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) \
-return {redis.call('HINCRBY', KEYS[1], '#version', 1)} end \
-if ARGV[2] == 'del' then redis.call('HDEL', KEYS[1], ARGV[3]) \
-return {redis.call('HINCRBY', KEYS[1], '#version', 1)} end \
-return {0}";
+/// The field of the hash that holds its epoch.
+const EPOCH: &str = "#epoch";
+
+/// The change script; its arguments and answers are described in it.
+const SCRIPT: &str = include_str!("overrides.lua");
 
 /// What a `get` found: the version, and the overrides unless unchanged.
 pub(super) type Loaded = Option<crate::backend::StoredOverrides>;
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// A version field's number: absent is 0.
+fn number(v: Option<&Value>) -> Option<u64> {
+    match v {
+        None | Some(Value::Nil) => Some(0),
+        Some(Value::Int(n)) => u64::try_from(*n).ok(),
+        Some(v) => text(v)?.parse::<u64>().ok(),
+    }
+}
 
 impl RedisBackend {
     fn overrides_key(&self) -> String {
         format!("{}:overrides", self.prefix)
     }
 
-    /// Runs [`SCRIPT`] with `args` after the operation.
-    async fn overrides_call(
-        &self,
-        op: &str,
-        args: &[&str],
-        deadline: Deadline,
-    ) -> Result<Vec<Value>, BackendError> {
-        let key = self.overrides_key();
-        let slot = if self.connections.is_cluster() {
+    fn overrides_slot(&self, key: &str) -> u16 {
+        if self.connections.is_cluster() {
             deadline::slot(key.as_bytes())
         } else {
             0
-        };
-        let bound = self.connections.bound(deadline);
-        let call = self.start(slot, &bound).await?;
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(SCRIPT).arg(1).arg(&key).arg(call.deadline).arg(op);
-        for a in args {
-            eval.arg(*a);
         }
+    }
+
+    /// Runs [`SCRIPT`] for `write`.
+    pub(super) async fn write_override_in_redis(
+        &self,
+        write: &OverrideWrite<'_>,
+        deadline: Deadline,
+    ) -> Result<OverrideWritten, OverrideWriteError> {
+        let key = self.overrides_key();
+        let slot = self.overrides_slot(&key);
+        let bound = self.connections.bound(deadline);
+        // Nothing is sent before the call itself: a failure until then
+        // certainly changed nothing.
+        let call = self
+            .start(slot, &bound)
+            .await
+            .map_err(OverrideWriteError::NotApplied)?;
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(SCRIPT)
+            .arg(1)
+            .arg(&key)
+            .arg(call.deadline)
+            .arg(if write.value.is_some() { "set" } else { "del" })
+            .arg(write.field)
+            .arg(write.value.unwrap_or(""))
+            .arg(write.now_ms)
+            .arg(write.policy_fields)
+            .arg(write.room);
         let reply = self
             .connections
             .call(&call.link, slot, eval, &bound, None)
             .await
-            .map_err(|e| e.into_backend(&bound))?;
-        let Value::Array(values) = reply else {
-            return Err(BackendError::Internal(format!(
+            .map_err(|e| match e {
+                // Sent, and no answer: Redis may have run it (before the
+                // deadline) with the answer lost or late.
+                CallError::TimedOut => OverrideWriteError::Unknown(e.into_backend(&bound)),
+                CallError::Failed(BackendError::Unavailable(m)) => {
+                    OverrideWriteError::Unknown(BackendError::Unavailable(m))
+                }
+                other => OverrideWriteError::NotApplied(other.into_backend(&bound)),
+            })?;
+        let unreadable = |reply: &Value| {
+            OverrideWriteError::NotApplied(BackendError::Internal(format!(
                 "the overrides script answered {reply:?}"
-            )));
+            )))
         };
-        if matches!(values.first(), Some(Value::Int(-1))) {
-            return Err(BackendError::Unavailable(
+        let Value::Array(values) = &reply else {
+            return Err(unreadable(&reply));
+        };
+        match values.as_slice() {
+            [Value::Int(-1)] => Err(OverrideWriteError::NotApplied(BackendError::Unavailable(
                 "redis ran the overrides script past its deadline and refused it".to_owned(),
-            ));
+            ))),
+            [Value::Int(-2), Value::Int(count)] => Err(OverrideWriteError::Full(
+                u64::try_from(*count).unwrap_or_default(),
+            )),
+            [Value::Int(version), epoch, previous, Value::Int(purged)] => {
+                let version = u64::try_from(*version).map_err(|_| unreadable(&reply))?;
+                let epoch = number(Some(epoch)).ok_or_else(|| unreadable(&reply))?;
+                if *purged > 0 {
+                    tracing::info!(purged, "expired runtime overrides purged from the store");
+                }
+                Ok(OverrideWritten {
+                    version: Some((epoch, version)),
+                    previous: text(previous),
+                })
+            }
+            _ => Err(unreadable(&reply)),
         }
-        Ok(values)
-    }
-
-    pub(super) async fn put_override_in_redis(
-        &self,
-        field: &str,
-        value: &str,
-        deadline: Deadline,
-    ) -> Result<(), BackendError> {
-        self.overrides_call("set", &[field, value], deadline)
-            .await
-            .map(drop)
-    }
-
-    pub(super) async fn remove_override_in_redis(
-        &self,
-        field: &str,
-        deadline: Deadline,
-    ) -> Result<(), BackendError> {
-        self.overrides_call("del", &[field], deadline)
-            .await
-            .map(drop)
     }
 
     /// One plain command (no script: a read changes nothing, so it needs
@@ -104,11 +145,7 @@ impl RedisBackend {
         deadline: Deadline,
     ) -> Result<Value, BackendError> {
         let key = self.overrides_key();
-        let slot = if self.connections.is_cluster() {
-            deadline::slot(key.as_bytes())
-        } else {
-            0
-        };
+        let slot = self.overrides_slot(&key);
         let bound = self.connections.bound(deadline);
         let link = self
             .connections
@@ -121,31 +158,33 @@ impl RedisBackend {
             .map_err(|e| e.into_backend(&bound))
     }
 
-    /// The overrides unless their version is `known`: an `HGET` of the
-    /// version, then, when it changed, one `HGETALL` (whose own version
-    /// field is the one answered, so the set and its version agree).
+    /// The overrides unless their version is no newer than `known` (the
+    /// same epoch, a count no larger): an
+    /// `HMGET` of the version and epoch, then, when newer, one `HGETALL`
+    /// (whose own version fields are the ones answered, so the set and its
+    /// version agree).
     pub(super) async fn load_overrides_from_redis(
         &self,
-        known: Option<u64>,
+        known: Option<OverridesVersion>,
         deadline: Deadline,
     ) -> Result<Loaded, BackendError> {
-        let text = |v: &Value| match v {
-            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-            Value::SimpleString(s) => Some(s.clone()),
-            _ => None,
-        };
-        let number = |v: Option<&Value>| match v {
-            None | Some(Value::Nil) => Some(0),
-            Some(v) => text(v)?.parse::<u64>().ok(),
-        };
         let key = self.overrides_key();
-        let mut hget = redis::cmd("HGET");
-        hget.arg(&key).arg(VERSION);
-        let reply = self.overrides_read(hget, deadline).await?;
-        let version = number(Some(&reply)).ok_or_else(|| {
-            BackendError::Internal(format!("{key} {VERSION} holds {reply:?}, not a number"))
-        })?;
-        if known == Some(version) {
+        let not_a_number =
+            || BackendError::Internal(format!("{key} {VERSION} or {EPOCH} is not a number"));
+        let mut hmget = redis::cmd("HMGET");
+        hmget.arg(&key).arg(EPOCH).arg(VERSION);
+        let reply = self.overrides_read(hmget, deadline).await?;
+        let version = match &reply {
+            Value::Array(items) => match items.as_slice() {
+                [epoch, version] => (number(Some(epoch)), number(Some(version))),
+                _ => (None, None),
+            },
+            _ => (None, None),
+        };
+        let (Some(epoch), Some(number_now)) = version else {
+            return Err(not_a_number());
+        };
+        if known.is_some_and(|(e, n)| e == epoch && number_now <= n) {
             return Ok(None);
         }
         let mut hgetall = redis::cmd("HGETALL");
@@ -169,12 +208,19 @@ impl RedisBackend {
                 )));
             }
         };
-        let version = pairs
-            .iter()
-            .find(|(f, _)| f == VERSION)
-            .map_or(Some(0), |(_, v)| v.parse().ok())
-            .ok_or_else(|| BackendError::Internal(format!("{key} {VERSION} is not a number")))?;
-        let pairs = pairs.into_iter().filter(|(f, _)| f != VERSION).collect();
-        Ok(Some((version, pairs)))
+        let field = |name: &str| {
+            pairs
+                .iter()
+                .find(|(f, _)| f == name)
+                .map_or(Some(0), |(_, v)| v.parse::<u64>().ok())
+        };
+        let (Some(epoch), Some(version)) = (field(EPOCH), field(VERSION)) else {
+            return Err(not_a_number());
+        };
+        let pairs = pairs
+            .into_iter()
+            .filter(|(f, _)| !f.starts_with('#'))
+            .collect();
+        Ok(Some(((epoch, version), pairs)))
     }
 }
