@@ -146,7 +146,7 @@ pub enum BackendError {
     TooManyAtomicItems {
         /// `store.redis.max_atomic_items`.
         max: usize,
-        /// The batch's items, a sliding log counting as 4.
+        /// The batch's items, a sliding log or a slot acquire counting as 4.
         got: usize,
     },
     /// The backend answered something quotad cannot use (a bug, not an

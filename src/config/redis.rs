@@ -35,7 +35,7 @@ pub struct RedisSettings {
     /// The first part of every key quotad writes.
     pub key_prefix: String,
     /// The most items of an all-or-nothing batch, one script, a sliding log
-    /// counting as 4; larger batches are refused
+    /// or a slot acquire counting as 4; larger batches are refused
     /// (`BackendError::TooManyAtomicItems`).
     pub max_atomic_items: usize,
     /// Certificate files for `rediss://` URLs.

@@ -495,7 +495,7 @@ section! {
         /// background, the way Kubernetes and Compose start services
         /// together.
         required_at_start: bool = Bool("false"), Restart;
-        /// Most items an ALL_OR_NOTHING batch may hold on Redis, a sliding log counting as 4; larger ones are refused
+        /// Most items an ALL_OR_NOTHING batch may hold on Redis, a sliding log or a slot acquire counting as 4; larger ones are refused
         ///
         /// Such a batch is one atomic script, and Redis serves no other
         /// client while it runs: 64 units took up to 2.7 ms of Redis time

@@ -45,7 +45,9 @@ end
 
 if mode == 'acquire' then
   if S.holds(st, id) then
-    return { time, 6, 0, 0, 0, #st.gone, 0 }
+    -- The ended slots go now, so that they are counted once.
+    local expired = S.store(key, st, now, ttl_slack, false)
+    return { time, 6, 0, 0, 0, expired, 0 }
   end
   local admitted, remaining, retry, reset = S.decide(st, limit, slot_ttl, cost, now, true)
   local ends = 0

@@ -354,14 +354,17 @@ impl RedisBackend {
                     .record(call.slot, u64::try_from(*time).unwrap_or(0), received);
                 // A call holding acquires answers the ended slots it
                 // dropped last.
-                let rest = match rest {
+                let (rest, expired) = match rest {
                     [rest @ .., expired] if items.iter().any(|i| i.slot().is_some()) => {
-                        self.count_expired(*expired);
-                        rest
+                        (rest, Some(*expired))
                     }
-                    rest => rest,
+                    rest => (rest, None),
                 };
                 let decided = decisions(rest, items)?;
+                // Counted once the reply is known to be well formed.
+                if let Some(expired) = expired {
+                    self.count_expired(expired);
+                }
                 Ok(decided
                     .into_iter()
                     .enumerate()

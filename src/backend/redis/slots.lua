@@ -122,7 +122,12 @@ local function SLOTS_LIB()
   -- slots were renewed or released (and written) by the caller. Returns
   -- how many ended slots were dropped.
   function S.store(key, st, now, ttl_slack, changed)
-    if #st.gone > 0 then redis.call('HDEL', key, unpack(st.gone)) end
+    -- In chunks: Lua 5.1's unpack refuses more than about 8,000 values,
+    -- and a key of up to 10,000 slots can see them all end between two
+    -- calls; an error here would come after the batch's other writes.
+    for j = 1, #st.gone, 1000 do
+      redis.call('HDEL', key, unpack(st.gone, j, math.min(j + 999, #st.gone)))
+    end
     for _, s in ipairs(st.added) do
       redis.call('HSET', key, s[1], string.format('%d:%d:%d', s[2], s[4], s[3]))
     end

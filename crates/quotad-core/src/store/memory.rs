@@ -720,10 +720,16 @@ impl MemoryStore {
             let state = shard.take(i, now);
             let mut ledger = shard.take_ledger(i, now);
             let fresh_at = if state.is_some() { fresh_before } else { now };
+            let (counted, before) = (ledger.counts_under(policy), ledger.len());
             let decided = algorithm::acquire(policy, &mut ledger, now, cost, id);
             let (decision, slot, expired) = match decided {
                 Ok(d) => d,
                 Err(e) => {
+                    // The ledger was purged: its ended slots are gone now,
+                    // and counted once, here.
+                    if counted {
+                        self.count_expired(before - ledger.len());
+                    }
                     shard.write_granted(i, state, ledger, fresh_at);
                     return Err(e);
                 }
