@@ -95,6 +95,146 @@ fn kathmandu_days_start_at_a_quarter_past_six_utc() {
     assert_eq!(day.bounds(utc(2024, 6, 15, 18, 15)).0, e);
 }
 
+/// The instant `y-m-d h:mi:ss` UTC, in ms.
+fn utc_s(y: i16, m: i8, d: i8, h: i8, mi: i8, sec: i8) -> u64 {
+    utc(y, m, d, h, mi) + u64::try_from(sec).expect("positive") * 1_000
+}
+
+#[test]
+fn where_the_clocks_change_at_midnight_the_day_starts_at_the_first_instant_after_the_gap() {
+    // Each zone springs forward from 00:00 to 01:00 local: that day's first
+    // instant is the transition, and the day is 23 hours long.
+    // (zone, transition = first instant of the day in UTC, next midnight in UTC)
+    let cases = [
+        // Santiago, 2024-09-08: -04 -> -03.
+        (
+            "America/Santiago",
+            utc(2024, 9, 8, 4, 0),
+            utc(2024, 9, 9, 3, 0),
+        ),
+        // Havana, 2024-03-10: CST -05 -> CDT -04.
+        (
+            "America/Havana",
+            utc(2024, 3, 10, 5, 0),
+            utc(2024, 3, 11, 4, 0),
+        ),
+        // Beirut, 2024-03-31: EET +02 -> EEST +03.
+        (
+            "Asia/Beirut",
+            utc(2024, 3, 30, 22, 0),
+            utc(2024, 3, 31, 21, 0),
+        ),
+        // Asuncion, 2024-10-06: -04 -> -03.
+        (
+            "America/Asuncion",
+            utc(2024, 10, 6, 4, 0),
+            utc(2024, 10, 7, 3, 0),
+        ),
+    ];
+    for (zone, first, next) in cases {
+        let day = cal(Period::Day, zone);
+        let (s, e) = bounds_everywhere(&day, first + 12 * HOUR);
+        assert_eq!((s, e), (first, next), "{zone}");
+        assert_eq!(e - s, 23 * HOUR, "{zone}");
+        // The day before ends exactly where this one starts.
+        assert_eq!(day.bounds(first - 1).1, first, "{zone}");
+        assert_eq!(
+            day.bounds(first - 1).1 - day.bounds(first - 1).0,
+            DAY,
+            "{zone}"
+        );
+    }
+}
+
+#[test]
+fn where_the_clocks_go_back_at_midnight_the_day_starts_at_the_earlier_midnight() {
+    // Havana, 2024-11-03: at 01:00 CDT (-04) back to 00:00 CST (-05), so
+    // midnight happens twice; the day starts at the first, 04:00 UTC, and
+    // lasts 25 hours, to 2024-11-04 00:00 CST.
+    let day = cal(Period::Day, "America/Havana");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 11, 3, 4, 30));
+    assert_eq!((s, e), (utc(2024, 11, 3, 4, 0), utc(2024, 11, 4, 5, 0)));
+    // The second 00:30 is the same day.
+    assert_eq!(day.bounds(utc(2024, 11, 3, 5, 30)), (s, e));
+    // Santiago, 2024-04-07: at 00:00 -03 back to 23:00 -04 on the 6th, so
+    // the 6th is 25 hours long and the 7th starts at its only midnight.
+    let day = cal(Period::Day, "America/Santiago");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 4, 7, 3, 30));
+    assert_eq!((s, e), (utc(2024, 4, 6, 3, 0), utc(2024, 4, 7, 4, 0)));
+    assert_eq!(e - s, 25 * HOUR);
+    // Beirut, 2024-10-27 and Asuncion, 2024-03-24: the same, at +03 -> +02
+    // and -03 -> -04.
+    let day = cal(Period::Day, "Asia/Beirut");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 10, 26, 12, 0));
+    assert_eq!((s, e), (utc(2024, 10, 25, 21, 0), utc(2024, 10, 26, 22, 0)));
+    let day = cal(Period::Day, "America/Asuncion");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 3, 23, 12, 0));
+    assert_eq!((s, e), (utc(2024, 3, 23, 3, 0), utc(2024, 3, 24, 4, 0)));
+}
+
+#[test]
+fn an_hour_repeated_across_midnight_belongs_to_the_day_that_began_at_the_first_midnight() {
+    // Goose Bay, 2010-11-07: midnight ADT (-03) is 03:00 UTC; at 00:01 ADT
+    // (03:01 UTC) the clocks go back to 23:01 AST (-04) on the 6th. The 7th
+    // has begun, so the wall clock's second 23:01-23:59 of the 6th is the
+    // 7th's, which lasts to 2010-11-08 00:00 AST = 04:00 UTC: 25 hours.
+    let day = cal(Period::Day, "America/Goose_Bay");
+    let seventh = (utc(2010, 11, 7, 3, 0), utc(2010, 11, 8, 4, 0));
+    assert_eq!(
+        day.bounds(utc(2010, 11, 6, 12, 0)),
+        (utc(2010, 11, 6, 3, 0), seventh.0)
+    );
+    for at in [
+        seventh.0,
+        utc(2010, 11, 7, 3, 1) - 1,
+        utc(2010, 11, 7, 3, 1), // 23:01 AST on the 6th, again
+        utc(2010, 11, 7, 3, 30),
+        utc(2010, 11, 7, 4, 0) - 1,
+        utc(2010, 11, 7, 4, 0), // 00:00 AST: the second midnight
+        seventh.1 - 1,
+    ] {
+        assert_eq!(day.bounds(at), seventh, "at {at}");
+    }
+    assert_eq!(seventh.1 - seventh.0, 25 * HOUR);
+    // The week from Sunday the 7th starts at the same first midnight.
+    let week = cal(Period::Week(Weekday::Sunday), "America/Goose_Bay");
+    assert_eq!(
+        week.bounds(utc(2010, 11, 7, 3, 30)),
+        (seventh.0, utc(2010, 11, 14, 4, 0))
+    );
+    // St. John's, 1987-10-25, half an hour off: 00:01 NDT (-02:30) back to
+    // 23:01 NST (-03:30); the 25th runs from 02:30 UTC to 03:30 UTC on the
+    // 26th.
+    let day = cal(Period::Day, "America/St_Johns");
+    let twenty_fifth = (utc(1987, 10, 25, 2, 30), utc(1987, 10, 26, 3, 30));
+    assert_eq!(day.bounds(utc_s(1987, 10, 25, 2, 31, 0)), twenty_fifth);
+    assert_eq!(day.bounds(utc_s(1987, 10, 25, 3, 29, 59)), twenty_fifth);
+}
+
+#[test]
+fn a_decision_in_the_repeated_hour_resets_at_the_next_first_midnight_exactly() {
+    let policy = Policy::calendar(
+        Algorithm::FixedWindow,
+        2,
+        cal(Period::Day, "America/Goose_Bay"),
+    )
+    .expect("valid");
+    let first = utc(2010, 11, 7, 3, 0) + 17;
+    let (state, d) = decide(&policy, None, first, one());
+    assert!(d.allowed);
+    assert_eq!(d.reset_after_ms, utc(2010, 11, 8, 4, 0) - first);
+    // Thirty minutes later the wall clock reads the 6th again: the same
+    // count, the same reset.
+    let later = utc(2010, 11, 7, 3, 30);
+    let (state, d) = decide(&policy, state, later, one());
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 0);
+    assert_eq!(d.reset_after_ms, utc(2010, 11, 8, 4, 0) - later);
+    let (_, denied) = decide(&policy, state, later + 1, one());
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_ms, utc(2010, 11, 8, 4, 0) - later - 1);
+}
+
 #[test]
 fn months_last_28_29_30_and_31_days() {
     // Asia/Kolkata: +05:30 all year, so months are whole days long.
@@ -307,8 +447,20 @@ fn the_memory_store_counts_a_daily_quota_per_local_day() {
 // An independent account of "the local period": the period's key from
 // the local date alone, and the bounds are where the key changes.
 
-const ZONES: [&str; 8] = [
+const ZONES: [&str; 16] = [
     "America/New_York",
+    // Clocks that change at local midnight.
+    "America/Santiago",
+    "America/Havana",
+    "Asia/Beirut",
+    "America/Asuncion",
+    // Clocks that go back from 00:01 to 23:01: an hour of the previous
+    // date after midnight (until 2010 and 2011).
+    "America/Goose_Bay",
+    "America/St_Johns",
+    "America/Moncton",
+    // A whole day skipped (2011-12-30).
+    "Pacific/Apia",
     "Europe/Berlin",
     "Australia/Lord_Howe",
     "Asia/Kathmandu",
@@ -342,8 +494,25 @@ fn zoned(ms: u64, zone: &str) -> Zoned {
         .to_zoned(tz)
 }
 
-/// The local date that names `ms`'s period.
+/// The local date that names `ms`'s period: the local date's period, or
+/// when the clocks went back across midnight (the wall clock reads the
+/// previous date again), the later one that had already begun.
 fn key(period: Period, ms: u64, zone: &str) -> Date {
+    let wall = wall_key(period, ms, zone);
+    let tz = TimeZone::get(zone).expect("a zone");
+    let at = Timestamp::from_millisecond(i64::try_from(ms).expect("small")).expect("in range");
+    let Some(last) = tz.preceding(at).next() else {
+        return wall;
+    };
+    let before = u64::try_from(last.timestamp().as_millisecond()).unwrap_or(0);
+    if before == 0 || ms.saturating_sub(before) > DAY {
+        return wall;
+    }
+    wall.max(wall_key(period, before - 1, zone))
+}
+
+/// The period of the local date of `ms`, as the wall clock reads it.
+fn wall_key(period: Period, ms: u64, zone: &str) -> Date {
     let mut d = zoned(ms, zone).date();
     match period {
         Period::Day => d,
@@ -358,6 +527,41 @@ fn key(period: Period, ms: u64, zone: &str) -> Date {
     }
 }
 
+/// `Calendar::bounds` at `at` against the independent account.
+fn holds_the_local_period(at: u64, zone: &str, period: Period) -> Result<(), TestCaseError> {
+    let c = cal(period, zone);
+    let (start, end) = c.bounds(at);
+    prop_assert!(start <= at && at < end);
+    let here = key(period, at, zone);
+    prop_assert_eq!(key(period, start, zone), here);
+    prop_assert_ne!(key(period, start - 1, zone), here);
+    prop_assert_eq!(key(period, end - 1, zone), here);
+    prop_assert_ne!(key(period, end, zone), here);
+    // And jiff's own arithmetic on a zoned time agrees, wherever the
+    // wall clock names the period (not in an hour repeated across
+    // midnight).
+    if wall_key(period, at, zone) != here {
+        return Ok(());
+    }
+    let z_at = zoned(at, zone);
+    let first = match period {
+        Period::Day => z_at.start_of_day(),
+        Period::Month => z_at.first_of_month().and_then(|m| m.start_of_day()),
+        Period::Year => z_at.first_of_year().and_then(|y| y.start_of_day()),
+        Period::Week(start) => {
+            let back = z_at.weekday().since(start);
+            z_at.checked_sub(i64::from(back).days())
+                .and_then(|d| d.start_of_day())
+        }
+    }
+    .expect("in range");
+    prop_assert_eq!(
+        u64::try_from(first.timestamp().as_millisecond()).expect("after the epoch"),
+        start
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -367,32 +571,28 @@ proptest! {
         z in 0..ZONES.len(),
         p in 0usize..10,
     ) {
+        holds_the_local_period(at, ZONES[z], period_of(p))?;
+    }
+
+    #[test]
+    fn the_bounds_hold_within_hours_of_every_clock_change(
+        n in 0usize..120,
+        offset_ms in -90 * MINUTE as i64..90 * MINUTE as i64,
+        z in 1..10usize,
+        p in 0usize..10,
+    ) {
+        // The zones whose clocks change at or across midnight.
         let zone = ZONES[z];
-        let period = period_of(p);
-        let c = cal(period, zone);
-        let (start, end) = c.bounds(at);
-        prop_assert!(start <= at && at < end);
-        let here = key(period, at, zone);
-        prop_assert_eq!(key(period, start, zone), here);
-        prop_assert_ne!(key(period, start - 1, zone), here);
-        prop_assert_eq!(key(period, end - 1, zone), here);
-        prop_assert_ne!(key(period, end, zone), here);
-        // And jiff's own arithmetic on a zoned time agrees.
-        let z_at = zoned(at, zone);
-        let first = match period {
-            Period::Day => z_at.start_of_day(),
-            Period::Month => z_at.first_of_month().and_then(|m| m.start_of_day()),
-            Period::Year => z_at.first_of_year().and_then(|y| y.start_of_day()),
-            Period::Week(start) => {
-                let back = z_at.weekday().since(start);
-                z_at.checked_sub(i64::from(back).days()).and_then(|d| d.start_of_day())
-            }
-        }
-        .expect("in range");
-        prop_assert_eq!(
-            u64::try_from(first.timestamp().as_millisecond()).expect("after the epoch"),
-            start
-        );
+        let tz = TimeZone::get(zone).expect("a zone");
+        let from = Timestamp::from_second(63_158_400).expect("1972");
+        // The zone's n-th clock change from 1972 (its last, for a zone with
+        // fewer), then up to 90 minutes either side.
+        let Some(change) = tz.following(from).take(n + 1).last() else {
+            return Ok(());
+        };
+        let ms = change.timestamp().as_millisecond() + offset_ms;
+        let at = u64::try_from(ms).expect("after 1972");
+        holds_the_local_period(at, zone, period_of(p))?;
     }
 
     #[test]
