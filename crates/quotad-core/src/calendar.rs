@@ -333,12 +333,25 @@ impl Calendar {
         (start.min(at_ms), at_ms.saturating_add(1))
     }
 
-    /// A number that stands for this calendar where a window length binds
-    /// state to the parameters that wrote it (a stored state, a lease
-    /// ledger, a Redis key's name): above 2^53, so never a real window,
-    /// and stable across releases (a CRC-32 of [`Calendar::spec`]).
+    /// A number that stands for this calendar's period kind where a window
+    /// length binds state to the parameters that wrote it (a stored state,
+    /// a lease ledger, a Redis key's name): above 2^53, so never a real
+    /// window, and stable across releases (a CRC-32 of `calendar:day`,
+    /// `calendar:week`, ...).
+    ///
+    /// The zone and the week start are not part of it: a count carries the
+    /// bounds of the period it was begun in, so calendars of one kind in
+    /// two zones (two replicas mid-rollout, or a reload) count one key
+    /// once, each honouring the other's period until it ends, rather than
+    /// each granting a budget of its own.
     pub fn binding(&self) -> u64 {
-        BINDING | u64::from(crc32fast::hash(self.spec().as_bytes()))
+        let kind = match self.period {
+            Period::Day => "calendar:day",
+            Period::Week(_) => "calendar:week",
+            Period::Month => "calendar:month",
+            Period::Year => "calendar:year",
+        };
+        BINDING | u64::from(crc32fast::hash(kind.as_bytes()))
     }
 
     /// The calendar as one token: `day@America/New_York`,
@@ -388,8 +401,35 @@ impl fmt::Display for Calendar {
     }
 }
 
+/// The longest a period lasts, in ms, with room to spare: a leap year
+/// (366 days) and the largest offset change a zone has made (a day).
+pub const LONGEST_PERIOD_MS: u64 = 368 * 86_400_000;
+
 /// The bit every [`Calendar::binding`] has, far above any window.
 const BINDING: u64 = 1 << 60;
+
+/// The [`Calendar::binding`] of the calendar whose binding, in snapshot
+/// format 4, was `old`: then a CRC-32 of the whole [`Calendar::spec`],
+/// zone and week start included. `None` for a calendar this build's
+/// database has no zone for.
+pub(crate) fn binding_from_v4(old: u64) -> Option<u64> {
+    static OLD: OnceLock<std::collections::HashMap<u64, u64>> = OnceLock::new();
+    let table = OLD.get_or_init(|| {
+        let mut periods = vec![Period::Day, Period::Month, Period::Year];
+        periods.extend(WEEKDAYS.iter().map(|(day, _)| Period::Week(*day)));
+        let mut table = std::collections::HashMap::new();
+        for index in 0..zones().names.len() {
+            let zone = Zone(u16::try_from(index).expect("the names fit a u16"));
+            for &period in &periods {
+                let calendar = Calendar::new(period, zone);
+                let old = BINDING | u64::from(crc32fast::hash(calendar.spec().as_bytes()));
+                table.insert(old, calendar.binding());
+            }
+        }
+        table
+    });
+    table.get(&old).copied()
+}
 
 /// Whether `window_ms` is a [`Calendar::binding`] rather than a window.
 pub fn is_binding(window_ms: u64) -> bool {

@@ -13,8 +13,8 @@ use jiff::{Timestamp, ToSpan, Zoned};
 use proptest::prelude::*;
 use quotad_core::calendar::{Calendar, CalendarError, Period, Zone, tzdb_version};
 use quotad_core::{
-    Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, PolicyError, Reason, StoreConfig,
-    decide, peek,
+    Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, PolicyError, Reason,
+    SNAPSHOT_VERSION, SnapshotReader, StoreConfig, decide, peek,
 };
 
 const HOUR: u64 = 3_600_000;
@@ -397,15 +397,63 @@ fn a_count_never_leaks_into_the_next_month() {
 }
 
 #[test]
-fn state_counted_in_another_zone_or_period_is_fresh() {
-    let berlin = Policy::calendar(Algorithm::FixedWindow, 1, cal(Period::Day, "Europe/Berlin"))
+fn a_count_begun_in_one_zone_is_honoured_in_another_until_its_period_ends() {
+    let berlin = Policy::calendar(Algorithm::FixedWindow, 2, cal(Period::Day, "Europe/Berlin"))
         .expect("valid");
-    let paris = Policy::calendar(Algorithm::FixedWindow, 1, cal(Period::Day, "Europe/Paris"))
-        .expect("valid");
+    let tokyo =
+        Policy::calendar(Algorithm::FixedWindow, 2, cal(Period::Day, "Asia/Tokyo")).expect("valid");
+    // 2024-06-01 12:00 UTC: 14:00 in Berlin (CEST), 21:00 in Tokyo.
     let now = utc(2024, 6, 1, 12, 0);
+    let berlin_midnight = utc(2024, 6, 1, 22, 0);
     let (state, _) = decide(&berlin, None, now, one());
-    assert!(!peek(&berlin, state.as_ref(), now, one()).allowed);
-    assert!(peek(&paris, state.as_ref(), now, one()).allowed);
+    let (state, _) = decide(&berlin, state, now, one());
+    // Tokyo's day began at 15:00 UTC yesterday, but the count is Berlin's
+    // day's, which runs to Berlin's midnight: Tokyo honours it.
+    let denied = peek(&tokyo, state.as_ref(), now, one());
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_ms, berlin_midnight - now);
+    assert!(!peek(&tokyo, state.as_ref(), berlin_midnight - 1, one()).allowed);
+    // Once Berlin's day is over, Tokyo counts its own day, to 15:00 UTC.
+    let (state, d) = decide(&tokyo, state, berlin_midnight, one());
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 1);
+    assert_eq!(d.reset_after_ms, utc(2024, 6, 2, 15, 0) - berlin_midnight);
+    // And Berlin, in its next day, honours Tokyo's count.
+    let d = peek(&berlin, state.as_ref(), berlin_midnight + HOUR, one());
+    assert_eq!(
+        (d.remaining, d.reset_after_ms),
+        (1, utc(2024, 6, 2, 15, 0) - berlin_midnight - HOUR)
+    );
+}
+
+#[test]
+fn a_week_counted_from_monday_is_honoured_by_a_week_from_sunday() {
+    let monday = cal(Period::Week(Weekday::Monday), "UTC");
+    let sunday = cal(Period::Week(Weekday::Sunday), "UTC");
+    let from_monday = Policy::calendar(Algorithm::FixedWindow, 1, monday).expect("valid");
+    let from_sunday = Policy::calendar(Algorithm::FixedWindow, 1, sunday).expect("valid");
+    // Wednesday 2024-06-05; the Monday week ends Monday 2024-06-10.
+    let now = utc(2024, 6, 5, 12, 0);
+    let (state, _) = decide(&from_monday, None, now, one());
+    let sunday_9th = utc(2024, 6, 9, 0, 0);
+    assert!(!peek(&from_sunday, state.as_ref(), sunday_9th, one()).allowed);
+    assert!(peek(&from_sunday, state.as_ref(), utc(2024, 6, 10, 0, 0), one()).allowed);
+}
+
+#[test]
+fn state_counted_under_another_period_kind_or_a_plain_window_is_fresh() {
+    let day = Policy::calendar(Algorithm::FixedWindow, 1, cal(Period::Day, "Europe/Berlin"))
+        .expect("valid");
+    let month = Policy::calendar(
+        Algorithm::FixedWindow,
+        1,
+        cal(Period::Month, "Europe/Berlin"),
+    )
+    .expect("valid");
+    let now = utc(2024, 6, 1, 12, 0);
+    let (state, _) = decide(&day, None, now, one());
+    assert!(!peek(&day, state.as_ref(), now, one()).allowed);
+    assert!(peek(&month, state.as_ref(), now, one()).allowed);
     // A plain 1-day window does not read a calendar's count either.
     let plain = Policy::try_new(
         Algorithm::FixedWindow,
@@ -415,6 +463,41 @@ fn state_counted_in_another_zone_or_period_is_fresh() {
     )
     .expect("valid");
     assert!(peek(&plain, state.as_ref(), now, one()).allowed);
+}
+
+#[test]
+fn a_reload_to_another_zone_keeps_the_count_of_the_day_already_begun() {
+    let start = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(start));
+    let config = StoreConfig::try_new(1_000, 16, OnFull::Deny).expect("valid");
+    let store = MemoryStore::new(config, clock.clone());
+    let daily = |zone| {
+        let policy =
+            Policy::calendar(Algorithm::FixedWindow, 3, cal(Period::Day, zone)).expect("valid");
+        CheckItem::new("daily", policy, "alice", 1).expect("valid")
+    };
+    let before = daily("America/New_York");
+    for _ in 0..3 {
+        assert!(store.check_one(&before).allowed);
+    }
+    // The policy is reloaded in Tokyo's zone, where a new day began at
+    // 15:00 UTC: the count of New York's day (to 04:00 UTC) still holds.
+    let after = daily("Asia/Tokyo");
+    clock.advance(std::time::Duration::from_millis(4 * HOUR));
+    let denied = store.check_one(&after);
+    assert!(!denied.allowed);
+    assert_eq!(
+        denied.retry_after_ms,
+        utc(2024, 6, 2, 4, 0) - utc(2024, 6, 1, 16, 0)
+    );
+    clock.advance(std::time::Duration::from_millis(denied.retry_after_ms));
+    let next = store.check_one(&after);
+    assert!(next.allowed);
+    assert_eq!(next.remaining, 2);
+    assert_eq!(
+        next.reset_after_ms,
+        utc(2024, 6, 2, 15, 0) - utc(2024, 6, 2, 4, 0)
+    );
 }
 
 #[test]
@@ -442,6 +525,74 @@ fn the_memory_store_counts_a_daily_quota_per_local_day() {
     let next = store.check_one(&item);
     assert!(next.allowed);
     assert_eq!(next.remaining, 2);
+}
+
+#[test]
+fn a_calendar_count_keeps_the_end_of_its_period_across_a_snapshot() {
+    let at = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(at));
+    let config = || StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+    let store = MemoryStore::new(config(), clock.clone());
+    let daily = |zone| {
+        let policy =
+            Policy::calendar(Algorithm::FixedWindow, 3, cal(Period::Day, zone)).expect("valid");
+        CheckItem::new("daily", policy, "alice", 1).expect("valid")
+    };
+    for _ in 0..3 {
+        assert!(store.check_one(&daily("America/New_York")).allowed);
+    }
+    let mut bytes = Vec::new();
+    store.export(&mut bytes, b"").expect("into a Vec");
+    assert_eq!(bytes[8..12], SNAPSHOT_VERSION.to_le_bytes());
+    let (restored, report) = SnapshotReader::open(&bytes[..])
+        .expect("open")
+        .load(config(), clock, |_| true)
+        .expect("load");
+    assert_eq!(report.total().loaded, 1);
+    // Restored under Tokyo's day, the count still runs to New York's
+    // midnight (04:00 UTC), which only the snapshot can tell.
+    let denied = restored.peek(&daily("Asia/Tokyo"));
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_ms, utc(2024, 6, 2, 4, 0) - at);
+}
+
+#[test]
+fn a_version_4_snapshot_still_loads_and_keeps_its_calendar_count_to_the_period_end() {
+    // Written by the build before calendar counts carried their period's
+    // end (format version 4), at 2024-06-01 12:00 UTC: "minute" (10 per
+    // minute) and "daily" (10 a day in New York), 3 units of each by alice.
+    let bytes = include_bytes!("fixtures/snapshot-v4-calendar.bin");
+    assert_eq!(bytes[8..12], 4u32.to_le_bytes());
+    let at = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(at));
+    let config = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+    let (restored, report) = SnapshotReader::open(&bytes[..])
+        .expect("a version 4 snapshot opens")
+        .load(config, clock, |_| true)
+        .expect("and loads");
+    assert_eq!(report.total().loaded, 2);
+    let minute = Policy::try_new(
+        Algorithm::FixedWindow,
+        10,
+        std::time::Duration::from_secs(60),
+        None,
+    )
+    .expect("valid");
+    let plain = CheckItem::new("minute", minute, "alice", 1).expect("valid");
+    assert_eq!(restored.peek(&plain).remaining, 7);
+    // The calendar count was bound to its zone as well as its period, and
+    // had no end: it is read as the day's count, to New York's midnight.
+    let daily = |zone| {
+        let policy =
+            Policy::calendar(Algorithm::FixedWindow, 10, cal(Period::Day, zone)).expect("valid");
+        CheckItem::new("daily", policy, "alice", 1).expect("valid")
+    };
+    let d = restored.peek(&daily("America/New_York"));
+    assert_eq!(
+        (d.remaining, d.reset_after_ms),
+        (7, utc(2024, 6, 2, 4, 0) - at)
+    );
+    assert_eq!(restored.peek(&daily("Asia/Tokyo")).remaining, 7);
 }
 
 // An independent account of "the local period": the period's key from
@@ -617,4 +768,69 @@ proptest! {
         prop_assert!(!peek(&policy, state.as_ref(), end - 1, one()).allowed);
         prop_assert!(peek(&policy, state.as_ref(), end, one()).allowed);
     }
+
+    #[test]
+    fn two_zones_on_one_key_admit_at_most_a_limit_per_period_begun_within_a_period(
+        za in 0..PAIRED.len(),
+        zb in 0..PAIRED.len(),
+        week in any::<bool>(),
+        day_a in 0usize..7,
+        day_b in 0usize..7,
+        from in 1_704_067_200_000u64..1_735_689_600_000, // 2024
+        steps in proptest::collection::vec((any::<bool>(), 0u64..8 * HOUR, 1u64..4), 1..80),
+        limit in 1u64..6,
+    ) {
+        let period = |d: usize| if week { period_of(3 + d) } else { Period::Day };
+        let a = cal(period(day_a), PAIRED[za]);
+        let b = cal(period(day_b), PAIRED[zb]);
+        let pa = Policy::calendar(Algorithm::FixedWindow, limit, a).expect("valid");
+        let pb = Policy::calendar(Algorithm::FixedWindow, limit, b).expect("valid");
+        let mut state = None;
+        let mut at = from;
+        let mut admitted = Vec::new();
+        for (on_a, step, cost) in steps {
+            at += step;
+            let policy = if on_a { &pa } else { &pb };
+            let cost = NonZeroU64::new(cost).expect("non-zero");
+            let (next, d) = decide(policy, state, at, cost);
+            state = next;
+            if d.allowed {
+                admitted.push((at, cost.get()));
+            }
+        }
+        // In every period of either calendar: at most a limit for the
+        // period itself and one for each period of the other calendar
+        // that begins within it (for two zones' days, at most two limits).
+        for (mine, other) in [(a, b), (b, a)] {
+            let mut periods = std::collections::BTreeMap::<(u64, u64), u64>::new();
+            for &(t, cost) in &admitted {
+                *periods.entry(mine.bounds(t)).or_default() += cost;
+            }
+            for ((start, end), units) in periods {
+                let mut begun = 0;
+                let mut s = other.bounds(start).1;
+                while s < end {
+                    begun += 1;
+                    s = other.bounds(s).1;
+                }
+                prop_assert!(
+                    units <= limit * (1 + begun),
+                    "{units} units in {mine} from {start} to {end}, {begun} of {other} begun in it"
+                );
+            }
+        }
+    }
 }
+
+/// Zones paired in the two-zone property test: far apart, half-hour and
+/// quarter-hour offsets, both hemispheres' clock changes.
+const PAIRED: [&str; 8] = [
+    "UTC",
+    "America/New_York",
+    "Europe/Berlin",
+    "Asia/Tokyo",
+    "Asia/Kathmandu",
+    "Australia/Lord_Howe",
+    "Pacific/Kiritimati",
+    "America/Santiago",
+];
