@@ -205,7 +205,8 @@ pub(crate) struct PolicyArgs {
     #[arg(long, value_name = "PERIOD", requires = "algorithm")]
     period: Option<String>,
     /// The IANA time zone of --period (default UTC); with --policy, the zone
-    /// the reset's local time is printed in
+    /// the reset's local time is printed in (by default the policy's own,
+    /// as quotad's Explain describes it)
     #[arg(long, value_name = "ZONE")]
     time_zone: Option<String>,
     /// The day a --period week starts on (default monday)

@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use clap::builder::NonEmptyStringValueParser;
 use quotad_client::{Check, Decision, LeaseOptions, MAX_LEASE_WANT, PolicyRef, Reason};
 use quotad_core::Zone;
+use quotad_proto::v1 as pb;
+use quotad_proto::v1::explain_client::ExplainClient;
 use serde_json::json;
 
 use super::args::{Connected, Connection, Output, PolicyArgs, policy_label};
@@ -46,13 +48,15 @@ struct Asking {
 
 impl Target {
     /// A client of the target, leasing with `leases` when given.
-    fn connect(self, leases: Option<LeaseOptions>) -> Result<Asking, Failure> {
+    async fn connect(self, leases: Option<LeaseOptions>) -> Result<Asking, Failure> {
         let policy = self.at.policy.policy()?;
-        let zone = match &policy {
-            PolicyRef::Inline(p) => p.calendar_period().map(|c| c.zone()),
-            PolicyRef::Named(_) => None,
+        let zone = match (self.at.policy.display_zone()?, &policy) {
+            (Some(asked), _) => Some(asked),
+            (None, PolicyRef::Inline(p)) => p.calendar_period().map(|c| c.zone()),
+            (None, PolicyRef::Named(name)) => {
+                named_zone(&self.at.connection, name, &self.at.key).await
+            }
         };
-        let zone = self.at.policy.display_zone()?.or(zone);
         let check = check_of(policy, self.at.key).cost(self.cost);
         let Connected {
             uri,
@@ -67,6 +71,36 @@ impl Target {
             zone,
         })
     }
+}
+
+/// The zone a named policy's reset is printed in, as quotad's `Explain`
+/// describes the policy in force for `key`: a calendar policy's own zone;
+/// none for a policy of plain windows (its reset is printed as a wait
+/// only). Where `Explain` does not answer (a caller `limits.allow_reset`
+/// refuses, or a quotad without it), UTC: the instant is exact, only its
+/// zone is not the policy's (`--time-zone` names one).
+async fn named_zone(connection: &Connection, name: &str, key: &str) -> Option<Zone> {
+    let Ok((_, channel)) = connection.channel() else {
+        return Some(Zone::utc());
+    };
+    let mut request = tonic::Request::new(pb::ExplainRequest {
+        policy: name.to_owned(),
+        key: key.to_owned(),
+    });
+    request.set_timeout(connection.timeout());
+    let answer = match ExplainClient::new(channel).explain(request).await {
+        Ok(answer) => answer.into_inner(),
+        // The check itself says what is wrong with the policy or quotad.
+        Err(_) => return Some(Zone::utc()),
+    };
+    let policy = answer.in_force.or(answer.configured)?;
+    if policy.period.is_empty() {
+        return None;
+    }
+    if policy.time_zone.is_empty() {
+        return Some(Zone::utc());
+    }
+    Some(Zone::named(&policy.time_zone).unwrap_or_else(|_| Zone::utc()))
 }
 
 /// A check of `key` under `policy`, at cost 1.
@@ -151,7 +185,7 @@ pub(crate) async fn check(args: CheckArgs, mut out: impl Write) -> Result<(), Fa
         .map(LeaseOptions::try_new)
         .transpose()
         .map_err(|error| Failure::Usage(format!("--leases: {error}")))?;
-    let asking = args.target.connect(leases)?;
+    let asking = args.target.connect(leases).await?;
     let run = Run {
         count: args.count,
         interval: args.interval,
@@ -274,7 +308,7 @@ pub(crate) async fn peek(args: PeekArgs, mut out: impl Write) -> Result<(), Fail
         output,
         check,
         zone,
-    } = args.target.connect(None)?;
+    } = args.target.connect(None).await?;
     let cost = check.cost_units();
     let decision = client
         .peek(&check)

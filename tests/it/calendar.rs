@@ -510,3 +510,97 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--time-zone: unknown time zone"));
 }
+
+/// `quotad check` or `peek` of `policy` at `addr`, without `--time-zone`:
+/// its stdout.
+async fn cli_of_named(verb: &str, addr: &str, policy: &str) -> String {
+    let args: Vec<String> = [verb, "--addr", addr, "--key", "k", "--policy", policy]
+        .map(str::to_owned)
+        .to_vec();
+    let out = tokio::task::spawn_blocking(move || quotad_cli(&args))
+        .await
+        .expect("ran");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_peek_print_a_named_policys_reset_in_its_own_zone_unasked() {
+    let server = TestServer::start(Config::from_toml(POLICIES).expect("valid")).await;
+    let addr = server.grpc_addr.to_string();
+    // The CLI asks quotad (Explain) for the policy in force: New York's day,
+    // Kathmandu's month.
+    let stdout = cli_of_named("check", &addr, "daily").await;
+    assert!(
+        stdout.starts_with("#1  allowed  remaining 2/3  reset in "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("T00:00:00") && stdout.contains("[America/New_York]"),
+        "{stdout}"
+    );
+    // A peek prints the reset too, once something is counted.
+    cli_of_named("check", &addr, "monthly").await;
+    let stdout = cli_of_named("peek", &addr, "monthly").await;
+    assert!(
+        stdout.contains("-01T00:00:00") && stdout.contains("+05:45[Asia/Kathmandu]"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_explain_refuses_gets_the_reset_as_a_utc_instant() {
+    let toml = format!("[limits]\nallow_reset = \"nobody\"\n{POLICIES}");
+    let server = TestServer::start(Config::from_toml(&toml).expect("valid")).await;
+    let addr = server.grpc_addr.to_string();
+    let stdout = cli_of_named("check", &addr, "daily").await;
+    assert!(stdout.starts_with("#1  allowed  remaining 2/3"), "{stdout}");
+    // New York's midnight is 04:00 or 05:00 UTC.
+    assert!(
+        (stdout.contains("T04:00:00") || stdout.contains("T05:00:00"))
+            && stdout.contains("+00:00[UTC]"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_with_different_zones_share_one_budget() {
+    // Mid-rollout: one replica counts "daily" in New York, the other in
+    // Tokyo. One key in Redis, so together they admit 3, not 3 each.
+    let redis = RedisServer::start();
+    let in_zone = |zone: &str| {
+        let policies = POLICIES.replacen("America/New_York", zone, 1);
+        format!(
+            "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = {:?}\n{policies}",
+            redis.url()
+        )
+    };
+    let new_york =
+        TestServer::start(Config::from_toml(&in_zone("America/New_York")).expect("valid")).await;
+    let tokyo = TestServer::start(Config::from_toml(&in_zone("Asia/Tokyo")).expect("valid")).await;
+    let (mut a, mut b) = (new_york.client().await, tokyo.client().await);
+    let first = check(&mut a, named("gina", "daily", Some(2))).await;
+    assert!(first.allowed && first.remaining == 1, "{first:?}");
+    let second = check(&mut b, named("gina", "daily", Some(1))).await;
+    assert!(second.allowed && second.remaining == 0, "{second:?}");
+    let before = now_ms();
+    let denied = check(&mut b, named("gina", "daily", None)).await;
+    let after = now_ms();
+    assert_eq!(denied.reason(), pb::Reason::LimitExceeded);
+    // Tokyo honours the New York day the count was begun in, to its end.
+    let ny = quotad_core::Calendar::new(
+        quotad_core::Period::Day,
+        quotad_core::Zone::named("America/New_York").expect("zone"),
+    );
+    assert!(
+        (before..=after).any(|t| t + denied.retry_after_ms == ny.bounds(t).1),
+        "{denied:?}"
+    );
+    assert!(!check(&mut a, named("gina", "daily", None)).await.allowed);
+}

@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 pub use jiff::civil::Weekday;
 
 use jiff::civil::{Date, Time};
-use jiff::tz::{TimeZone, TimeZoneDatabase};
+use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
 use jiff::{Timestamp, ToSpan};
 use thiserror::Error;
 
@@ -295,8 +295,12 @@ impl Calendar {
     /// on every machine.
     ///
     /// A period starts at the first instant of its first local date: local
-    /// midnight, or the end of a gap when the clocks skip midnight. Past
-    /// 9999-12-31 (the calendar's end) the last period never ends
+    /// midnight, the end of a gap when the clocks skip midnight, or the
+    /// earlier midnight when they go back over it; it ends where the next
+    /// one starts, so periods tile time. Where the clocks go back across
+    /// midnight (from 00:01 to 23:01), the wall clock's second reading of
+    /// the previous date belongs to the period that has already begun.
+    /// Past 9999-12-31 (the calendar's end) the last period never ends
     /// (`u64::MAX`).
     pub fn bounds(&self, at_ms: u64) -> (u64, u64) {
         let tz = self.zone.time_zone();
@@ -306,24 +310,48 @@ impl Calendar {
         else {
             return (at_ms, u64::MAX);
         };
-        let first = self.period.first(tz.to_datetime(ts).date());
-        let start = first_instant(tz, first).unwrap_or(0);
-        let end = self
-            .period
-            .next(first)
-            .and_then(|next| first_instant(tz, next))
-            .unwrap_or(u64::MAX);
-        // A clock that goes back across midnight can give a local date
-        // twice; the instant stays within the bounds it is counted in.
-        (start.min(at_ms), end.max(at_ms.saturating_add(1)))
+        let mut first = self.period.first(tz.to_datetime(ts).date());
+        let mut start = first_instant(tz, first).unwrap_or(0);
+        // The periods are the spans between consecutive first instants, so
+        // they tile time. When the clocks go back over midnight (Goose Bay
+        // from 00:01 to 23:01, 1987-2010) the wall clock reads the previous
+        // date again after the next date has begun: that hour belongs to
+        // the period that began at the first midnight, never to a period
+        // that already ended. A few steps suffice: a fold is at most a day.
+        for _ in 0..4 {
+            let Some(next) = self.period.next(first) else {
+                return (start.min(at_ms), u64::MAX);
+            };
+            let Some(end) = first_instant(tz, next) else {
+                return (start.min(at_ms), u64::MAX);
+            };
+            if at_ms < end {
+                return (start.min(at_ms), end);
+            }
+            (first, start) = (next, end);
+        }
+        (start.min(at_ms), at_ms.saturating_add(1))
     }
 
-    /// A number that stands for this calendar where a window length binds
-    /// state to the parameters that wrote it (a stored state, a lease
-    /// ledger, a Redis key's name): above 2^53, so never a real window,
-    /// and stable across releases (a CRC-32 of [`Calendar::spec`]).
+    /// A number that stands for this calendar's period kind where a window
+    /// length binds state to the parameters that wrote it (a stored state,
+    /// a lease ledger, a Redis key's name): above 2^53, so never a real
+    /// window, and stable across releases (a CRC-32 of `calendar:day`,
+    /// `calendar:week`, ...).
+    ///
+    /// The zone and the week start are not part of it: a count carries the
+    /// bounds of the period it was begun in, so calendars of one kind in
+    /// two zones (two replicas mid-rollout, or a reload) count one key
+    /// once, each honouring the other's period until it ends, rather than
+    /// each granting a budget of its own.
     pub fn binding(&self) -> u64 {
-        BINDING | u64::from(crc32fast::hash(self.spec().as_bytes()))
+        let kind = match self.period {
+            Period::Day => "calendar:day",
+            Period::Week(_) => "calendar:week",
+            Period::Month => "calendar:month",
+            Period::Year => "calendar:year",
+        };
+        BINDING | u64::from(crc32fast::hash(kind.as_bytes()))
     }
 
     /// The calendar as one token: `day@America/New_York`,
@@ -373,21 +401,59 @@ impl fmt::Display for Calendar {
     }
 }
 
+/// The longest a period lasts, in ms, with room to spare: a leap year
+/// (366 days) and the largest offset change a zone has made (a day).
+pub const LONGEST_PERIOD_MS: u64 = 368 * 86_400_000;
+
 /// The bit every [`Calendar::binding`] has, far above any window.
 const BINDING: u64 = 1 << 60;
+
+/// The [`Calendar::binding`] of the calendar whose binding, in snapshot
+/// format 4, was `old`: then a CRC-32 of the whole [`Calendar::spec`],
+/// zone and week start included. `None` for a calendar this build's
+/// database has no zone for.
+pub(crate) fn binding_from_v4(old: u64) -> Option<u64> {
+    static OLD: OnceLock<std::collections::HashMap<u64, u64>> = OnceLock::new();
+    let table = OLD.get_or_init(|| {
+        let mut periods = vec![Period::Day, Period::Month, Period::Year];
+        periods.extend(WEEKDAYS.iter().map(|(day, _)| Period::Week(*day)));
+        let mut table = std::collections::HashMap::new();
+        for index in 0..zones().names.len() {
+            let zone = Zone(u16::try_from(index).expect("the names fit a u16"));
+            for &period in &periods {
+                let calendar = Calendar::new(period, zone);
+                let old = BINDING | u64::from(crc32fast::hash(calendar.spec().as_bytes()));
+                table.insert(old, calendar.binding());
+            }
+        }
+        table
+    });
+    table.get(&old).copied()
+}
 
 /// Whether `window_ms` is a [`Calendar::binding`] rather than a window.
 pub fn is_binding(window_ms: u64) -> bool {
     window_ms >> 32 == BINDING >> 32
 }
 
-/// The first instant of local date `date` in `tz`, in ms: midnight, or when
-/// midnight falls in a gap the instant the clocks jump to (the earlier of
-/// two midnights when the clocks go back over it).
+/// The first instant of local date `date` in `tz`, in ms: midnight; when
+/// midnight falls in a gap, the first instant after it (the transition
+/// itself, wherever in the gap midnight lies: Havana's 00:00 to 01:00, or
+/// a gap from 23:30 to 00:30); when the clocks go back over midnight, the
+/// earlier of the two.
 fn first_instant(tz: &TimeZone, date: Date) -> Option<u64> {
-    let zoned = tz
-        .to_ambiguous_zoned(date.to_datetime(Time::midnight()))
-        .compatible()
-        .ok()?;
-    u64::try_from(zoned.timestamp().as_millisecond()).ok()
+    let midnight = tz.to_ambiguous_timestamp(date.to_datetime(Time::midnight()));
+    let ts = match midnight.offset() {
+        AmbiguousOffset::Gap { .. } => {
+            // `earlier` reads midnight with the offset after the gap: an
+            // instant before the transition, whose next transition ends
+            // the gap.
+            let before = midnight.earlier().ok()?;
+            tz.following(before).next()?.timestamp()
+        }
+        AmbiguousOffset::Unambiguous { .. } | AmbiguousOffset::Fold { .. } => {
+            midnight.earlier().ok()?
+        }
+    };
+    u64::try_from(ts.as_millisecond()).ok()
 }

@@ -13,8 +13,8 @@ use jiff::{Timestamp, ToSpan, Zoned};
 use proptest::prelude::*;
 use quotad_core::calendar::{Calendar, CalendarError, Period, Zone, tzdb_version};
 use quotad_core::{
-    Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, PolicyError, Reason, StoreConfig,
-    decide, peek,
+    Algorithm, CheckItem, FakeClock, MemoryStore, OnFull, Policy, PolicyError, Reason,
+    SNAPSHOT_VERSION, SnapshotReader, StoreConfig, decide, peek,
 };
 
 const HOUR: u64 = 3_600_000;
@@ -93,6 +93,146 @@ fn kathmandu_days_start_at_a_quarter_past_six_utc() {
     // 18:14 UTC is still the 15th there; 18:15 is the 16th.
     assert_eq!(day.bounds(utc(2024, 6, 15, 18, 14)).0, s);
     assert_eq!(day.bounds(utc(2024, 6, 15, 18, 15)).0, e);
+}
+
+/// The instant `y-m-d h:mi:ss` UTC, in ms.
+fn utc_s(y: i16, m: i8, d: i8, h: i8, mi: i8, sec: i8) -> u64 {
+    utc(y, m, d, h, mi) + u64::try_from(sec).expect("positive") * 1_000
+}
+
+#[test]
+fn where_the_clocks_change_at_midnight_the_day_starts_at_the_first_instant_after_the_gap() {
+    // Each zone springs forward from 00:00 to 01:00 local: that day's first
+    // instant is the transition, and the day is 23 hours long.
+    // (zone, transition = first instant of the day in UTC, next midnight in UTC)
+    let cases = [
+        // Santiago, 2024-09-08: -04 -> -03.
+        (
+            "America/Santiago",
+            utc(2024, 9, 8, 4, 0),
+            utc(2024, 9, 9, 3, 0),
+        ),
+        // Havana, 2024-03-10: CST -05 -> CDT -04.
+        (
+            "America/Havana",
+            utc(2024, 3, 10, 5, 0),
+            utc(2024, 3, 11, 4, 0),
+        ),
+        // Beirut, 2024-03-31: EET +02 -> EEST +03.
+        (
+            "Asia/Beirut",
+            utc(2024, 3, 30, 22, 0),
+            utc(2024, 3, 31, 21, 0),
+        ),
+        // Asuncion, 2024-10-06: -04 -> -03.
+        (
+            "America/Asuncion",
+            utc(2024, 10, 6, 4, 0),
+            utc(2024, 10, 7, 3, 0),
+        ),
+    ];
+    for (zone, first, next) in cases {
+        let day = cal(Period::Day, zone);
+        let (s, e) = bounds_everywhere(&day, first + 12 * HOUR);
+        assert_eq!((s, e), (first, next), "{zone}");
+        assert_eq!(e - s, 23 * HOUR, "{zone}");
+        // The day before ends exactly where this one starts.
+        assert_eq!(day.bounds(first - 1).1, first, "{zone}");
+        assert_eq!(
+            day.bounds(first - 1).1 - day.bounds(first - 1).0,
+            DAY,
+            "{zone}"
+        );
+    }
+}
+
+#[test]
+fn where_the_clocks_go_back_at_midnight_the_day_starts_at_the_earlier_midnight() {
+    // Havana, 2024-11-03: at 01:00 CDT (-04) back to 00:00 CST (-05), so
+    // midnight happens twice; the day starts at the first, 04:00 UTC, and
+    // lasts 25 hours, to 2024-11-04 00:00 CST.
+    let day = cal(Period::Day, "America/Havana");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 11, 3, 4, 30));
+    assert_eq!((s, e), (utc(2024, 11, 3, 4, 0), utc(2024, 11, 4, 5, 0)));
+    // The second 00:30 is the same day.
+    assert_eq!(day.bounds(utc(2024, 11, 3, 5, 30)), (s, e));
+    // Santiago, 2024-04-07: at 00:00 -03 back to 23:00 -04 on the 6th, so
+    // the 6th is 25 hours long and the 7th starts at its only midnight.
+    let day = cal(Period::Day, "America/Santiago");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 4, 7, 3, 30));
+    assert_eq!((s, e), (utc(2024, 4, 6, 3, 0), utc(2024, 4, 7, 4, 0)));
+    assert_eq!(e - s, 25 * HOUR);
+    // Beirut, 2024-10-27 and Asuncion, 2024-03-24: the same, at +03 -> +02
+    // and -03 -> -04.
+    let day = cal(Period::Day, "Asia/Beirut");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 10, 26, 12, 0));
+    assert_eq!((s, e), (utc(2024, 10, 25, 21, 0), utc(2024, 10, 26, 22, 0)));
+    let day = cal(Period::Day, "America/Asuncion");
+    let (s, e) = bounds_everywhere(&day, utc(2024, 3, 23, 12, 0));
+    assert_eq!((s, e), (utc(2024, 3, 23, 3, 0), utc(2024, 3, 24, 4, 0)));
+}
+
+#[test]
+fn an_hour_repeated_across_midnight_belongs_to_the_day_that_began_at_the_first_midnight() {
+    // Goose Bay, 2010-11-07: midnight ADT (-03) is 03:00 UTC; at 00:01 ADT
+    // (03:01 UTC) the clocks go back to 23:01 AST (-04) on the 6th. The 7th
+    // has begun, so the wall clock's second 23:01-23:59 of the 6th is the
+    // 7th's, which lasts to 2010-11-08 00:00 AST = 04:00 UTC: 25 hours.
+    let day = cal(Period::Day, "America/Goose_Bay");
+    let seventh = (utc(2010, 11, 7, 3, 0), utc(2010, 11, 8, 4, 0));
+    assert_eq!(
+        day.bounds(utc(2010, 11, 6, 12, 0)),
+        (utc(2010, 11, 6, 3, 0), seventh.0)
+    );
+    for at in [
+        seventh.0,
+        utc(2010, 11, 7, 3, 1) - 1,
+        utc(2010, 11, 7, 3, 1), // 23:01 AST on the 6th, again
+        utc(2010, 11, 7, 3, 30),
+        utc(2010, 11, 7, 4, 0) - 1,
+        utc(2010, 11, 7, 4, 0), // 00:00 AST: the second midnight
+        seventh.1 - 1,
+    ] {
+        assert_eq!(day.bounds(at), seventh, "at {at}");
+    }
+    assert_eq!(seventh.1 - seventh.0, 25 * HOUR);
+    // The week from Sunday the 7th starts at the same first midnight.
+    let week = cal(Period::Week(Weekday::Sunday), "America/Goose_Bay");
+    assert_eq!(
+        week.bounds(utc(2010, 11, 7, 3, 30)),
+        (seventh.0, utc(2010, 11, 14, 4, 0))
+    );
+    // St. John's, 1987-10-25, half an hour off: 00:01 NDT (-02:30) back to
+    // 23:01 NST (-03:30); the 25th runs from 02:30 UTC to 03:30 UTC on the
+    // 26th.
+    let day = cal(Period::Day, "America/St_Johns");
+    let twenty_fifth = (utc(1987, 10, 25, 2, 30), utc(1987, 10, 26, 3, 30));
+    assert_eq!(day.bounds(utc_s(1987, 10, 25, 2, 31, 0)), twenty_fifth);
+    assert_eq!(day.bounds(utc_s(1987, 10, 25, 3, 29, 59)), twenty_fifth);
+}
+
+#[test]
+fn a_decision_in_the_repeated_hour_resets_at_the_next_first_midnight_exactly() {
+    let policy = Policy::calendar(
+        Algorithm::FixedWindow,
+        2,
+        cal(Period::Day, "America/Goose_Bay"),
+    )
+    .expect("valid");
+    let first = utc(2010, 11, 7, 3, 0) + 17;
+    let (state, d) = decide(&policy, None, first, one());
+    assert!(d.allowed);
+    assert_eq!(d.reset_after_ms, utc(2010, 11, 8, 4, 0) - first);
+    // Thirty minutes later the wall clock reads the 6th again: the same
+    // count, the same reset.
+    let later = utc(2010, 11, 7, 3, 30);
+    let (state, d) = decide(&policy, state, later, one());
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 0);
+    assert_eq!(d.reset_after_ms, utc(2010, 11, 8, 4, 0) - later);
+    let (_, denied) = decide(&policy, state, later + 1, one());
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_ms, utc(2010, 11, 8, 4, 0) - later - 1);
 }
 
 #[test]
@@ -257,15 +397,63 @@ fn a_count_never_leaks_into_the_next_month() {
 }
 
 #[test]
-fn state_counted_in_another_zone_or_period_is_fresh() {
-    let berlin = Policy::calendar(Algorithm::FixedWindow, 1, cal(Period::Day, "Europe/Berlin"))
+fn a_count_begun_in_one_zone_is_honoured_in_another_until_its_period_ends() {
+    let berlin = Policy::calendar(Algorithm::FixedWindow, 2, cal(Period::Day, "Europe/Berlin"))
         .expect("valid");
-    let paris = Policy::calendar(Algorithm::FixedWindow, 1, cal(Period::Day, "Europe/Paris"))
-        .expect("valid");
+    let tokyo =
+        Policy::calendar(Algorithm::FixedWindow, 2, cal(Period::Day, "Asia/Tokyo")).expect("valid");
+    // 2024-06-01 12:00 UTC: 14:00 in Berlin (CEST), 21:00 in Tokyo.
     let now = utc(2024, 6, 1, 12, 0);
+    let berlin_midnight = utc(2024, 6, 1, 22, 0);
     let (state, _) = decide(&berlin, None, now, one());
-    assert!(!peek(&berlin, state.as_ref(), now, one()).allowed);
-    assert!(peek(&paris, state.as_ref(), now, one()).allowed);
+    let (state, _) = decide(&berlin, state, now, one());
+    // Tokyo's day began at 15:00 UTC yesterday, but the count is Berlin's
+    // day's, which runs to Berlin's midnight: Tokyo honours it.
+    let denied = peek(&tokyo, state.as_ref(), now, one());
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_ms, berlin_midnight - now);
+    assert!(!peek(&tokyo, state.as_ref(), berlin_midnight - 1, one()).allowed);
+    // Once Berlin's day is over, Tokyo counts its own day, to 15:00 UTC.
+    let (state, d) = decide(&tokyo, state, berlin_midnight, one());
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 1);
+    assert_eq!(d.reset_after_ms, utc(2024, 6, 2, 15, 0) - berlin_midnight);
+    // And Berlin, in its next day, honours Tokyo's count.
+    let d = peek(&berlin, state.as_ref(), berlin_midnight + HOUR, one());
+    assert_eq!(
+        (d.remaining, d.reset_after_ms),
+        (1, utc(2024, 6, 2, 15, 0) - berlin_midnight - HOUR)
+    );
+}
+
+#[test]
+fn a_week_counted_from_monday_is_honoured_by_a_week_from_sunday() {
+    let monday = cal(Period::Week(Weekday::Monday), "UTC");
+    let sunday = cal(Period::Week(Weekday::Sunday), "UTC");
+    let from_monday = Policy::calendar(Algorithm::FixedWindow, 1, monday).expect("valid");
+    let from_sunday = Policy::calendar(Algorithm::FixedWindow, 1, sunday).expect("valid");
+    // Wednesday 2024-06-05; the Monday week ends Monday 2024-06-10.
+    let now = utc(2024, 6, 5, 12, 0);
+    let (state, _) = decide(&from_monday, None, now, one());
+    let sunday_9th = utc(2024, 6, 9, 0, 0);
+    assert!(!peek(&from_sunday, state.as_ref(), sunday_9th, one()).allowed);
+    assert!(peek(&from_sunday, state.as_ref(), utc(2024, 6, 10, 0, 0), one()).allowed);
+}
+
+#[test]
+fn state_counted_under_another_period_kind_or_a_plain_window_is_fresh() {
+    let day = Policy::calendar(Algorithm::FixedWindow, 1, cal(Period::Day, "Europe/Berlin"))
+        .expect("valid");
+    let month = Policy::calendar(
+        Algorithm::FixedWindow,
+        1,
+        cal(Period::Month, "Europe/Berlin"),
+    )
+    .expect("valid");
+    let now = utc(2024, 6, 1, 12, 0);
+    let (state, _) = decide(&day, None, now, one());
+    assert!(!peek(&day, state.as_ref(), now, one()).allowed);
+    assert!(peek(&month, state.as_ref(), now, one()).allowed);
     // A plain 1-day window does not read a calendar's count either.
     let plain = Policy::try_new(
         Algorithm::FixedWindow,
@@ -275,6 +463,41 @@ fn state_counted_in_another_zone_or_period_is_fresh() {
     )
     .expect("valid");
     assert!(peek(&plain, state.as_ref(), now, one()).allowed);
+}
+
+#[test]
+fn a_reload_to_another_zone_keeps_the_count_of_the_day_already_begun() {
+    let start = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(start));
+    let config = StoreConfig::try_new(1_000, 16, OnFull::Deny).expect("valid");
+    let store = MemoryStore::new(config, clock.clone());
+    let daily = |zone| {
+        let policy =
+            Policy::calendar(Algorithm::FixedWindow, 3, cal(Period::Day, zone)).expect("valid");
+        CheckItem::new("daily", policy, "alice", 1).expect("valid")
+    };
+    let before = daily("America/New_York");
+    for _ in 0..3 {
+        assert!(store.check_one(&before).allowed);
+    }
+    // The policy is reloaded in Tokyo's zone, where a new day began at
+    // 15:00 UTC: the count of New York's day (to 04:00 UTC) still holds.
+    let after = daily("Asia/Tokyo");
+    clock.advance(std::time::Duration::from_millis(4 * HOUR));
+    let denied = store.check_one(&after);
+    assert!(!denied.allowed);
+    assert_eq!(
+        denied.retry_after_ms,
+        utc(2024, 6, 2, 4, 0) - utc(2024, 6, 1, 16, 0)
+    );
+    clock.advance(std::time::Duration::from_millis(denied.retry_after_ms));
+    let next = store.check_one(&after);
+    assert!(next.allowed);
+    assert_eq!(next.remaining, 2);
+    assert_eq!(
+        next.reset_after_ms,
+        utc(2024, 6, 2, 15, 0) - utc(2024, 6, 2, 4, 0)
+    );
 }
 
 #[test]
@@ -304,11 +527,91 @@ fn the_memory_store_counts_a_daily_quota_per_local_day() {
     assert_eq!(next.remaining, 2);
 }
 
+#[test]
+fn a_calendar_count_keeps_the_end_of_its_period_across_a_snapshot() {
+    let at = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(at));
+    let config = || StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+    let store = MemoryStore::new(config(), clock.clone());
+    let daily = |zone| {
+        let policy =
+            Policy::calendar(Algorithm::FixedWindow, 3, cal(Period::Day, zone)).expect("valid");
+        CheckItem::new("daily", policy, "alice", 1).expect("valid")
+    };
+    for _ in 0..3 {
+        assert!(store.check_one(&daily("America/New_York")).allowed);
+    }
+    let mut bytes = Vec::new();
+    store.export(&mut bytes, b"").expect("into a Vec");
+    assert_eq!(bytes[8..12], SNAPSHOT_VERSION.to_le_bytes());
+    let (restored, report) = SnapshotReader::open(&bytes[..])
+        .expect("open")
+        .load(config(), clock, |_| true)
+        .expect("load");
+    assert_eq!(report.total().loaded, 1);
+    // Restored under Tokyo's day, the count still runs to New York's
+    // midnight (04:00 UTC), which only the snapshot can tell.
+    let denied = restored.peek(&daily("Asia/Tokyo"));
+    assert!(!denied.allowed);
+    assert_eq!(denied.retry_after_ms, utc(2024, 6, 2, 4, 0) - at);
+}
+
+#[test]
+fn a_version_4_snapshot_still_loads_and_keeps_its_calendar_count_to_the_period_end() {
+    // Written by the build before calendar counts carried their period's
+    // end (format version 4), at 2024-06-01 12:00 UTC: "minute" (10 per
+    // minute) and "daily" (10 a day in New York), 3 units of each by alice.
+    let bytes = include_bytes!("fixtures/snapshot-v4-calendar.bin");
+    assert_eq!(bytes[8..12], 4u32.to_le_bytes());
+    let at = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(at));
+    let config = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+    let (restored, report) = SnapshotReader::open(&bytes[..])
+        .expect("a version 4 snapshot opens")
+        .load(config, clock, |_| true)
+        .expect("and loads");
+    assert_eq!(report.total().loaded, 2);
+    let minute = Policy::try_new(
+        Algorithm::FixedWindow,
+        10,
+        std::time::Duration::from_secs(60),
+        None,
+    )
+    .expect("valid");
+    let plain = CheckItem::new("minute", minute, "alice", 1).expect("valid");
+    assert_eq!(restored.peek(&plain).remaining, 7);
+    // The calendar count was bound to its zone as well as its period, and
+    // had no end: it is read as the day's count, to New York's midnight.
+    let daily = |zone| {
+        let policy =
+            Policy::calendar(Algorithm::FixedWindow, 10, cal(Period::Day, zone)).expect("valid");
+        CheckItem::new("daily", policy, "alice", 1).expect("valid")
+    };
+    let d = restored.peek(&daily("America/New_York"));
+    assert_eq!(
+        (d.remaining, d.reset_after_ms),
+        (7, utc(2024, 6, 2, 4, 0) - at)
+    );
+    assert_eq!(restored.peek(&daily("Asia/Tokyo")).remaining, 7);
+}
+
 // An independent account of "the local period": the period's key from
 // the local date alone, and the bounds are where the key changes.
 
-const ZONES: [&str; 8] = [
+const ZONES: [&str; 16] = [
     "America/New_York",
+    // Clocks that change at local midnight.
+    "America/Santiago",
+    "America/Havana",
+    "Asia/Beirut",
+    "America/Asuncion",
+    // Clocks that go back from 00:01 to 23:01: an hour of the previous
+    // date after midnight (until 2010 and 2011).
+    "America/Goose_Bay",
+    "America/St_Johns",
+    "America/Moncton",
+    // A whole day skipped (2011-12-30).
+    "Pacific/Apia",
     "Europe/Berlin",
     "Australia/Lord_Howe",
     "Asia/Kathmandu",
@@ -342,8 +645,25 @@ fn zoned(ms: u64, zone: &str) -> Zoned {
         .to_zoned(tz)
 }
 
-/// The local date that names `ms`'s period.
+/// The local date that names `ms`'s period: the local date's period, or
+/// when the clocks went back across midnight (the wall clock reads the
+/// previous date again), the later one that had already begun.
 fn key(period: Period, ms: u64, zone: &str) -> Date {
+    let wall = wall_key(period, ms, zone);
+    let tz = TimeZone::get(zone).expect("a zone");
+    let at = Timestamp::from_millisecond(i64::try_from(ms).expect("small")).expect("in range");
+    let Some(last) = tz.preceding(at).next() else {
+        return wall;
+    };
+    let before = u64::try_from(last.timestamp().as_millisecond()).unwrap_or(0);
+    if before == 0 || ms.saturating_sub(before) > DAY {
+        return wall;
+    }
+    wall.max(wall_key(period, before - 1, zone))
+}
+
+/// The period of the local date of `ms`, as the wall clock reads it.
+fn wall_key(period: Period, ms: u64, zone: &str) -> Date {
     let mut d = zoned(ms, zone).date();
     match period {
         Period::Day => d,
@@ -358,6 +678,41 @@ fn key(period: Period, ms: u64, zone: &str) -> Date {
     }
 }
 
+/// `Calendar::bounds` at `at` against the independent account.
+fn holds_the_local_period(at: u64, zone: &str, period: Period) -> Result<(), TestCaseError> {
+    let c = cal(period, zone);
+    let (start, end) = c.bounds(at);
+    prop_assert!(start <= at && at < end);
+    let here = key(period, at, zone);
+    prop_assert_eq!(key(period, start, zone), here);
+    prop_assert_ne!(key(period, start - 1, zone), here);
+    prop_assert_eq!(key(period, end - 1, zone), here);
+    prop_assert_ne!(key(period, end, zone), here);
+    // And jiff's own arithmetic on a zoned time agrees, wherever the
+    // wall clock names the period (not in an hour repeated across
+    // midnight).
+    if wall_key(period, at, zone) != here {
+        return Ok(());
+    }
+    let z_at = zoned(at, zone);
+    let first = match period {
+        Period::Day => z_at.start_of_day(),
+        Period::Month => z_at.first_of_month().and_then(|m| m.start_of_day()),
+        Period::Year => z_at.first_of_year().and_then(|y| y.start_of_day()),
+        Period::Week(start) => {
+            let back = z_at.weekday().since(start);
+            z_at.checked_sub(i64::from(back).days())
+                .and_then(|d| d.start_of_day())
+        }
+    }
+    .expect("in range");
+    prop_assert_eq!(
+        u64::try_from(first.timestamp().as_millisecond()).expect("after the epoch"),
+        start
+    );
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -367,32 +722,28 @@ proptest! {
         z in 0..ZONES.len(),
         p in 0usize..10,
     ) {
+        holds_the_local_period(at, ZONES[z], period_of(p))?;
+    }
+
+    #[test]
+    fn the_bounds_hold_within_hours_of_every_clock_change(
+        n in 0usize..120,
+        offset_ms in -90 * MINUTE as i64..90 * MINUTE as i64,
+        z in 1..10usize,
+        p in 0usize..10,
+    ) {
+        // The zones whose clocks change at or across midnight.
         let zone = ZONES[z];
-        let period = period_of(p);
-        let c = cal(period, zone);
-        let (start, end) = c.bounds(at);
-        prop_assert!(start <= at && at < end);
-        let here = key(period, at, zone);
-        prop_assert_eq!(key(period, start, zone), here);
-        prop_assert_ne!(key(period, start - 1, zone), here);
-        prop_assert_eq!(key(period, end - 1, zone), here);
-        prop_assert_ne!(key(period, end, zone), here);
-        // And jiff's own arithmetic on a zoned time agrees.
-        let z_at = zoned(at, zone);
-        let first = match period {
-            Period::Day => z_at.start_of_day(),
-            Period::Month => z_at.first_of_month().and_then(|m| m.start_of_day()),
-            Period::Year => z_at.first_of_year().and_then(|y| y.start_of_day()),
-            Period::Week(start) => {
-                let back = z_at.weekday().since(start);
-                z_at.checked_sub(i64::from(back).days()).and_then(|d| d.start_of_day())
-            }
-        }
-        .expect("in range");
-        prop_assert_eq!(
-            u64::try_from(first.timestamp().as_millisecond()).expect("after the epoch"),
-            start
-        );
+        let tz = TimeZone::get(zone).expect("a zone");
+        let from = Timestamp::from_second(63_158_400).expect("1972");
+        // The zone's n-th clock change from 1972 (its last, for a zone with
+        // fewer), then up to 90 minutes either side.
+        let Some(change) = tz.following(from).take(n + 1).last() else {
+            return Ok(());
+        };
+        let ms = change.timestamp().as_millisecond() + offset_ms;
+        let at = u64::try_from(ms).expect("after 1972");
+        holds_the_local_period(at, zone, period_of(p))?;
     }
 
     #[test]
@@ -417,4 +768,69 @@ proptest! {
         prop_assert!(!peek(&policy, state.as_ref(), end - 1, one()).allowed);
         prop_assert!(peek(&policy, state.as_ref(), end, one()).allowed);
     }
+
+    #[test]
+    fn two_zones_on_one_key_admit_at_most_a_limit_per_period_begun_within_a_period(
+        za in 0..PAIRED.len(),
+        zb in 0..PAIRED.len(),
+        week in any::<bool>(),
+        day_a in 0usize..7,
+        day_b in 0usize..7,
+        from in 1_704_067_200_000u64..1_735_689_600_000, // 2024
+        steps in proptest::collection::vec((any::<bool>(), 0u64..8 * HOUR, 1u64..4), 1..80),
+        limit in 1u64..6,
+    ) {
+        let period = |d: usize| if week { period_of(3 + d) } else { Period::Day };
+        let a = cal(period(day_a), PAIRED[za]);
+        let b = cal(period(day_b), PAIRED[zb]);
+        let pa = Policy::calendar(Algorithm::FixedWindow, limit, a).expect("valid");
+        let pb = Policy::calendar(Algorithm::FixedWindow, limit, b).expect("valid");
+        let mut state = None;
+        let mut at = from;
+        let mut admitted = Vec::new();
+        for (on_a, step, cost) in steps {
+            at += step;
+            let policy = if on_a { &pa } else { &pb };
+            let cost = NonZeroU64::new(cost).expect("non-zero");
+            let (next, d) = decide(policy, state, at, cost);
+            state = next;
+            if d.allowed {
+                admitted.push((at, cost.get()));
+            }
+        }
+        // In every period of either calendar: at most a limit for the
+        // period itself and one for each period of the other calendar
+        // that begins within it (for two zones' days, at most two limits).
+        for (mine, other) in [(a, b), (b, a)] {
+            let mut periods = std::collections::BTreeMap::<(u64, u64), u64>::new();
+            for &(t, cost) in &admitted {
+                *periods.entry(mine.bounds(t)).or_default() += cost;
+            }
+            for ((start, end), units) in periods {
+                let mut begun = 0;
+                let mut s = other.bounds(start).1;
+                while s < end {
+                    begun += 1;
+                    s = other.bounds(s).1;
+                }
+                prop_assert!(
+                    units <= limit * (1 + begun),
+                    "{units} units in {mine} from {start} to {end}, {begun} of {other} begun in it"
+                );
+            }
+        }
+    }
 }
+
+/// Zones paired in the two-zone property test: far apart, half-hour and
+/// quarter-hour offsets, both hemispheres' clock changes.
+const PAIRED: [&str; 8] = [
+    "UTC",
+    "America/New_York",
+    "Europe/Berlin",
+    "Asia/Tokyo",
+    "Asia/Kathmandu",
+    "Australia/Lord_Howe",
+    "Pacific/Kiritimati",
+    "America/Santiago",
+];

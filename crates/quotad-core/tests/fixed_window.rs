@@ -179,6 +179,7 @@ fn a_huge_stored_count_cannot_overflow_into_an_allow() {
     for count in [11, u64::MAX - 5, u64::MAX] {
         let state = State::FixedWindow {
             start_ms: start,
+            end_ms: start + 60_000,
             count,
             window_ms: 60_000,
         };

@@ -156,6 +156,7 @@ impl StateInput {
                 window_ms,
             } => State::FixedWindow {
                 start_ms,
+                end_ms: start_ms.saturating_add(window_ms),
                 count,
                 window_ms,
             },

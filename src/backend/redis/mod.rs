@@ -141,6 +141,9 @@ pub struct RedisBackend {
     slots_expired: Arc<std::sync::atomic::AtomicU64>,
     /// Tests only: a clock to decide by instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
+    /// Tests only: quotad's reading of Redis's clock, when it is not the
+    /// test clock itself.
+    reading: Option<Arc<dyn Clock>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -202,6 +205,7 @@ impl RedisBackend {
             concurrency: Arc::new(Script::new(CONCURRENCY_SCRIPT)),
             slots_expired: Arc::default(),
             clock: None,
+            reading: None,
         })
     }
 
@@ -211,6 +215,19 @@ impl RedisBackend {
     #[must_use]
     pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// Takes `reading` for quotad's reading of Redis's clock (what the
+    /// server estimates as its own clock plus the offset the link has
+    /// measured), from which a calendar item's bounds are computed, while
+    /// the script decides by the test clock: a reading that lags or leads
+    /// the instant decided at, as a real one may. For tests; never set by
+    /// the server.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_test_reading(mut self, reading: Arc<dyn Clock>) -> Self {
+        self.reading = Some(reading);
         self
     }
 
@@ -264,9 +281,10 @@ impl RedisBackend {
     /// the test clock's, or Redis's clock by the offset the link has
     /// measured (the deadline's).
     fn redis_now(&self, call: &Call<'_>) -> u64 {
-        match &self.clock {
-            Some(clock) => clock.now_ms(),
-            None => {
+        match (&self.reading, &self.clock) {
+            (Some(reading), _) => reading.now_ms(),
+            (None, Some(clock)) => clock.now_ms(),
+            (None, None) => {
                 let local = local_ms();
                 call.link
                     .offsets

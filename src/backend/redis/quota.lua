@@ -57,7 +57,10 @@
 --
 -- State, with a TTL equal to the time until it is fresh again:
 --   fixed window    hash: one field, the window's start (ms), whose value
---                   is the count (HINCRBY counts in place)
+--                   is the count (HINCRBY counts in place); for a calendar
+--                   period "start:end", the bounds of the period the count
+--                   was begun in, which a calendar in another zone goes on
+--                   counting in until it ends
 --   sliding window  string "start:previous:current"
 --   token bucket    string "tokens:at" (tokens x window_ms)
 --   leaky bucket    string "level:at" (level x window_ms)
@@ -149,23 +152,26 @@ if #KEYS == 1 and mode == 'check' then
     -- only when a window's first count is made. Too big a cost, or another
     -- window's count, take the general path.
     -- The sum stays exact in a double: count <= limit after the check.
-    local start, stop
+    local start, stop, field
     if w then
       start = now - fmod(now, w)
       stop = start + w
+      field = start
     else
       start, stop = calendar_window(ARGV[6], now)
+      -- A calendar count's field names its period's end too (see State).
+      if start then field = string.format('%d:%d', start, stop) end
     end
     if start and cost <= limit and limit <= MAX_EXACT - cost then
       -- A key of another type answers WRONGTYPE: corrupt state, for quotad.
-      local n = redis.call('HINCRBY', key, start, cost)
+      local n = redis.call('HINCRBY', key, field, cost)
       local wait = stop - now
       local alone = true
       if n == cost then
         -- This window's first count: another window's may be there, a
         -- later one (Redis's clock stepped back) or one gone by.
         if redis.call('HLEN', key) > 1 then
-          redis.call('HDEL', key, start)
+          redis.call('HDEL', key, field)
           alone = false
         else
           redis.call('PEXPIRE', key, wait + ttl_slack)
@@ -176,7 +182,7 @@ if #KEYS == 1 and mode == 'check' then
           -- Admitted: remaining and reset_after_ms; no wait, within the limit.
           return { time, limit - n, wait }
         end
-        redis.call('HINCRBY', key, start, -cost)
+        redis.call('HINCRBY', key, field, -cost)
         local before = n - cost
         if before > limit then before = limit end
         return { time, limit - before, wait, wait, EXCEEDED }
@@ -310,30 +316,40 @@ end
 
 -- Loading and storing state ---------------------------------------------
 
--- The fixed window stored under `key`, { start, count }, nil when there is
--- none, or an error reply. Of several windows (a call that found another
--- window's count left it for this path), the latest counts.
+-- The fixed window stored under `key`, { start, count } (a calendar
+-- period's { start, count, end }), nil when there is none, or an error
+-- reply. Of several windows (a call that found another window's count left
+-- it for this path), the latest counts.
 local function load_fixed(key)
   local raw = redis.pcall('HGETALL', key)
   if raw.err then return nil, corrupt(key, raw.err) end
   local st
   for i = 1, #raw, 2 do
-    if not (string.match(raw[i], '^%d+$') and string.match(raw[i + 1], '^%d+$')) then
+    local s, e = string.match(raw[i], '^(%d+):(%d+)$')
+    if not s then s = string.match(raw[i], '^%d+$') end
+    if not (s and string.match(raw[i + 1], '^%d+$')) then
       return nil, corrupt(key, 'not fixed-window state')
     end
-    local s = tonumber(raw[i])
-    if not st or s > st[1] then st = { s, tonumber(raw[i + 1]) } end
+    s = tonumber(s)
+    if not st or s > st[1] then st = { s, tonumber(raw[i + 1]), tonumber(e) } end
   end
   return st
 end
 
+-- The hash field a fixed window's count is stored in.
+local function fixed_field(st)
+  if st[3] then return string.format('%d:%d', st[1], st[3]) end
+  return st[1]
+end
+
 -- Writes a fixed window's count as the hash's one field.
 local function store_fixed(key, st, loaded, ttl)
-  if loaded and not (st and loaded[1] == st[1] and redis.call('HLEN', key) == 1) then
+  if loaded and not (st and loaded[1] == st[1] and loaded[3] == st[3]
+      and redis.call('HLEN', key) == 1) then
     redis.call('DEL', key)
   end
   if st then
-    redis.call('HSET', key, st[1], string.format('%d', st[2]))
+    redis.call('HSET', key, fixed_field(st), string.format('%d', st[2]))
     redis.call('PEXPIRE', key, ttl)
   end
 end
@@ -387,7 +403,11 @@ function FIXED.floor(st) return st[1] end
 
 function FIXED.advance(p, st, at)
   local start, stop
-  if p.bounds then
+  if p.bounds and st and st[3] and at < st[3] then
+    -- A calendar count runs to the end of the period it was begun in,
+    -- whichever zone began it (the key names the period kind only).
+    return { p = p, at = at, start = st[1], stop = st[3], count = st[2] }
+  elseif p.bounds then
     start, stop = calendar_window(p.bounds, at)
     if not start then
       error({ err = 'QUOTAD_CLOCK the instant decided at is outside the calendar periods quotad sent' })
@@ -397,7 +417,8 @@ function FIXED.advance(p, st, at)
     stop = start + p.window
   end
   local count = 0
-  if st and st[1] >= start then count = st[2] end
+  -- (A calendar count whose period has ended counts for nothing.)
+  if st and not p.bounds and st[1] >= start then count = st[2] end
   return { p = p, at = at, start = start, stop = stop, count = count }
 end
 
@@ -412,6 +433,7 @@ function FIXED.reset(m)
 end
 
 function FIXED.into(m)
+  if m.count > 0 and m.p.bounds then return { m.start, m.count, m.stop } end
   if m.count > 0 then return { m.start, m.count } end
   return nil
 end

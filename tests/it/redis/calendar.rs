@@ -39,7 +39,18 @@ fn policies() -> Vec<Policy> {
         cal(Period::Year, "America/New_York", 12),
         Policy::try_new(Algorithm::FixedWindow, 4, Duration::from_millis(HOUR), None)
             .expect("valid"),
+        // The first policy's namespace in another zone, as a replica
+        // mid-rollout counts it: one key, each zone honouring the other's
+        // day until it ends.
+        cal(Period::Day, "Asia/Tokyo", 5),
     ]
+}
+
+/// The namespace policy `p` counts in: the last policy shares the
+/// first's.
+fn namespace(case: u64, p: usize, policies: usize) -> String {
+    let p = if p == policies - 1 { 0 } else { p };
+    format!("calendar{case}p{p}")
 }
 
 /// Instants a little before the periods change in interesting ways
@@ -67,7 +78,7 @@ enum Op {
     StepBack(u64),
 }
 
-fn ops(policies: usize) -> impl Strategy<Value = Vec<(u64, Op)>> {
+fn ops(policies: usize) -> impl Strategy<Value = Vec<(u64, i64, Op)>> {
     let item = (
         0..policies,
         0usize..3,
@@ -88,7 +99,15 @@ fn ops(policies: usize) -> impl Strategy<Value = Vec<(u64, Op)>> {
         2 => 0u64..=6 * HOUR,
         1 => 0u64..=48 * HOUR,
     ];
-    prop::collection::vec((step, op), 1..50)
+    // How far quotad's reading of Redis's clock is from the instant the
+    // script decides at (used where the test reads apart): often across a
+    // midnight near the starts.
+    let skew = prop_oneof![
+        2 => Just(0i64),
+        2 => -2_000i64..=2_000,
+        1 => -90 * 60_000i64..=90 * 60_000,
+    ];
+    prop::collection::vec((step, skew, op), 1..50)
 }
 
 fn decided(results: Vec<quotad::backend::ItemResult>) -> Vec<Decision> {
@@ -97,13 +116,33 @@ fn decided(results: Vec<quotad::backend::ItemResult>) -> Vec<Decision> {
 
 #[test]
 fn memory_and_redis_decide_calendar_quotas_identically() {
+    differential(false);
+}
+
+/// The same, with quotad's reading of Redis's clock (from which it computes
+/// the periods it sends) up to 90 minutes behind or ahead of the instant
+/// the script decides at: the script still counts in the period holding
+/// its own instant, as the memory store does.
+#[test]
+fn memory_and_redis_agree_when_quotads_reading_of_redis_time_is_off() {
+    differential(true);
+}
+
+fn differential(read_apart: bool) {
     let redis = RedisServer::start();
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let clock = Arc::new(FakeClock::new(START));
+    let reading = Arc::new(FakeClock::new(START));
     let (redis_store, memory) = both_stores(&runtime, &redis, &clock);
+    let redis_store = if read_apart {
+        redis_store.with_test_reading(reading.clone())
+    } else {
+        redis_store
+    };
     let policies = policies();
     let case = AtomicU64::new(0);
     let (denied, crossed) = (AtomicU64::new(0), AtomicU64::new(0));
+    let read_in_another_day = AtomicU64::new(0);
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 300,
         failure_persistence: None,
@@ -115,14 +154,24 @@ fn memory_and_redis_decide_calendar_quotas_identically() {
             |(start, ops)| {
                 let case = case.fetch_add(1, Ordering::Relaxed);
                 let names: Vec<String> = (0..policies.len())
-                    .map(|p| format!("calendar{case}p{p}"))
+                    .map(|p| namespace(case, p, policies.len()))
                     .collect();
                 let keys = ["alice", "bob", "{team}carol"];
                 clock.set(start);
                 let mut latest = start;
-                for (step, op) in ops {
+                for (step, skew, op) in ops {
                     clock.advance(Duration::from_millis(step));
                     let now = clock.now_ms();
+                    reading.set(now.saturating_add_signed(skew));
+                    // (Every policy but the plain window is a calendar.)
+                    if read_apart
+                        && policies.iter().any(|p| {
+                            p.calendar_period().is_some()
+                                && p.window_bounds(reading.now_ms()) != p.window_bounds(now)
+                        })
+                    {
+                        read_in_another_day.fetch_add(1, Ordering::Relaxed);
+                    }
                     if step > 0 && policies[0].window_bounds(now - step).1 <= now {
                         crossed.fetch_add(1, Ordering::Relaxed);
                     }
@@ -182,6 +231,11 @@ fn memory_and_redis_decide_calendar_quotas_identically() {
     let (denied, crossed) = (denied.into_inner(), crossed.into_inner());
     assert!(denied > 100, "{denied} denials");
     assert!(crossed > 100, "{crossed} steps over a New York midnight");
+    let read_in_another_day = read_in_another_day.into_inner();
+    assert!(
+        !read_apart || read_in_another_day > 50,
+        "{read_in_another_day} readings in another period than the instant decided at"
+    );
 }
 
 /// By Redis's own clock (no injected time), the reset is the next local
@@ -199,7 +253,9 @@ fn by_redis_time_a_daily_quota_resets_at_the_next_local_midnight() {
     for zone in ["Asia/Kathmandu", "America/New_York", "Australia/Lord_Howe"] {
         let calendar = Calendar::new(Period::Day, Zone::named(zone).expect("zone"));
         let policy = Policy::calendar(Algorithm::FixedWindow, 2, calendar).expect("valid");
-        let item = CheckItem::new("daily", policy, "k", 1).expect("valid");
+        // A key of its own in each zone: one key's count would be honoured
+        // by the next zone until its period ends (docs/algorithms.md).
+        let item = CheckItem::new("daily", policy, zone, 1).expect("valid");
         let before = now_ms();
         let first = runtime
             .block_on(store.check_one(&item, NONE))

@@ -19,13 +19,29 @@ impl Meter for FixedWindow {
         // The state is bound to this number (a calendar's binding for a
         // calendar policy), not to the window's length.
         let window = policy.ledger_window_ms();
-        let (start, end) = policy.window_bounds(at);
-        // A count from this window still applies; the state's own window
-        // never starts later (`at` is never before it).
+        let (mut start, mut end) = policy.window_bounds(at);
+        let calendar = policy.calendar_period().is_some();
         let count = match state {
+            // A calendar count runs to the end of the period it was begun
+            // in, whichever zone or week start began it (its state is bound
+            // to the period kind only): a replica or a reload in another
+            // zone goes on counting it until that period ends, and only
+            // then starts its own. So two zones never count one key in two
+            // budgets at once (see docs/algorithms.md, "Two zones at once").
+            Some(State::FixedWindow {
+                start_ms,
+                end_ms,
+                count,
+                ..
+            }) if calendar && at < end_ms => {
+                (start, end) = (start_ms, end_ms);
+                count
+            }
+            // A count from this window still applies; the state's own
+            // window never starts later (`at` is never before it).
             Some(State::FixedWindow {
                 start_ms, count, ..
-            }) if start_ms >= start => count,
+            }) if !calendar && start_ms >= start => count,
             _ => 0,
         };
         Self {
@@ -77,6 +93,7 @@ impl Meter for FixedWindow {
     fn into_state(self) -> Option<State> {
         (self.count > 0).then_some(State::FixedWindow {
             start_ms: self.start,
+            end_ms: self.end,
             count: self.count,
             window_ms: self.window,
         })

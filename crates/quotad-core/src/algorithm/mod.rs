@@ -41,10 +41,16 @@ use crate::policy::{Algorithm, Policy};
 /// is fresh (see [`State::counts_under`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum State {
-    /// Count within the window that starts at `start_ms`.
+    /// Count within the window from `start_ms` to `end_ms`.
     FixedWindow {
-        /// Start of the counted window (epoch-aligned).
+        /// Start of the counted window (epoch-aligned, or a calendar
+        /// period's first instant).
         start_ms: u64,
+        /// End of the counted window: `start_ms + window_ms` for a plain
+        /// window; for a calendar period, where the period of the calendar
+        /// that began the count ends, which is what a replica or a reload
+        /// counting the same period kind in another zone reads it up to.
+        end_ms: u64,
         /// Units admitted in that window.
         count: u64,
         /// The window length counted over.

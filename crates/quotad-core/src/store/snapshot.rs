@@ -2,13 +2,13 @@
 //! written shard by shard ([`MemoryStore::export`]) and loaded into a new
 //! store ([`SnapshotReader`]).
 //!
-//! # Format (version 4)
+//! # Format (version 7)
 //!
 //! All fixed-width integers are little-endian.
 //!
 //! ```text
 //! magic    8 bytes    "QUOTADSN"
-//! version  u32        4
+//! version  u32        7
 //! frames   each: len u32 (> 0), crc u32 (CRC-32 of the payload), payload
 //!          the first: taken_at_ms u64, then the caller's header bytes
 //!          then: entries, whole records, each frame's namespaces its own
@@ -27,10 +27,17 @@
 //! instants counted back the same way, and the algorithm (its index in
 //! `Algorithm::ALL`) and window they were charged under (a concurrency
 //! key's slots are grants too, up to its limit of them, bound to window 0).
-//! Version 2 had no grants and always a
-//! state; it is still read. There is no version 3: 4 is two flipped bits
-//! away from 2, so no single damaged bit makes one readable version look
-//! like the other (the stream's checksum is checked only at its end). Version 1 had no window in fixed windows,
+//! A calendar period's count is a state of its own (the last variant),
+//! which carries the period's end as well as its start: the end is where
+//! the period of the zone that began the count ends, which another zone
+//! cannot work out (see `State::FixedWindow`).
+//! Version 4 is this format without that variant: its calendar counts were
+//! plain fixed windows bound to the calendar's zone, and load as counts
+//! that have ended. Version 2 had no grants and always a
+//! state; it is still read. There are no versions 3, 5 and 6: the readable
+//! versions (2, 4, 7) are each two flipped bits or more away from the
+//! others, so no single damaged bit makes one readable version look
+//! like another (the stream's checksum is checked only at its end). Version 1 had no window in fixed windows,
 //! sliding windows and sliding logs; it is not read.
 //! Frames hold about 64 KiB each, and never span two shards.
 //!
@@ -59,11 +66,11 @@ const MAGIC: [u8; 8] = *b"QUOTADSN";
 
 /// The snapshot format this build writes; it also reads
 /// [`READ_VERSIONS`].
-pub const SNAPSHOT_VERSION: u32 = 4;
+pub const SNAPSHOT_VERSION: u32 = 7;
 
-/// The snapshot formats this build reads: version 2 (no grants) and this
-/// one.
-const READ_VERSIONS: [u32; 2] = [2, SNAPSHOT_VERSION];
+/// The snapshot formats this build reads: version 2 (no grants), 4 (no
+/// calendar periods' ends) and this one.
+const READ_VERSIONS: [u32; 3] = [2, 4, SNAPSHOT_VERSION];
 
 /// A frame is closed once its payload reaches this size.
 const FRAME_BYTES: usize = 64 * 1024;
@@ -482,6 +489,15 @@ enum Stored<L> {
         entries: L,
         window_ms: u64,
     },
+    /// A calendar period's count (version 7): its window is the calendar's
+    /// binding, and it carries the period's end. Last, so the variants
+    /// before keep the indices versions 2 and 4 wrote.
+    CalendarWindow {
+        start: i64,
+        end: i64,
+        count: u64,
+        window_ms: u64,
+    },
 }
 
 /// A log as written: a sequence of `(instant, units)`, the first instant
@@ -510,8 +526,20 @@ impl<'a> Stored<LogOut<'a>> {
         match *state {
             State::FixedWindow {
                 start_ms,
+                end_ms,
                 count,
                 window_ms,
+            } if crate::calendar::is_binding(window_ms) => Stored::CalendarWindow {
+                start: back(fresh_at, start_ms),
+                end: back(fresh_at, end_ms),
+                count,
+                window_ms,
+            },
+            State::FixedWindow {
+                start_ms,
+                count,
+                window_ms,
+                ..
             } => Stored::FixedWindow {
                 start: back(fresh_at, start_ms),
                 count,
@@ -574,14 +602,50 @@ impl Stored<Vec<(i64, u64)>> {
                 if count == 0 {
                     return Err("a fixed window counting nothing");
                 }
-                // A calendar policy's window is its calendar's binding.
-                let window_ms = if crate::calendar::is_binding(window_ms) {
-                    window_ms
+                let start_ms = forth(fresh_at, start);
+                // Version 4 wrote a calendar count here, bound to the
+                // calendar's zone as well as its period, without the
+                // period's end: it is bound to its period kind now, and
+                // ends where its entry is fresh (a count is fresh exactly
+                // when its period ends). One of a zone this build does not
+                // know loads as a count that has ended.
+                let (window_ms, end_ms) = if crate::calendar::is_binding(window_ms) {
+                    match crate::calendar::binding_from_v4(window_ms) {
+                        Some(binding) if fresh_at > start_ms => (binding, fresh_at),
+                        _ => (window_ms, start_ms),
+                    }
                 } else {
-                    window(window_ms)?
+                    let w = window(window_ms)?;
+                    (w, start_ms.saturating_add(w))
                 };
                 State::FixedWindow {
-                    start_ms: forth(fresh_at, start),
+                    start_ms,
+                    end_ms,
+                    count: exact(count, "a count above 2^53")?,
+                    window_ms,
+                }
+            }
+            Stored::CalendarWindow {
+                start,
+                end,
+                count,
+                window_ms,
+            } => {
+                if count == 0 {
+                    return Err("a calendar period counting nothing");
+                }
+                if !crate::calendar::is_binding(window_ms) {
+                    return Err("a calendar period bound to no calendar");
+                }
+                let (start_ms, end_ms) = (forth(fresh_at, start), forth(fresh_at, end));
+                if end_ms <= start_ms || end_ms - start_ms > crate::calendar::LONGEST_PERIOD_MS {
+                    return Err(
+                        "a calendar period that ends before it starts or lasts over 368 days",
+                    );
+                }
+                State::FixedWindow {
+                    start_ms,
+                    end_ms,
                     count: exact(count, "a count above 2^53")?,
                     window_ms,
                 }
