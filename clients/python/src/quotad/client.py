@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 
 import grpc
 
 from . import _wire
+from ._coalesce import closed_error
 from ._lease import LeaseOptions, LeaseStats, LeaseTable
 from ._lessee import Lessee
-from ._settings import DEFAULT_DEADLINE, Settings, cache_key, now_ms, parse_address
+from ._settings import DEFAULT_DEADLINE, Settings, cache_key, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
 from .errors import BadResponseError
 from .tls import TLS
@@ -34,7 +37,9 @@ class Client:
     :class:`~quotad.LeaseOptions` turns leases on for named policies whose
     quotad settings allow them, and inline ones given ``lease`` terms (see
     ``quotad._lease`` for the rules);
-    :meth:`close` returns what is unspent.
+    :meth:`close` returns what is unspent. ``clock``: a monotonic clock in
+    whole milliseconds for the deny cache and the leases (tests; the
+    system's by default).
 
     The client connects on first use and reconnects by itself.
 
@@ -51,9 +56,16 @@ class Client:
         tls: TLS | None = None,
         deny_cache: int | bool = True,
         leases: LeaseOptions | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         target = parse_address(address, tls)
-        self._settings = Settings(deadline, on_unavailable, deny_cache)
+        self._settings = Settings(deadline, on_unavailable, deny_cache, clock)
+        self._clock = self._settings.clock
+        # Calls in flight, and whether close() has begun: closing waits for
+        # the calls, as the Rust client's shutdown does.
+        self._calls = 0
+        self._calls_done = threading.Condition()
+        self._closed = False
         if target.tls is None:
             self._channel = grpc.insecure_channel(target.target, options=target.options)
         else:
@@ -64,14 +76,14 @@ class Client:
         self._lessee = (
             None
             if leases is None
-            else Lessee(LeaseTable(leases), self._channel, self._settings.deadline)
+            else Lessee(LeaseTable(leases), self._channel, self._settings.deadline, self._clock)
         )
 
     def lease_stats(self) -> LeaseStats:
         """What this client's leases have done (all zero with leases off)."""
         if self._lessee is None:
             return LeaseStats()
-        return self._lessee.table.stats(now_ms())
+        return self._lessee.table.stats(self._clock())
 
     @property
     def deadline(self) -> float:
@@ -96,7 +108,7 @@ class Client:
         """
         _wire.valid_cost(cost)
         if self._lessee is not None:
-            spent = self._lessee.table.spend(policy, key, cost, now_ms())
+            spent = self._lessee.table.spend(policy, key, cost, self._clock())
             if spent.call is not None:
                 self._lessee.start(spent.call)
             if spent.decision is not None:
@@ -104,19 +116,20 @@ class Client:
         cache = self._settings.cache
         ckey = cache_key(policy, key)
         if cache is not None:
-            local = cache.lookup(ckey, cost, now_ms())
+            local = cache.lookup(ckey, cost, self._clock())
             if local is not None:
                 return local
-        sent = cache.sent(now_ms()) if cache is not None else None
+        sent = cache.sent(self._clock()) if cache is not None else None
         try:
-            answer = self._stub.Check(
-                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-            )
+            with self._call():
+                answer = self._stub.Check(
+                    _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
+                )
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), 1)[0]
         decision = _wire.decision(answer.decision)
         if cache is not None and sent is not None:
-            cache.record(ckey, cost, decision, sent, now_ms())
+            cache.record(ckey, cost, decision, sent, self._clock())
         return decision
 
     def check_batch(
@@ -130,7 +143,8 @@ class Client:
         Not answered from the deny cache: the mode decides how items affect each other."""
         request = _wire.batch_request(items, BatchMode(mode))
         try:
-            answer = self._stub.CheckBatch(request, timeout=self._timeout(deadline))
+            with self._call():
+                answer = self._stub.CheckBatch(request, timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), len(items))
         if len(answer.decisions) != len(items):
@@ -143,9 +157,10 @@ class Client:
         """What :meth:`check` would answer now, consuming nothing. Always asks quotad."""
         _wire.valid_cost(cost)
         try:
-            answer = self._stub.Peek(
-                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-            )
+            with self._call():
+                answer = self._stub.Peek(
+                    _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
+                )
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), 1)[0]
         return _wire.decision(answer.decision)
@@ -154,7 +169,8 @@ class Client:
         """Forgets the state of ``key`` under ``policy``; drops this client's cached denial.
         Not subject to the failure policy: raises when quotad cannot be reached."""
         try:
-            self._stub.Reset(_wire.reset_request(key, policy), timeout=self._timeout(deadline))
+            with self._call():
+                self._stub.Reset(_wire.reset_request(key, policy), timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             raise _wire.classify(error) from None
         finally:
@@ -163,10 +179,35 @@ class Client:
                 self._settings.cache.forget(cache_key(policy, key))
 
     def close(self) -> None:
-        """Returns every lease held (with leases on), then closes the connection."""
+        """Drains, returns the leases, then closes the connection, as the Rust client
+        shuts down: calls in flight on other threads are answered as before, each
+        within its own deadline (closing the connection under them would cut them
+        off); then every lease held is returned (with leases on) and the
+        connection closed. A call made once ``close`` has begun answers as an
+        unreachable quotad does (``UNAVAILABLE`` "the client is closed", through
+        the failure policy; :meth:`reset` raises it)."""
+        with self._calls_done:
+            if self._closed:
+                return
+            self._closed = True
+            self._calls_done.wait_for(lambda: self._calls == 0)
         if self._lessee is not None:
             self._lessee.shutdown()
         self._channel.close()
+
+    @contextmanager
+    def _call(self) -> Iterator[None]:
+        """Counts one call in flight; refuses it once closing has begun."""
+        with self._calls_done:
+            if self._closed:
+                raise _Closed
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
 
     def __enter__(self) -> Client:
         return self
@@ -181,3 +222,14 @@ class Client:
 
     def _timeout(self, deadline: float | None) -> float:
         return self._settings.deadline if deadline is None else deadline
+
+
+class _Closed(grpc.RpcError):  # type: ignore[misc]
+    """A call refused because the client is closing: answered as an unreachable
+    quotad (``_wire.classify`` makes it :class:`~quotad.UnavailableError`)."""
+
+    def code(self) -> grpc.StatusCode:
+        return closed_error().code
+
+    def details(self) -> str:
+        return closed_error().message
