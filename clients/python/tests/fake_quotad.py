@@ -36,6 +36,8 @@ class Fake:
     hold_batches: threading.Event | None = None
     refuse_batches: tuple[grpc.StatusCode, str] | None = None
     decide: Callable[[quota_pb2.CheckRequest], quota_pb2.Decision] | None = None
+    # Checks of these keys are refused with (code, details).
+    refuse_checks: dict[str, tuple[grpc.StatusCode, str]] = field(default_factory=dict)
     # How a batch's items are decided, when not as `decide` decides them alone.
     decide_in_batch: Callable[[quota_pb2.CheckRequest], quota_pb2.Decision] | None = None
     # ("Check", key) or ("CheckBatch", "a,b,c"), in the order they arrived;
@@ -71,6 +73,9 @@ class _Quota(quota_pb2_grpc.QuotaServicer):
         gate = self.fake.hold.get(request.key)
         if gate is not None:
             gate.wait(30)
+        refusal = self.fake.refuse_checks.get(request.key)
+        if refusal is not None:
+            context.abort(*refusal)
         return quota_pb2.CheckResponse(decision=self._decide(request))
 
     def CheckBatch(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802

@@ -200,6 +200,28 @@ def test_at_most_eight_undecided_items_of_a_batch_are_sent_again_alone() -> None
         run(go)
 
 
+def test_a_lone_queued_check_that_quotad_refuses_gets_its_own_error_at_once() -> None:
+    fake = Fake()
+    clock = FakeClock()
+    fake.refuse_checks["nope"] = (grpc.StatusCode.NOT_FOUND, "policy_name: no policy named api")
+
+    async def go() -> None:
+        async with client_of(address, clock) as client:
+            held, [queued] = await with_slot_held(fake, client, "h1", ["nope"])
+            fake.hold["h1"].set()
+            await held
+            with pytest.raises(quotad.RejectedError) as refused:
+                await queued
+            assert (refused.value.code, refused.value.field) == (
+                grpc.StatusCode.NOT_FOUND,
+                "policy_name",
+            )
+            assert fake.calls_made() == [("Check", "h1"), ("Check", "nope")]
+
+    with fake_quotad(fake) as address:
+        run(go)
+
+
 def test_a_denial_from_a_batch_is_cached_from_when_the_batch_left_not_from_the_enqueue() -> None:
     fake = Fake()
     clock = FakeClock()

@@ -276,9 +276,13 @@ class AsyncCoalescer:
         if len(batch) == 1:
             only = batch[0]
             self.stats.check_calls += 1
-            answer = await self._unless_abandoned(
-                batch, self._stub.Check(only.request, timeout=max(only.deadline - now, 0.001))
-            )
+            try:
+                answer = await self._unless_abandoned(
+                    batch, self._stub.Check(only.request, timeout=max(only.deadline - now, 0.001))
+                )
+            except grpc.RpcError as error:
+                _deliver(only, (_wire.classify(error), sent_ms))
+                return
             if answer is not _ABANDONED:
                 _deliver(only, (answer.decision, sent_ms))
             return
