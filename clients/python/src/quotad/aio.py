@@ -11,7 +11,8 @@ import grpc.aio
 
 from . import _wire
 from ._coalesce import AsyncCoalescer, Coalescing, CoalescingStats, closed_error
-from ._lease import LeaseOptions, LeaseStats, LeaseTable
+from ._core import CheckCore
+from ._lease import LeaseOptions, LeaseStats, LeaseTable, Slot
 from ._lessee import AsyncLessee
 from ._settings import DEFAULT_DEADLINE, Settings, cache_key, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
@@ -89,6 +90,11 @@ class AsyncClient:
                 LeaseTable(leases), self._channel, self._settings.deadline, self._clock
             )
         )
+        self._core = CheckCore(
+            self._settings,
+            None if self._lessee is None else self._lessee.table,
+            self._start_lease,
+        )
 
     def lease_stats(self) -> LeaseStats:
         """What this client's leases have done (all zero with leases off)."""
@@ -125,41 +131,24 @@ class AsyncClient:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
-        _wire.valid_cost(cost)
-        if self._lessee is not None:
-            spent = self._lessee.table.spend(policy, key, cost, self._clock())
-            if spent.call is not None:
-                self._lessee.start(spent.call)
-            if spent.decision is not None:
-                return spent.decision
-        cache = self._settings.cache
-        ckey = cache_key(policy, key)
-        if cache is not None:
-            local = cache.lookup(ckey, cost, self._clock())
-            if local is not None:
-                return local
-        sent = cache.sent(self._clock()) if cache is not None else None
-        request = _wire.check_request(key, policy, cost)
+        ask = self._core.local(key, policy, cost)
+        if isinstance(ask, Decision):
+            return ask
         if self._coalescer is not None:
             # Closed or not, the coalescer answers (a closed one at once).
-            got, sent_ms = await self._coalescer.submit(request, self._timeout(deadline))
+            got, sent_ms = await self._coalescer.submit(ask.request, self._timeout(deadline))
             if isinstance(got, QuotadError):
                 return self._settings.failed(got, 1)[0]
-            decision = _wire.decision(got)
-        else:
-            if self._closed:
-                return self._settings.failed(closed_error(), 1)[0]
-            sent_ms = self._clock()
-            try:
-                with self._in_flight:
-                    answer = await self._stub.Check(request, timeout=self._timeout(deadline))
-            except grpc.RpcError as error:
-                return self._settings.failed(_wire.classify(error), 1)[0]
-            decision = _wire.decision(answer.decision)
-        if cache is not None and sent is not None:
-            # Timed from when the check left (in a batch, maybe later than now).
-            cache.record(ckey, cost, decision, sent.at(sent_ms), self._clock())
-        return decision
+            return self._core.answered(ask, got, sent_ms)
+        if self._closed:
+            return self._settings.failed(closed_error(), 1)[0]
+        sent_ms = self._clock()
+        try:
+            with self._in_flight:
+                answer = await self._stub.Check(ask.request, timeout=self._timeout(deadline))
+        except grpc.RpcError as error:
+            return self._settings.failed(_wire.classify(error), 1)[0]
+        return self._core.answered(ask, answer.decision, sent_ms)
 
     async def check_batch(
         self,
@@ -243,6 +232,10 @@ class AsyncClient:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    def _start_lease(self, slot: Slot) -> None:
+        if self._lessee is not None:
+            self._lessee.start(slot)
 
     def _timeout(self, deadline: float | None) -> float:
         return self._settings.deadline if deadline is None else deadline

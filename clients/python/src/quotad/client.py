@@ -11,7 +11,8 @@ import grpc
 
 from . import _wire
 from ._coalesce import closed_error
-from ._lease import LeaseOptions, LeaseStats, LeaseTable
+from ._core import CheckCore
+from ._lease import LeaseOptions, LeaseStats, LeaseTable, Slot
 from ._lessee import Lessee
 from ._settings import DEFAULT_DEADLINE, Settings, cache_key, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
@@ -78,6 +79,11 @@ class Client:
             if leases is None
             else Lessee(LeaseTable(leases), self._channel, self._settings.deadline, self._clock)
         )
+        self._core = CheckCore(
+            self._settings,
+            None if self._lessee is None else self._lessee.table,
+            self._start_lease,
+        )
 
     def lease_stats(self) -> LeaseStats:
         """What this client's leases have done (all zero with leases off)."""
@@ -106,31 +112,16 @@ class Client:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
-        _wire.valid_cost(cost)
-        if self._lessee is not None:
-            spent = self._lessee.table.spend(policy, key, cost, self._clock())
-            if spent.call is not None:
-                self._lessee.start(spent.call)
-            if spent.decision is not None:
-                return spent.decision
-        cache = self._settings.cache
-        ckey = cache_key(policy, key)
-        if cache is not None:
-            local = cache.lookup(ckey, cost, self._clock())
-            if local is not None:
-                return local
-        sent = cache.sent(self._clock()) if cache is not None else None
+        ask = self._core.local(key, policy, cost)
+        if isinstance(ask, Decision):
+            return ask
+        sent_ms = self._clock()
         try:
             with self._call():
-                answer = self._stub.Check(
-                    _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-                )
+                answer = self._stub.Check(ask.request, timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), 1)[0]
-        decision = _wire.decision(answer.decision)
-        if cache is not None and sent is not None:
-            cache.record(ckey, cost, decision, sent, self._clock())
-        return decision
+        return self._core.answered(ask, answer.decision, sent_ms)
 
     def check_batch(
         self,
@@ -194,6 +185,10 @@ class Client:
         if self._lessee is not None:
             self._lessee.shutdown()
         self._channel.close()
+
+    def _start_lease(self, slot: Slot) -> None:
+        if self._lessee is not None:
+            self._lessee.start(slot)
 
     @contextmanager
     def _call(self) -> Iterator[None]:
