@@ -8,7 +8,7 @@ import { QuotadError } from "./errors.js";
 import { services, type WireDecision } from "./grpc.js";
 import { keyText, policyFields, policyLabel, units } from "./policy.js";
 import { Lessee, type LeaseOptions, type LeaseStats } from "./lease.js";
-import { AbortedInQueue, Coalescer, MalformedBatch, type CoalescingOptions } from "./coalesce.js";
+import { AbortedInQueue, Coalescer, MalformedBatch, closedError, type CoalescingOptions } from "./coalesce.js";
 import type {
   BatchMode,
   CallOptions,
@@ -102,6 +102,10 @@ export interface Shared {
   quiet: number;
   lessee: Lessee | undefined;
   coalescer: Coalescer | undefined;
+  /** Calls in flight outside the coalescer, and who waits for them to end (closing). */
+  calls: number;
+  idle: Array<() => void>;
+  closed: boolean;
 }
 
 /** A gRPC call that ended before an answer: the status, or the caller's abort. */
@@ -290,6 +294,9 @@ export class Client {
       quiet: 0,
       lessee: undefined,
       coalescer: undefined,
+      calls: 0,
+      idle: [],
+      closed: false,
     };
     this.deadlineMs = deadlineMs;
     this.onUnavailable = onUnavailable;
@@ -300,9 +307,10 @@ export class Client {
         (method, request, ms, signal) => {
           if (method === "Check") stats.checkCalls += 1;
           else stats.batchCalls += 1;
-          return this.unary(quota, method, request, { deadlineMs: ms, signal });
+          return this.unary(quota, method, request, { deadlineMs: ms, signal }, false);
         },
         () => performance.now(),
+        clock,
       );
     }
     if (options.leases !== undefined) {
@@ -379,6 +387,7 @@ export class Client {
       }
     }
     const sent = cache?.sent(shared.clock());
+    let sentMs = sent?.atMs ?? 0;
     let answer: { decision: WireDecision | null };
     if (shared.coalescer !== undefined) {
       const got = await shared.coalescer.submit(wire, options?.deadlineMs ?? this.deadlineMs, options?.signal);
@@ -390,6 +399,8 @@ export class Client {
         return this.unavailable(got.error, 1)[0]!;
       }
       answer = got;
+      // Timed from when the check left (in a batch, maybe later than its enqueue).
+      sentMs = got.sentMs ?? sentMs;
     } else {
       shared.stats.checkCalls += 1;
       try {
@@ -399,7 +410,7 @@ export class Client {
       }
     }
     const decision = fromWire(answer.decision);
-    if (cache !== undefined && sent !== undefined) cache.record(check, decision, sent, shared.clock());
+    if (cache !== undefined && sent !== undefined) cache.record(check, decision, { ...sent, atMs: sentMs }, shared.clock());
     return decision;
   }
 
@@ -471,26 +482,43 @@ export class Client {
   }
 
   /**
-   * Returns every lease held (so its unspent units go back at once, after
-   * lease calls in flight, within the deadline), then closes the
-   * connection. Calls after it fail.
+   * Drains, returns the leases, then closes the connection, as the Rust
+   * client shuts down: checks already taken (in flight, or queued for the
+   * next batch) are sent and answered as before, each within its own
+   * deadline; then every lease held is returned (its unspent units go back
+   * at once, after lease calls in flight, within the deadline) and the
+   * connection closed. A call made once `close` has begun answers as an
+   * unreachable quotad does (UNAVAILABLE "the client is closed", through the
+   * failure policy; `reset` throws it).
    */
   async close(): Promise<void> {
+    const shared = this.shared;
+    if (shared.closed) return;
+    shared.closed = true;
+    await shared.coalescer?.close();
+    if (shared.calls > 0) await new Promise<void>((resolve) => shared.idle.push(resolve));
     await this.shared.lessee?.shutdown();
     this.shared.leases.close();
     this.shared.quota.close();
   }
 
-  /** @internal One unary call within the deadline, cancelled when the caller aborts. */
+  /** @internal One unary call within the deadline, cancelled when the caller aborts; refused once the client is closing. */
   unary(
     stub: grpc.Client,
     method: string,
     request: unknown,
     options: CallOptions | undefined,
+    /** Counted as the client's own call, for closing to wait for. */
+    own = true,
   ): Promise<unknown> {
     const deadlineMs = options?.deadlineMs ?? this.deadlineMs;
     const signal = options?.signal;
-    return new Promise((resolve, reject) => {
+    const shared = this.shared;
+    // The coalescer's calls are counted by it, the lease calls by the lessee.
+    const counted = own && stub === shared.quota;
+    if (counted && shared.closed) return Promise.reject(closedError());
+    if (counted) shared.calls += 1;
+    const pending = new Promise<unknown>((resolve, reject) => {
       if (signal?.aborted) {
         reject(new Aborted(signal.reason));
         return;
@@ -521,6 +549,11 @@ export class Client {
       call = fn(request, new grpc.Metadata(), { deadline: Date.now() + deadlineMs }, (error, response) => {
         finish(() => (error ? reject(error) : resolve(response)));
       });
+    });
+    if (!counted) return pending;
+    return pending.finally(() => {
+      shared.calls -= 1;
+      if (shared.calls === 0) for (const wake of shared.idle.splice(0)) wake();
     });
   }
 

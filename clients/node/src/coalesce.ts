@@ -43,8 +43,12 @@ export const BATCH_REFUSAL_BACKOFF_MS = 30_000;
 export const MAX_RESENT_ALONE = 8;
 const MAX_BATCH_ITEMS = 1_000;
 
-/** What quotad answered one check: a decision, or the error of the call (before the failure policy). */
-export type Answer = { decision: WireDecision } | { error: unknown };
+/**
+ * What quotad answered one check: a decision, or the error of the call
+ * (before the failure policy), with when the check was sent on the client's
+ * clock (absent when it never was): the deny cache times a denial from it.
+ */
+export type Answer = ({ decision: WireDecision } | { error: unknown }) & { sentMs?: number };
 
 /** One unary call within `deadlineMs` (the client's, with its abort signal). */
 export type Send = (method: string, request: unknown, deadlineMs: number, signal?: AbortSignal) => Promise<unknown>;
@@ -57,6 +61,8 @@ interface Queued {
   signal: AbortSignal | undefined;
   done: boolean;
   deliver: (answer: Answer) => void;
+  /** Told when this caller stops waiting, once its check is in a batch in flight. */
+  onGone?: () => void;
 }
 
 /** The codes with which quotad refuses a batch for what it is, not for an item. */
@@ -86,6 +92,11 @@ export class Coalescer {
   private inFlight = 0;
   private queue: Queued[] = [];
   private refusedUntilMs = 0;
+  /** Callers in `submit`, and batches being sent (with their re-sends): what closing waits for. */
+  private active = 0;
+  private batches = 0;
+  private idle: Array<() => void> = [];
+  private closed = false;
   private readonly maxInFlight: number;
   private readonly maxItems: number;
   private readonly maxBytes: number;
@@ -97,6 +108,8 @@ export class Coalescer {
     private readonly send: Send,
     /** Real time (deadlines are), in ms. */
     private readonly clock: () => number,
+    /** The client's clock (the batch-refusal back-off and send times are on it), in ms. */
+    private readonly clientClock: () => number = clock,
   ) {
     const whole = (v: number | undefined, d: number, min: number, max: number, field: string): number => {
       const n = v ?? d;
@@ -110,9 +123,42 @@ export class Coalescer {
     this.maxBytes = whole(options.maxBatchBytes, DEFAULT_MAX_BATCH_BYTES, 1, Number.MAX_SAFE_INTEGER, "max_batch_bytes");
   }
 
+  /** Checks waiting for an in-flight slot, to leave as the next batch. */
+  get queued(): number {
+    return this.queue.filter((q) => !q.done).length;
+  }
+
+  /**
+   * Takes no more checks (they get UNAVAILABLE "the client is closed") and
+   * resolves once every check taken is answered, each within its own
+   * deadline: queued ones leave as batches as slots free, as before.
+   */
+  close(): Promise<void> {
+    this.closed = true;
+    return new Promise((resolve) => {
+      this.idle.push(resolve);
+      this.settle();
+    });
+  }
+
+  private settle(): void {
+    if (this.active === 0 && this.batches === 0) for (const wake of this.idle.splice(0)) wake();
+  }
+
   /** Sends `request` now if a slot is free, or queues it for the next batch; answers within `deadlineMs`. */
-  submit(request: Record<string, unknown>, deadlineMs: number, signal: AbortSignal | undefined): Promise<Answer> {
-    if (this.clock() < this.refusedUntilMs) return this.alone(request, deadlineMs, signal);
+  async submit(request: Record<string, unknown>, deadlineMs: number, signal: AbortSignal | undefined): Promise<Answer> {
+    if (this.closed) return { error: closedError() };
+    this.active += 1;
+    try {
+      return await this.take1(request, deadlineMs, signal);
+    } finally {
+      this.active -= 1;
+      this.settle();
+    }
+  }
+
+  private take1(request: Record<string, unknown>, deadlineMs: number, signal: AbortSignal | undefined): Promise<Answer> {
+    if (this.clientClock() < this.refusedUntilMs) return this.alone(request, deadlineMs, signal);
     if (this.inFlight < this.maxInFlight) {
       this.inFlight += 1;
       return this.alone(request, deadlineMs, signal).finally(() => this.release());
@@ -130,6 +176,7 @@ export class Coalescer {
           clearTimeout(timer);
           signal?.removeEventListener("abort", onAbort);
           resolve(answer);
+          entry.onGone?.();
         },
       };
       // Past its deadline in the queue, or its caller gone: never sent.
@@ -142,10 +189,12 @@ export class Coalescer {
 
   /** One check as a `Check` call. */
   private async alone(request: unknown, deadlineMs: number, signal: AbortSignal | undefined): Promise<Answer> {
+    const sentMs = this.clientClock();
     try {
-      return { decision: ((await this.send("Check", request, deadlineMs, signal)) as { decision: WireDecision }).decision };
+      const answer = (await this.send("Check", request, deadlineMs, signal)) as { decision: WireDecision };
+      return { decision: answer.decision, sentMs };
     } catch (error) {
-      return { error };
+      return { error, sentMs };
     }
   }
 
@@ -175,14 +224,28 @@ export class Coalescer {
       return;
     }
     // The slot passes to the batch without being given back.
-    void this.sendBatch(batch).finally(() => this.release());
+    this.batches += 1;
+    void this.sendBatch(batch).finally(() => {
+      this.batches -= 1;
+      this.release();
+      this.settle();
+    });
   }
 
   private async sendBatch(batch: Queued[]): Promise<void> {
+    // Stamped when the batch leaves: the deny cache times a denial from the
+    // send, never from the enqueue.
+    const sentMs = this.clientClock();
     const now = this.clock();
+    if (batch.every((q) => q.done)) return;
+    // Once every caller has stopped waiting, the call is cancelled, so
+    // quotad stops working on it.
+    const gone = new AbortController();
+    for (const q of batch) q.onGone = () => batch.every((b) => b.done) && gone.abort();
     if (batch.length === 1) {
       const only = batch[0]!;
-      only.deliver(await this.alone(only.request, Math.max(1, only.deadlineAt - now), only.signal));
+      const answer = await this.alone(only.request, Math.max(1, only.deadlineAt - now), gone.signal);
+      if (!gone.signal.aborted) only.deliver({ ...answer, sentMs });
       return;
     }
     // The earliest deadline of the batch: a caller answered with its
@@ -196,14 +259,16 @@ export class Coalescer {
         "CheckBatch",
         { items: batch.map((q) => q.request), mode: "BATCH_MODE_INDEPENDENT" },
         deadlineMs,
+        gone.signal,
       )) as typeof answer;
     } catch (error) {
-      await this.failed(batch, error);
+      if (gone.signal.aborted) return;
+      await this.failed(batch, error, sentMs);
       return;
     }
     if (answer.decisions.length !== batch.length) {
       const error = new MalformedBatch();
-      for (const q of batch) q.deliver({ error });
+      for (const q of batch) q.deliver({ error, sentMs });
       return;
     }
     const undecided = (d: WireDecision): boolean => d.reason === "REASON_UNAVAILABLE";
@@ -211,19 +276,22 @@ export class Coalescer {
     const resent: Array<Promise<void>> = [];
     batch.forEach((q, i) => {
       const d = answer.decisions[i]!;
-      if (!undecided(d)) return q.deliver({ decision: d });
+      if (!undecided(d)) return q.deliver({ decision: d, sentMs });
       if (anyDecided && resent.length < MAX_RESENT_ALONE) {
         // The failure may be this item's own: alone, it says what went wrong.
         resent.push(this.resend(q));
       } else {
-        q.deliver({ error: { code: grpc.status.UNAVAILABLE, details: "quotad could not decide this check (REASON_UNAVAILABLE)" } });
+        q.deliver({
+          error: { code: grpc.status.UNAVAILABLE, details: "quotad could not decide this check (REASON_UNAVAILABLE)" },
+          sentMs,
+        });
       }
     });
     await Promise.all(resent);
   }
 
   /** Gives each caller of a failed batch its own outcome. */
-  private async failed(batch: Queued[], error: unknown): Promise<void> {
+  private async failed(batch: Queued[], error: unknown, sentMs: number): Promise<void> {
     const code = (error as { code?: unknown })?.code;
     const details = String((error as { details?: unknown })?.details ?? "");
     const offender =
@@ -234,15 +302,15 @@ export class Coalescer {
     const index = offender === null ? undefined : Number(offender[1]);
     const named = index !== undefined && index < batch.length ? index : undefined;
     if (typeof code === "number" && REFUSED_AS_A_WHOLE.has(code) && named === undefined) {
-      this.refusedUntilMs = this.clock() + BATCH_REFUSAL_BACKOFF_MS;
+      this.refusedUntilMs = this.clientClock() + BATCH_REFUSAL_BACKOFF_MS;
     }
     if (typeof code !== "number" || !REFUSED_BEFORE_DECIDING.has(code)) {
-      for (const q of batch) q.deliver({ error });
+      for (const q of batch) q.deliver({ error, sentMs });
       return;
     }
     const resent: Array<Promise<void>> = [];
     batch.forEach((q, i) => {
-      if (i === named) q.deliver({ error: { code, details: offender![2] } });
+      if (i === named) q.deliver({ error: { code, details: offender![2] }, sentMs });
       else resent.push(this.resend(q));
     });
     await Promise.all(resent);
@@ -254,6 +322,11 @@ export class Coalescer {
     if (q.done || left <= 0 || q.signal?.aborted) return;
     q.deliver(await this.alone(q.request, left, q.signal));
   }
+}
+
+/** What a check gets from a closed client: quotad cannot be reached through it. */
+export function closedError(): { code: number; details: string } {
+  return { code: grpc.status.UNAVAILABLE, details: "the client is closed" };
 }
 
 /** A check taken off the queue because its caller aborted. */

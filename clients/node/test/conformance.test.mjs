@@ -56,6 +56,9 @@ function policyOf(p) {
   return { algorithm: i.algorithm, limit: i.limit, windowMs: i.window_ms, burst: i.burst ?? null };
 }
 
+/** The lease stats an await_leases step can wait for. */
+const LEASE_STATS = ["acquired", "renewed", "not_leasable", "failed", "held"];
+
 /** Fails on a field this driver does not know: a case it cannot run must fail it, never be skipped. */
 function known(object, fields, what) {
   for (const field of Object.keys(object ?? {})) {
@@ -68,12 +71,12 @@ function checkFields(c) {
   known(c.client, ["deadline_ms", "on_unavailable", "deny_cache", "leases"], `${c.name}: client`);
   for (const [i, step] of (c.steps ?? []).entries()) {
     const at = `${c.name}: step ${i}`;
-    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "pause_ms", "concurrently", "expect"], at);
+    known(step, ["call", "key", "cost", "policy", "items", "mode", "via", "ms", "repeat", "pause_ms", "concurrently", "expect", "within_ms"], at);
     known(step.policy, ["name", "inline"], `${at}: policy`);
     known(step.policy?.inline, ["algorithm", "limit", "window_ms", "burst"], `${at}: policy.inline`);
     for (const item of step.items ?? []) known(item, ["key", "cost", "policy"], `${at}: item`);
     const decision = ["allowed", "limit", "remaining", "retry_after_ms", "reset_after_ms", "reason"];
-    known(step.expect, [...decision, "decisions", "ok", "error", "within_ms", "allowed_total"], `${at}: expect`);
+    known(step.expect, [...decision, "decisions", "ok", "error", "within_ms", "allowed_total", ...LEASE_STATS], `${at}: expect`);
     for (const d of step.expect?.decisions ?? []) known(d, decision, `${at}: expect.decisions`);
     known(step.expect?.error, ["code", "message_contains", "field"], `${at}: expect.error`);
     if (step.via !== undefined) assert.ok(["other", "peer", "both"].includes(step.via), `${at}: via ${step.via}`);
@@ -118,6 +121,19 @@ async function runStep(step, client, ctx, what) {
       case "sleep":
         await new Promise((r) => setTimeout(r, step.ms));
         return;
+      case "await_leases": {
+        // Polls the lease stats until every value the step names is reached
+        // (a background lease call has landed), for at most within_ms.
+        const camel = (name) => name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+        const reached = () => Object.entries(step.expect).every(([name, v]) => client.leaseStats()[camel(name)] === v);
+        while (!reached()) {
+          if (performance.now() - started > step.within_ms) {
+            assert.fail(`${what}: lease stats ${JSON.stringify(client.leaseStats())} after ${step.within_ms} ms, expected ${JSON.stringify(step.expect)}`);
+          }
+          await new Promise((r) => setTimeout(r, 2));
+        }
+        return;
+      }
       case "check":
         result = await client.check({ key: k(step.key), policy: policyOf(step.policy), cost: step.cost });
         break;

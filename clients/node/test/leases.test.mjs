@@ -188,6 +188,30 @@ test("a refusal naming the key stops leasing for that key only: the policy's oth
   await client.close();
 });
 
+test("a refused key is not asked for again for exactly 60 s, on the client's clock, while other keys lease", { timeout: 20_000 }, async (t) => {
+  let now = 1_000_000;
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 }, clock: () => now });
+  t.after(() => client.close());
+  const bad = `${fresh()}-${"x".repeat(300)}`;
+  await assert.rejects(client.check({ policy: "leased", key: bad }), (e) => e.field === "key");
+  await until("the key's lease refused", () => client.leaseStats().failed === 1);
+  assert.equal(client.stats().leaseCalls, 1);
+  // A lease call starts within the check that asks for it, so the count
+  // after the check says whether one was asked for.
+  now += 59_999;
+  await assert.rejects(client.check({ policy: "leased", key: bad }));
+  assert.equal(client.stats().leaseCalls, 1, "not asked again within 60 s");
+  const key = fresh();
+  await client.check({ policy: "leased", key });
+  assert.equal(client.stats().leaseCalls, 2, "another key leases meanwhile");
+  await until("the other key holds a lease", () => client.leaseStats().acquired === 1);
+  now += 1;
+  await assert.rejects(client.check({ policy: "leased", key: bad }));
+  assert.equal(client.stats().leaseCalls, 3, "asked again at 60 s");
+  await until("refused again", () => client.leaseStats().failed === 2);
+  await client.close();
+});
+
 test("many concurrent checks of one key admit exactly the lease's units locally", async () => {
   for (let repeat = 0; repeat < 5; repeat++) {
     const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 } });

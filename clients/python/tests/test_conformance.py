@@ -57,6 +57,8 @@ class Runner:
     def __init__(self, case: dict[str, Any], prefix: str) -> None:
         self.case = case
         self.prefix = prefix
+        # When each await_leases step began polling, by step.
+        self.awaiting: dict[str, float] = {}
         # Checks allowed so far in the case, by every client.
         self.allowed_total = 0
 
@@ -76,6 +78,17 @@ class Runner:
     def key(self, key: str) -> str:
         # An empty key stays empty: the case is about quotad refusing it.
         return f"{self.prefix}{key}" if key else key
+
+    def leases_reached(self, where: str, step: dict[str, Any], stats: quotad.LeaseStats) -> bool:
+        """Whether the lease stats have every value the step names (a background
+        lease call has landed); fails the case once ``within_ms`` has passed."""
+        started = self.awaiting.setdefault(where, time.monotonic())
+        want: dict[str, int] = step["expect"]
+        if all(getattr(stats, name) == value for name, value in want.items()):
+            return True
+        if (time.monotonic() - started) * 1000 > step["within_ms"]:
+            self.fail(where, f"lease stats {stats} after {step['within_ms']} ms, expected {want}")
+        return False
 
     def fail(self, where: str, what: str) -> None:
         pytest.fail(f"case {self.case['name']!r}, {where}: {what}", pytrace=False)
@@ -226,6 +239,10 @@ def run_sync(case: dict[str, Any], address: str) -> None:
             if step["call"] == "sleep":
                 time.sleep(step["ms"] / 1000)
                 continue
+            if step["call"] == "await_leases":
+                while not runner.leases_reached(where, step, client.lease_stats()):
+                    time.sleep(0.002)
+                continue
             time.sleep(pause)
             calls = [
                 functools.partial(_sync_step, runner, target, step)
@@ -255,6 +272,10 @@ async def run_async(case: dict[str, Any], address: str) -> None:
         for where, step, pause, last in _steps(case):
             if step["call"] == "sleep":
                 await asyncio.sleep(step["ms"] / 1000)
+                continue
+            if step["call"] == "await_leases":
+                while not runner.leases_reached(where, step, client.lease_stats()):
+                    await asyncio.sleep(0.002)
                 continue
             await asyncio.sleep(pause)
             calls = [
@@ -440,6 +461,7 @@ KNOWN = {
         "pause_ms",
         "concurrently",
         "expect",
+        "within_ms",
     },
     "item": {"key", "cost", "policy"},
     "expect": {
@@ -454,6 +476,12 @@ KNOWN = {
         "ok",
         "within_ms",
         "allowed_total",
+        # await_leases: the lease stats to wait for.
+        "acquired",
+        "renewed",
+        "not_leasable",
+        "failed",
+        "held",
     },
     "error": {"code", "message_contains", "field"},
     "header": {"prefix", "params", "min", "max"},

@@ -145,6 +145,35 @@ def test_a_refusal_naming_the_key_stops_leasing_for_that_key_only() -> None:
         assert [c.key for c in fake.lease_calls()] == ["much-too-long", "k"]
 
 
+def test_a_refused_key_is_not_asked_for_again_for_exactly_60_s_and_other_keys_lease_meanwhile() -> (
+    None
+):
+    fake = Fake(refuse_keys=frozenset({"much-too-long"}))
+    now = [1_000_000]
+    with (
+        fake_quotad(fake) as address,
+        quotad.Client(address, deadline=2, leases=LeaseOptions(10), clock=lambda: now[0]) as client,
+    ):
+        client.check("much-too-long", "api")
+        eventually("the key's lease refused", lambda: client.lease_stats().failed == 1)
+        asked = lambda: [c.key for c in fake.lease_calls()]  # noqa: E731
+        now[0] += 59_999
+        client.check("much-too-long", "api")
+        # Another key, meanwhile, leases at once; its call comes after
+        # anything the refused key's check could have started.
+        client.check("k", "api")
+        eventually("k holds a lease", lambda: client.lease_stats().held == 1)
+        assert asked() == ["much-too-long", "k"], "not asked again within 60 s"
+        now[0] += 1
+        client.check("much-too-long", "api")
+        # The fake records a call before refusing it: wait for both.
+        eventually(
+            "asked again at 60 s, and refused",
+            lambda: len(fake.lease_calls()) == 3 and client.lease_stats().failed == 2,
+        )
+        assert asked() == ["much-too-long", "k", "much-too-long"]
+
+
 async def _async_refused_key(address: str) -> None:
     async with quotad.AsyncClient(address, deadline=2, leases=LeaseOptions(10)) as client:
         await client.check("much-too-long", "api")

@@ -34,7 +34,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +47,9 @@ from .v1 import quota_pb2 as pb
 MAX_BATCH_ITEMS = 1_000
 DEFAULT_MAX_IN_FLIGHT = 8
 DEFAULT_MAX_BATCH_BYTES = 1 << 20
-BATCH_REFUSAL_BACKOFF = 30.0
-"""Seconds checks go out alone after quotad refused a ``CheckBatch`` as such."""
+BATCH_REFUSAL_BACKOFF_MS = 30_000
+"""How long (ms, on the client's clock) checks go out alone after quotad refused a
+``CheckBatch`` as such; the first queue after it leaves as a batch again."""
 MAX_RESENT_ALONE = 8
 """The most undecided checks of one batch that are sent again, each alone."""
 
@@ -125,30 +126,56 @@ class _Queued:
     request: pb.CheckRequest
     bytes: int
     deadline: float
-    future: asyncio.Future[Answer] = field(repr=False)
+    # The answer, and when (on the client's clock) the check was sent.
+    future: asyncio.Future[tuple[Answer, int]] = field(repr=False)
 
 
-def _deliver(q: _Queued, answer: Answer) -> None:
+def _deliver(q: _Queued, answer: tuple[Answer, int]) -> None:
     if not q.future.done():
         q.future.set_result(answer)
 
 
 class AsyncCoalescer:
-    """The queue of checks waiting for an in-flight slot, and the slots."""
+    """The queue of checks waiting for an in-flight slot, and the slots.
 
-    def __init__(self, settings: Coalescing, stub: Any) -> None:
+    ``clock``: the client's monotonic clock in milliseconds, for the batch
+    refusal back-off and for when each check was sent (a test gives its own);
+    deadlines are real time, on :func:`time.monotonic`.
+    """
+
+    def __init__(self, settings: Coalescing, stub: Any, clock: Callable[[], int]) -> None:
         self.settings = settings
         self._stub = stub
+        self._clock = clock
         self._in_flight = 0
         self._queue: deque[_Queued] = deque()
-        self._refused_until = 0.0
+        self._refused_until_ms = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._closed = False
         self.stats = CoalescingStats()
 
-    async def submit(self, request: pb.CheckRequest, timeout: float) -> Answer:
+    @property
+    def queued(self) -> int:
+        """Checks waiting for an in-flight slot, to leave as the next batch."""
+        return sum(1 for q in self._queue if not q.future.done())
+
+    async def submit(self, request: pb.CheckRequest, timeout: float) -> tuple[Answer, int]:
         """Sends ``request`` now if a slot is free, or queues it for the next batch;
-        answers within ``timeout`` seconds."""
-        if time.monotonic() < self._refused_until:
+        answers within ``timeout`` seconds, with the time (on the client's clock)
+        the check was sent (0 when it never was)."""
+        if self._closed:
+            return closed_error(), 0
+        self._active += 1
+        try:
+            return await self._submit(request, timeout)
+        finally:
+            self._active -= 1
+            self._settle()
+
+    async def _submit(self, request: pb.CheckRequest, timeout: float) -> tuple[Answer, int]:
+        if self._clock() < self._refused_until_ms:
             return await self._alone(request, timeout)
         if self._in_flight < self.settings.max_in_flight:
             self._in_flight += 1
@@ -156,7 +183,7 @@ class AsyncCoalescer:
                 return await self._alone(request, timeout)
             finally:
                 self._release()
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[Answer, int]] = asyncio.get_running_loop().create_future()
         queued = _Queued(request, request.ByteSize(), time.monotonic() + timeout, future)
         self._queue.append(queued)
         try:
@@ -164,20 +191,35 @@ class AsyncCoalescer:
         except asyncio.TimeoutError:
             return UnavailableError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, "no answer from quotad within the deadline"
-            )
+            ), 0
         finally:
             # Timed out or cancelled in the queue: never sent; in a batch
-            # already: its answer is dropped.
+            # already: its answer is dropped (and a batch whose callers all
+            # left is cancelled).
             if not future.done():
                 future.cancel()
 
-    async def _alone(self, request: pb.CheckRequest, timeout: float) -> Answer:
+    async def close(self) -> None:
+        """Takes no more checks and waits until every check taken is answered
+        (each within its own deadline): queued ones leave as batches as slots
+        free, as before."""
+        self._closed = True
+        while self._active > 0 or self._tasks:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def _settle(self) -> None:
+        if self._active == 0 and not self._tasks:
+            self._idle.set()
+
+    async def _alone(self, request: pb.CheckRequest, timeout: float) -> tuple[Answer, int]:
         self.stats.check_calls += 1
+        sent_ms = self._clock()
         try:
             answer = await self._stub.Check(request, timeout=timeout)
         except grpc.RpcError as error:
-            return _wire.classify(error)
-        return answer.decision
+            return _wire.classify(error), sent_ms
+        return answer.decision, sent_ms
 
     def _take(self) -> list[_Queued]:
         batch: list[_Queued] = []
@@ -206,14 +248,43 @@ class AsyncCoalescer:
             self._tasks.discard(t)
             # The slot passes to the next batch without being given back.
             self._release()
+            self._settle()
 
         task.add_done_callback(done)
 
+    async def _unless_abandoned(self, batch: list[_Queued], call: Any) -> Any:
+        """Awaits ``call``, or cancels it (so quotad stops working on it) once every
+        caller of ``batch`` has stopped waiting; then answers ``_ABANDONED``."""
+        sent = asyncio.ensure_future(call)
+        gone = asyncio.ensure_future(_every_caller_gone(batch))
+        try:
+            await asyncio.wait({sent, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not sent.done():
+            sent.cancel()
+            return _ABANDONED
+        return sent.result()
+
     async def _send_batch(self, batch: list[_Queued]) -> None:
+        # Stamped here, when the batch leaves: the deny cache times a denial
+        # from the send, never from the enqueue.
+        sent_ms = self._clock()
         now = time.monotonic()
+        if all(q.future.done() for q in batch):
+            return  # every caller left while it waited to be sent
         if len(batch) == 1:
             only = batch[0]
-            _deliver(only, await self._alone(only.request, max(only.deadline - now, 0.001)))
+            self.stats.check_calls += 1
+            try:
+                answer = await self._unless_abandoned(
+                    batch, self._stub.Check(only.request, timeout=max(only.deadline - now, 0.001))
+                )
+            except grpc.RpcError as error:
+                _deliver(only, (_wire.classify(error), sent_ms))
+                return
+            if answer is not _ABANDONED:
+                _deliver(only, (answer.decision, sent_ms))
             return
         # The earliest deadline of the batch: a caller answered with its
         # failure policy at its deadline is never counted after it.
@@ -224,34 +295,41 @@ class AsyncCoalescer:
             items=[q.request for q in batch], mode=pb.BATCH_MODE_INDEPENDENT
         )
         try:
-            answer = await self._stub.CheckBatch(request, timeout=timeout)
+            answer = await self._unless_abandoned(
+                batch, self._stub.CheckBatch(request, timeout=timeout)
+            )
         except grpc.RpcError as error:
-            await self._failed(batch, error)
+            await self._failed(batch, error, sent_ms)
+            return
+        if answer is _ABANDONED:
             return
         if len(answer.decisions) != len(batch):
             bad = BadResponseError("the number of decisions differs from the number of checks")
             for q in batch:
-                _deliver(q, bad)
+                _deliver(q, (bad, sent_ms))
             return
         any_decided = any(d.reason != pb.REASON_UNAVAILABLE for d in answer.decisions)
         resent: list[Coroutine[Any, Any, None]] = []
         for q, d in zip(batch, answer.decisions, strict=True):
             if d.reason != pb.REASON_UNAVAILABLE:
-                _deliver(q, d)
+                _deliver(q, (d, sent_ms))
             elif any_decided and len(resent) < MAX_RESENT_ALONE:
                 # The failure may be this item's own: alone, it says what.
                 resent.append(self._resend(q))
             else:
                 _deliver(
                     q,
-                    UnavailableError(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "quotad could not decide this check (REASON_UNAVAILABLE)",
+                    (
+                        UnavailableError(
+                            grpc.StatusCode.UNAVAILABLE,
+                            "quotad could not decide this check (REASON_UNAVAILABLE)",
+                        ),
+                        sent_ms,
                     ),
                 )
         await asyncio.gather(*resent)
 
-    async def _failed(self, batch: list[_Queued], error: grpc.RpcError) -> None:
+    async def _failed(self, batch: list[_Queued], error: grpc.RpcError, sent_ms: int) -> None:
         code = error.code()
         details = error.details() or ""
         match = _ITEM.match(details) if code in _NAMING_AN_ITEM else None
@@ -259,16 +337,16 @@ class AsyncCoalescer:
         if named is not None and named >= len(batch):
             named = None
         if code in _REFUSED_AS_A_WHOLE and named is None:
-            self._refused_until = time.monotonic() + BATCH_REFUSAL_BACKOFF
+            self._refused_until_ms = self._clock() + BATCH_REFUSAL_BACKOFF_MS
         if code not in _REFUSED_BEFORE_DECIDING:
             failure = _wire.classify(error)
             for q in batch:
-                _deliver(q, failure)
+                _deliver(q, (failure, sent_ms))
             return
         resent: list[Coroutine[Any, Any, None]] = []
         for i, q in enumerate(batch):
             if i == named and match is not None:
-                _deliver(q, RejectedError(code, match.group(2)))
+                _deliver(q, (RejectedError(code, match.group(2)), sent_ms))
             else:
                 resent.append(self._resend(q))
         await asyncio.gather(*resent)
@@ -278,3 +356,15 @@ class AsyncCoalescer:
         if q.future.done() or left <= 0:
             return
         _deliver(q, await self._alone(q.request, left))
+
+
+_ABANDONED = object()
+
+
+async def _every_caller_gone(batch: list[_Queued]) -> None:
+    await asyncio.wait([q.future for q in batch])
+
+
+def closed_error() -> UnavailableError:
+    """What a check gets from a closed client: quotad cannot be reached through it."""
+    return UnavailableError(grpc.StatusCode.UNAVAILABLE, "the client is closed")

@@ -44,6 +44,10 @@ class Sent:
     at_ms: int
     epoch: int
 
+    def at(self, at_ms: int) -> Sent:
+        """The same, sent at ``at_ms`` instead (a check that left later, in a batch)."""
+        return Sent(at_ms, self.epoch)
+
 
 @dataclass
 class _Entry:

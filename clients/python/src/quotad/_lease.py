@@ -332,7 +332,6 @@ def answered(
     if end_ms <= received_ms or table.closed:
         slot.hold_off(received_ms + options.direct_backoff_ms)
         return Taken(lease.lease_id, 0, lease.units)
-    table.bump("renewed" if p.renewal else "acquired")
     renew_at_ms = min(sent_ms + lease.ttl_ms // 2, end_ms)
     old = slot.take(received_ms)
     with slot.lock:
@@ -345,6 +344,8 @@ def answered(
         answer.limit,
         received_ms + answer.reset_after_ms,
     )
+    # Counted once installed: whoever sees the count can spend the lease.
+    table.bump("renewed" if p.renewal else "acquired")
     return None
 
 

@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -23,8 +24,15 @@ log = logging.getLogger("quotad.leases")
 class Lessee:
     """The sync client's lease calls, each on a worker thread."""
 
-    def __init__(self, table: LeaseTable, channel: grpc.Channel, deadline: float) -> None:
+    def __init__(
+        self,
+        table: LeaseTable,
+        channel: grpc.Channel,
+        deadline: float,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
         self.table = table
+        self._clock = clock
         self._stub = lease_pb2_grpc.LeasesStub(channel)
         self._deadline = deadline
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="quotad-lease")
@@ -56,18 +64,18 @@ class Lessee:
         return self._stub.Lease(request, timeout=self._deadline)
 
     def _renew(self, slot: Slot) -> None:
-        p = _lease.plan(self.table, slot, now_ms())
+        p = _lease.plan(self.table, slot, self._clock())
         if p.request is None:
             for taken in p.give_back:
                 self._give_back(slot, taken)
             return
-        sent = now_ms()
+        sent = self._clock()
         try:
             answer = self._send(p.request)
         except grpc.RpcError as error:
-            _lease.failed(self.table, slot, p, error.code(), error.details() or "", now_ms())
+            _lease.failed(self.table, slot, p, error.code(), error.details() or "", self._clock())
             return
-        late = _lease.answered(self.table, slot, p, answer, sent, now_ms())
+        late = _lease.answered(self.table, slot, p, answer, sent, self._clock())
         if late is not None:
             self._give_back(slot, late)
 
@@ -90,7 +98,7 @@ class Lessee:
         concurrent.futures.wait(pending, timeout=self._deadline)
         # Jobs still queued would send on a channel about to close.
         self._pool.shutdown(wait=False, cancel_futures=True)
-        now = now_ms()
+        now = self._clock()
         claimed: list[Slot] = []
         calls: list[tuple[Slot, Any]] = []
         try:
@@ -122,8 +130,11 @@ class Lessee:
 class AsyncLessee:
     """The asyncio client's lease calls, each a task on the client's loop."""
 
-    def __init__(self, table: LeaseTable, channel: Any, deadline: float) -> None:
+    def __init__(
+        self, table: LeaseTable, channel: Any, deadline: float, clock: Callable[[], int] = now_ms
+    ) -> None:
         self.table = table
+        self._clock = clock
         self._stub = lease_pb2_grpc.LeasesStub(channel)
         self._deadline = deadline
         self._tasks: set[asyncio.Task[None]] = set()
@@ -145,18 +156,18 @@ class AsyncLessee:
             slot.release()
 
     async def _renew(self, slot: Slot) -> None:
-        p = _lease.plan(self.table, slot, now_ms())
+        p = _lease.plan(self.table, slot, self._clock())
         if p.request is None:
             for taken in p.give_back:
                 await self._give_back(slot, taken)
             return
-        sent = now_ms()
+        sent = self._clock()
         try:
             answer = await self._stub.Lease(p.request, timeout=self._deadline)
         except grpc.RpcError as error:
-            _lease.failed(self.table, slot, p, error.code(), error.details() or "", now_ms())
+            _lease.failed(self.table, slot, p, error.code(), error.details() or "", self._clock())
             return
-        late = _lease.answered(self.table, slot, p, answer, sent, now_ms())
+        late = _lease.answered(self.table, slot, p, answer, sent, self._clock())
         if late is not None:
             await self._give_back(slot, late)
 
@@ -177,7 +188,7 @@ class AsyncLessee:
         self.table.closed = True
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=self._deadline)
-        now = now_ms()
+        now = self._clock()
         claimed: list[Slot] = []
         returns: list[Any] = []
         try:

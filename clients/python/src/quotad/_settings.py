@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +86,15 @@ class Settings:
         deadline: float,
         on_unavailable: FailurePolicy | str,
         deny_cache: int | bool,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         if deadline <= 0:
             raise ValueError("deadline: must be above 0 seconds")
         self.deadline = deadline
         self.on_unavailable = FailurePolicy(on_unavailable)
+        # Monotonic milliseconds: the deny cache's, the leases' and the
+        # coalescing back-off's clock (a test gives its own).
+        self.clock: Callable[[], int] = now_ms if clock is None else clock
         if deny_cache is True:
             deny_cache = DEFAULT_DENY_CACHE_CAPACITY
         self.cache = DenyCache(int(deny_cache)) if deny_cache else None

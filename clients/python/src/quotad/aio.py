@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import grpc
 import grpc.aio
 
 from . import _wire
-from ._coalesce import AsyncCoalescer, Coalescing, CoalescingStats
-from ._lease import LeaseOptions, LeaseStats, LeaseTable
+from ._coalesce import AsyncCoalescer, Coalescing, CoalescingStats, closed_error
+from ._core import CheckCore
+from ._lease import LeaseOptions, LeaseStats, LeaseTable, Slot
 from ._lessee import AsyncLessee
-from ._settings import DEFAULT_DEADLINE, Settings, cache_key, now_ms, parse_address
+from ._settings import DEFAULT_DEADLINE, Settings, cache_key, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
 from .errors import BadResponseError, QuotadError
 from .tls import TLS
@@ -41,6 +43,8 @@ class AsyncClient:
     beyond the in-flight slots leave together as one ``CheckBatch``, as the
     Rust client's (on by default; a :class:`~quotad.Coalescing` tunes it,
     ``False`` turns it off; see ``quotad._coalesce`` for the rules).
+    ``clock``: a monotonic clock in whole milliseconds for the deny cache,
+    the leases and the coalescing back-off (tests; the system's by default).
 
     The client connects on first use and reconnects by itself.
 
@@ -58,9 +62,13 @@ class AsyncClient:
         deny_cache: int | bool = True,
         leases: LeaseOptions | None = None,
         coalescing: Coalescing | bool = True,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         target = parse_address(address, tls)
-        self._settings = Settings(deadline, on_unavailable, deny_cache)
+        self._settings = Settings(deadline, on_unavailable, deny_cache, clock)
+        self._clock = self._settings.clock
+        self._closed = False
+        self._in_flight = _InFlight()
         if target.tls is None:
             self._channel = grpc.aio.insecure_channel(target.target, options=target.options)
         else:
@@ -71,19 +79,28 @@ class AsyncClient:
         if coalescing is True:
             coalescing = Coalescing()
         self._coalescer = (
-            AsyncCoalescer(coalescing, self._stub) if isinstance(coalescing, Coalescing) else None
+            AsyncCoalescer(coalescing, self._stub, self._clock)
+            if isinstance(coalescing, Coalescing)
+            else None
         )
         self._lessee = (
             None
             if leases is None
-            else AsyncLessee(LeaseTable(leases), self._channel, self._settings.deadline)
+            else AsyncLessee(
+                LeaseTable(leases), self._channel, self._settings.deadline, self._clock
+            )
+        )
+        self._core = CheckCore(
+            self._settings,
+            None if self._lessee is None else self._lessee.table,
+            self._start_lease,
         )
 
     def lease_stats(self) -> LeaseStats:
         """What this client's leases have done (all zero with leases off)."""
         if self._lessee is None:
             return LeaseStats()
-        return self._lessee.table.stats(now_ms())
+        return self._lessee.table.stats(self._clock())
 
     def coalescing_stats(self) -> CoalescingStats:
         """The ``Check`` and ``CheckBatch`` calls coalescing sent, and the checks its
@@ -114,35 +131,24 @@ class AsyncClient:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
-        _wire.valid_cost(cost)
-        if self._lessee is not None:
-            spent = self._lessee.table.spend(policy, key, cost, now_ms())
-            if spent.call is not None:
-                self._lessee.start(spent.call)
-            if spent.decision is not None:
-                return spent.decision
-        cache = self._settings.cache
-        ckey = cache_key(policy, key)
-        if cache is not None:
-            local = cache.lookup(ckey, cost, now_ms())
-            if local is not None:
-                return local
-        sent = cache.sent(now_ms()) if cache is not None else None
-        request = _wire.check_request(key, policy, cost)
+        ask = self._core.local(key, policy, cost)
+        if isinstance(ask, Decision):
+            return ask
         if self._coalescer is not None:
-            got = await self._coalescer.submit(request, self._timeout(deadline))
+            # Closed or not, the coalescer answers (a closed one at once).
+            got, sent_ms = await self._coalescer.submit(ask.request, self._timeout(deadline))
             if isinstance(got, QuotadError):
                 return self._settings.failed(got, 1)[0]
-            decision = _wire.decision(got)
-        else:
-            try:
-                answer = await self._stub.Check(request, timeout=self._timeout(deadline))
-            except grpc.RpcError as error:
-                return self._settings.failed(_wire.classify(error), 1)[0]
-            decision = _wire.decision(answer.decision)
-        if cache is not None and sent is not None:
-            cache.record(ckey, cost, decision, sent, now_ms())
-        return decision
+            return self._core.answered(ask, got, sent_ms)
+        if self._closed:
+            return self._settings.failed(closed_error(), 1)[0]
+        sent_ms = self._clock()
+        try:
+            with self._in_flight:
+                answer = await self._stub.Check(ask.request, timeout=self._timeout(deadline))
+        except grpc.RpcError as error:
+            return self._settings.failed(_wire.classify(error), 1)[0]
+        return self._core.answered(ask, answer.decision, sent_ms)
 
     async def check_batch(
         self,
@@ -154,8 +160,11 @@ class AsyncClient:
         """Decides at most 1,000 items in one round trip, one decision per item in order.
         Not answered from the deny cache: the mode decides how items affect each other."""
         request = _wire.batch_request(items, BatchMode(mode))
+        if self._closed:
+            return self._settings.failed(closed_error(), len(items))
         try:
-            answer = await self._stub.CheckBatch(request, timeout=self._timeout(deadline))
+            with self._in_flight:
+                answer = await self._stub.CheckBatch(request, timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), len(items))
         if len(answer.decisions) != len(items):
@@ -167,10 +176,13 @@ class AsyncClient:
     ) -> Decision:
         """What :meth:`check` would answer now, consuming nothing. Always asks quotad."""
         _wire.valid_cost(cost)
+        if self._closed:
+            return self._settings.failed(closed_error(), 1)[0]
         try:
-            answer = await self._stub.Peek(
-                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-            )
+            with self._in_flight:
+                answer = await self._stub.Peek(
+                    _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
+                )
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), 1)[0]
         return _wire.decision(answer.decision)
@@ -178,10 +190,13 @@ class AsyncClient:
     async def reset(self, key: str, policy: PolicyLike, *, deadline: float | None = None) -> None:
         """Forgets the state of ``key`` under ``policy``; drops this client's cached denial.
         Not subject to the failure policy: raises when quotad cannot be reached."""
+        if self._closed:
+            raise closed_error()
         try:
-            await self._stub.Reset(
-                _wire.reset_request(key, policy), timeout=self._timeout(deadline)
-            )
+            with self._in_flight:
+                await self._stub.Reset(
+                    _wire.reset_request(key, policy), timeout=self._timeout(deadline)
+                )
         except grpc.RpcError as error:
             raise _wire.classify(error) from None
         finally:
@@ -190,7 +205,19 @@ class AsyncClient:
                 self._settings.cache.forget(cache_key(policy, key))
 
     async def close(self) -> None:
-        """Returns every lease held (with leases on), then closes the connection."""
+        """Drains, returns the leases, then closes the connection, as the Rust client
+        shuts down: checks already taken (in flight or queued for the next batch)
+        are sent and answered as before, each within its own deadline; then every
+        lease held is returned (with leases on) and the connection closed. A call
+        made once ``close`` has begun answers as an unreachable quotad does
+        (``UNAVAILABLE`` "the client is closed", through the failure policy;
+        :meth:`reset` raises it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._coalescer is not None:
+            await self._coalescer.close()
+        await self._in_flight.idle()
         if self._lessee is not None:
             await self._lessee.shutdown()
         await self._channel.close()
@@ -206,5 +233,30 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
+    def _start_lease(self, slot: Slot) -> None:
+        if self._lessee is not None:
+            self._lessee.start(slot)
+
     def _timeout(self, deadline: float | None) -> float:
         return self._settings.deadline if deadline is None else deadline
+
+
+class _InFlight:
+    """Counts the calls made outside the coalescer, so closing waits for them."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __enter__(self) -> None:
+        self._count += 1
+        self._idle.clear()
+
+    def __exit__(self, *_: object) -> None:
+        self._count -= 1
+        if self._count == 0:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        await self._idle.wait()

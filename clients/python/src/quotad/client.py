@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 
 import grpc
 
 from . import _wire
-from ._lease import LeaseOptions, LeaseStats, LeaseTable
+from ._coalesce import closed_error
+from ._core import CheckCore
+from ._lease import LeaseOptions, LeaseStats, LeaseTable, Slot
 from ._lessee import Lessee
-from ._settings import DEFAULT_DEADLINE, Settings, cache_key, now_ms, parse_address
+from ._settings import DEFAULT_DEADLINE, Settings, cache_key, parse_address
 from ._types import BatchMode, Check, Decision, FailurePolicy, PolicyLike
 from .errors import BadResponseError
 from .tls import TLS
@@ -34,7 +38,9 @@ class Client:
     :class:`~quotad.LeaseOptions` turns leases on for named policies whose
     quotad settings allow them, and inline ones given ``lease`` terms (see
     ``quotad._lease`` for the rules);
-    :meth:`close` returns what is unspent.
+    :meth:`close` returns what is unspent. ``clock``: a monotonic clock in
+    whole milliseconds for the deny cache and the leases (tests; the
+    system's by default).
 
     The client connects on first use and reconnects by itself.
 
@@ -51,9 +57,16 @@ class Client:
         tls: TLS | None = None,
         deny_cache: int | bool = True,
         leases: LeaseOptions | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         target = parse_address(address, tls)
-        self._settings = Settings(deadline, on_unavailable, deny_cache)
+        self._settings = Settings(deadline, on_unavailable, deny_cache, clock)
+        self._clock = self._settings.clock
+        # Calls in flight, and whether close() has begun: closing waits for
+        # the calls, as the Rust client's shutdown does.
+        self._calls = 0
+        self._calls_done = threading.Condition()
+        self._closed = False
         if target.tls is None:
             self._channel = grpc.insecure_channel(target.target, options=target.options)
         else:
@@ -64,14 +77,19 @@ class Client:
         self._lessee = (
             None
             if leases is None
-            else Lessee(LeaseTable(leases), self._channel, self._settings.deadline)
+            else Lessee(LeaseTable(leases), self._channel, self._settings.deadline, self._clock)
+        )
+        self._core = CheckCore(
+            self._settings,
+            None if self._lessee is None else self._lessee.table,
+            self._start_lease,
         )
 
     def lease_stats(self) -> LeaseStats:
         """What this client's leases have done (all zero with leases off)."""
         if self._lessee is None:
             return LeaseStats()
-        return self._lessee.table.stats(now_ms())
+        return self._lessee.table.stats(self._clock())
 
     @property
     def deadline(self) -> float:
@@ -94,30 +112,16 @@ class Client:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
-        _wire.valid_cost(cost)
-        if self._lessee is not None:
-            spent = self._lessee.table.spend(policy, key, cost, now_ms())
-            if spent.call is not None:
-                self._lessee.start(spent.call)
-            if spent.decision is not None:
-                return spent.decision
-        cache = self._settings.cache
-        ckey = cache_key(policy, key)
-        if cache is not None:
-            local = cache.lookup(ckey, cost, now_ms())
-            if local is not None:
-                return local
-        sent = cache.sent(now_ms()) if cache is not None else None
+        ask = self._core.local(key, policy, cost)
+        if isinstance(ask, Decision):
+            return ask
+        sent_ms = self._clock()
         try:
-            answer = self._stub.Check(
-                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-            )
+            with self._call():
+                answer = self._stub.Check(ask.request, timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), 1)[0]
-        decision = _wire.decision(answer.decision)
-        if cache is not None and sent is not None:
-            cache.record(ckey, cost, decision, sent, now_ms())
-        return decision
+        return self._core.answered(ask, answer.decision, sent_ms)
 
     def check_batch(
         self,
@@ -130,7 +134,8 @@ class Client:
         Not answered from the deny cache: the mode decides how items affect each other."""
         request = _wire.batch_request(items, BatchMode(mode))
         try:
-            answer = self._stub.CheckBatch(request, timeout=self._timeout(deadline))
+            with self._call():
+                answer = self._stub.CheckBatch(request, timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), len(items))
         if len(answer.decisions) != len(items):
@@ -143,9 +148,10 @@ class Client:
         """What :meth:`check` would answer now, consuming nothing. Always asks quotad."""
         _wire.valid_cost(cost)
         try:
-            answer = self._stub.Peek(
-                _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
-            )
+            with self._call():
+                answer = self._stub.Peek(
+                    _wire.check_request(key, policy, cost), timeout=self._timeout(deadline)
+                )
         except grpc.RpcError as error:
             return self._settings.failed(_wire.classify(error), 1)[0]
         return _wire.decision(answer.decision)
@@ -154,7 +160,8 @@ class Client:
         """Forgets the state of ``key`` under ``policy``; drops this client's cached denial.
         Not subject to the failure policy: raises when quotad cannot be reached."""
         try:
-            self._stub.Reset(_wire.reset_request(key, policy), timeout=self._timeout(deadline))
+            with self._call():
+                self._stub.Reset(_wire.reset_request(key, policy), timeout=self._timeout(deadline))
         except grpc.RpcError as error:
             raise _wire.classify(error) from None
         finally:
@@ -163,10 +170,39 @@ class Client:
                 self._settings.cache.forget(cache_key(policy, key))
 
     def close(self) -> None:
-        """Returns every lease held (with leases on), then closes the connection."""
+        """Drains, returns the leases, then closes the connection, as the Rust client
+        shuts down: calls in flight on other threads are answered as before, each
+        within its own deadline (closing the connection under them would cut them
+        off); then every lease held is returned (with leases on) and the
+        connection closed. A call made once ``close`` has begun answers as an
+        unreachable quotad does (``UNAVAILABLE`` "the client is closed", through
+        the failure policy; :meth:`reset` raises it)."""
+        with self._calls_done:
+            if self._closed:
+                return
+            self._closed = True
+            self._calls_done.wait_for(lambda: self._calls == 0)
         if self._lessee is not None:
             self._lessee.shutdown()
         self._channel.close()
+
+    def _start_lease(self, slot: Slot) -> None:
+        if self._lessee is not None:
+            self._lessee.start(slot)
+
+    @contextmanager
+    def _call(self) -> Iterator[None]:
+        """Counts one call in flight; refuses it once closing has begun."""
+        with self._calls_done:
+            if self._closed:
+                raise _Closed
+            self._calls += 1
+        try:
+            yield
+        finally:
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
 
     def __enter__(self) -> Client:
         return self
@@ -181,3 +217,14 @@ class Client:
 
     def _timeout(self, deadline: float | None) -> float:
         return self._settings.deadline if deadline is None else deadline
+
+
+class _Closed(grpc.RpcError):  # type: ignore[misc]
+    """A call refused because the client is closing: answered as an unreachable
+    quotad (``_wire.classify`` makes it :class:`~quotad.UnavailableError`)."""
+
+    def code(self) -> grpc.StatusCode:
+        return closed_error().code
+
+    def details(self) -> str:
+        return closed_error().message

@@ -490,6 +490,12 @@ async fn run_steps(case: &Value, address: &str, prefix: &str) -> Result<(), Stri
             tokio::time::sleep(Duration::from_millis(step["ms"].as_u64().expect("ms"))).await;
             continue;
         }
+        if call == "await_leases" {
+            await_leases(&client, step)
+                .await
+                .map_err(|m| format!("step {index} ({call}): {m}"))?;
+            continue;
+        }
         let targets: Vec<&Client> = match step["via"].as_str() {
             None => vec![&client],
             Some("other") => vec![&other],
@@ -536,6 +542,39 @@ async fn run_steps(case: &Value, address: &str, prefix: &str) -> Result<(), Stri
         }
     }
     Ok(())
+}
+
+/// Polls the client's lease stats until every field the step names has its
+/// value (a background lease call has landed), for at most `within_ms`.
+async fn await_leases(client: &Client, step: &Value) -> Result<(), String> {
+    let want = step["expect"].as_object().expect("lease stats expected");
+    let within = Duration::from_millis(step["within_ms"].as_u64().expect("within_ms"));
+    let start = Instant::now();
+    loop {
+        let s = client.lease_stats();
+        let mismatch = want.iter().find(|(name, value)| {
+            let got = match name.as_str() {
+                "acquired" => s.acquired,
+                "renewed" => s.renewed,
+                "not_leasable" => s.not_leasable,
+                "failed" => s.failed,
+                "held" => s.held,
+                other => panic!("unknown lease stat {other:?}"),
+            };
+            value.as_u64() != Some(got)
+        });
+        if mismatch.is_none() {
+            return Ok(());
+        }
+        if start.elapsed() > within {
+            return Err(format!(
+                "lease stats {s:?} after {} ms, expected {}",
+                within.as_millis(),
+                step["expect"]
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Compares each outcome of a step with its expectation, and counts the
@@ -686,6 +725,7 @@ const KNOWN: &[(&str, &[&str])] = &[
             "pause_ms",
             "concurrently",
             "expect",
+            "within_ms",
         ],
     ),
     ("item", &["key", "cost", "policy"]),
@@ -703,6 +743,12 @@ const KNOWN: &[(&str, &[&str])] = &[
             "ok",
             "within_ms",
             "allowed_total",
+            // await_leases: the lease stats to wait for.
+            "acquired",
+            "renewed",
+            "not_leasable",
+            "failed",
+            "held",
         ],
     ),
     ("error", &["code", "message_contains", "field"]),

@@ -217,6 +217,39 @@ async fn a_refusal_naming_the_key_stops_leasing_for_that_key_only() {
     assert_eq!(fake.leases().len(), 2, "no second call for the refused key");
 }
 
+#[tokio::test]
+async fn a_refused_key_is_not_asked_for_again_for_exactly_60_s_while_other_keys_lease() {
+    // An hour's window: 60 s on, "k" is far from its end (a lease is never
+    // granted past the window).
+    let hour = Duration::from_secs(3_600);
+    let fake = Fake::leasing(1_000, hour, terms(100, 1, Duration::from_secs(10)));
+    let client = client(&fake, 10).await;
+    assert!(client.check(&Check::named("api", "")).await.is_err());
+    until("the lease call is refused", || {
+        fake.leases().len() == 1 && client.lease_stats().failed == 1
+    })
+    .await;
+
+    fake.clock.advance(Duration::from_millis(59_999));
+    assert!(client.check(&Check::named("api", "")).await.is_err());
+    // Another key leases meanwhile; its call leaves after anything the
+    // refused key's check could have started.
+    let call = acquire(&fake, &client, "k").await;
+    assert_eq!(call.granted().map(|l| l.units), Some(10));
+    assert_eq!(
+        fake.leases().len(),
+        2,
+        "the refused key is not asked again within 60 s"
+    );
+
+    fake.clock.advance(Duration::from_millis(1));
+    assert!(client.check(&Check::named("api", "")).await.is_err());
+    until("asked again at 60 s", || {
+        fake.leases().len() == 3 && client.lease_stats().failed == 2
+    })
+    .await;
+}
+
 /// Spends `key` one check per millisecond from now until the client asks
 /// quotad again; returns the instant of the last local admission, if any.
 async fn spend_until_asked(fake: &Fake, client: &Client, key: &str) -> Option<u64> {
