@@ -125,7 +125,8 @@ impl From<LeaseError> for ServiceError {
 
 /// The gRPC status for an error: the only mapping from errors to codes.
 pub(crate) fn to_status(error: &ServiceError) -> Status {
-    let message = error.to_string();
+    // Every cause, each once: a store error's causes are its sources.
+    let message = crate::Causes(error).to_string();
     match error {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
         ServiceError::UnknownPolicy { .. } | ServiceError::UnknownLease { .. } => {
@@ -188,9 +189,9 @@ mod tests {
                 "settle.spent: must be at most the lease's 10 units (got 11)",
             ),
             (
-                ServiceError::Backend(BackendError::Unavailable("redis down".into())),
+                ServiceError::Backend(crate::backend::NotRun::Reconnecting.into()),
                 Code::Unavailable,
-                "state store unavailable: redis down",
+                "state store unavailable: redis: reconnecting",
             ),
         ];
         for (error, code, message) in cases {
@@ -212,7 +213,7 @@ mod tests {
             error.to_string(),
             "items[3].inline_policy.limit: limit must be at least 1"
         );
-        let store = ServiceError::Backend(BackendError::Unavailable("x".into()));
+        let store = ServiceError::Backend(crate::backend::NotRun::NotConnected.into());
         assert_eq!(store.clone().at_item(1), store);
     }
 

@@ -55,7 +55,7 @@ impl<B: Backend> OverridesSync<B> {
             Err(error) => {
                 if self.registry.in_sync() {
                     tracing::warn!(
-                        %error,
+                        error = %crate::Causes(&error),
                         "cannot read the runtime overrides from the store; serving the last set read until it answers"
                     );
                 }

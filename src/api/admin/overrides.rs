@@ -157,7 +157,7 @@ impl<S: Backend> OverridesService<S> {
                 deadline,
             )
             .await
-            .map_err(|e| ServiceError::NotKept(e.to_string()))?;
+            .map_err(|e| ServiceError::NotKept(crate::Causes(&e).to_string()))?;
         let old = self
             .policies
             .put_override(entry.clone())
@@ -190,7 +190,7 @@ impl<S: Backend> OverridesService<S> {
         self.backend
             .remove_override(&store_field(&request.policy, &scope), deadline)
             .await
-            .map_err(|e| ServiceError::NotKept(e.to_string()))?;
+            .map_err(|e| ServiceError::NotKept(crate::Causes(&e).to_string()))?;
         let old = self.policies.remove_override(&request.policy, &scope);
         tracing::info!(
             target: "quotad::audit",

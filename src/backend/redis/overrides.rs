@@ -63,14 +63,12 @@ impl RedisBackend {
             .await
             .map_err(|e| e.into_backend(&bound))?;
         let Value::Array(values) = reply else {
-            return Err(BackendError::Internal(format!(
+            return Err(BackendError::bad_reply(format!(
                 "the overrides script answered {reply:?}"
             )));
         };
         if matches!(values.first(), Some(Value::Int(-1))) {
-            return Err(BackendError::Unavailable(
-                "redis ran the overrides script past its deadline and refused it".to_owned(),
-            ));
+            return Err(crate::backend::NotRun::RefusedLate("overrides script").into());
         }
         Ok(values)
     }
@@ -143,7 +141,7 @@ impl RedisBackend {
         hget.arg(&key).arg(VERSION);
         let reply = self.overrides_read(hget, deadline).await?;
         let version = number(Some(&reply)).ok_or_else(|| {
-            BackendError::Internal(format!("{key} {VERSION} holds {reply:?}, not a number"))
+            BackendError::bad_reply(format!("{key} {VERSION} holds {reply:?}, not a number"))
         })?;
         if known == Some(version) {
             return Ok(None);
@@ -164,7 +162,7 @@ impl RedisBackend {
                 .filter_map(|(f, v)| Some((text(f)?, text(v)?)))
                 .collect(),
             other => {
-                return Err(BackendError::Internal(format!(
+                return Err(BackendError::bad_reply(format!(
                     "HGETALL {key} answered {other:?}"
                 )));
             }
@@ -173,7 +171,7 @@ impl RedisBackend {
             .iter()
             .find(|(f, _)| f == VERSION)
             .map_or(Some(0), |(_, v)| v.parse().ok())
-            .ok_or_else(|| BackendError::Internal(format!("{key} {VERSION} is not a number")))?;
+            .ok_or_else(|| BackendError::bad_reply(format!("{key} {VERSION} is not a number")))?;
         let pairs = pairs.into_iter().filter(|(f, _)| f != VERSION).collect();
         Ok(Some((version, pairs)))
     }
