@@ -17,7 +17,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::common::redis::RedisServer;
-use crate::common::{NOON_30, TestServer, check_batch, named, peek};
+use crate::common::{NOON_30, TestServer, check_batch, eventually, named, peek};
 
 /// `exports`: at most 2 in flight, slots of 10 s; `per-minute`: a rate.
 const CONFIG: &str = r#"
@@ -773,9 +773,24 @@ async fn a_stalled_redis_takes_nothing_late_from_a_batch_of_a_rate_and_an_acquir
     assert_eq!(status.code(), Code::Unavailable);
     tokio::time::sleep(Duration::from_millis(400)).await;
     redis.resume();
-    // The two batches queued in the stalled Redis ran past their deadline
-    // and took nothing: both slots and all three units are there.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The two batches queued in the stalled Redis reach it now, past their
+    // deadline: each server hears its script refuse to run (not a dropped
+    // connection that never sent it), and nothing was taken: both slots
+    // and all three units are there.
+    for server in [&closed, &failing] {
+        eventually(
+            Duration::from_secs(10),
+            "the late batch script refused",
+            || async {
+                server
+                    .metrics()
+                    .await
+                    .value("quotad_redis_late_scripts_total", &[("outcome", "refused")])
+                    >= 1.0
+            },
+        )
+        .await;
+    }
     assert_eq!(free(&mut failing_quota, "stalled").await, 2);
     assert_eq!(
         peek(&mut failing_quota, named("stalled", "per-minute", None))
