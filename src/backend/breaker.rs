@@ -228,6 +228,17 @@ impl Breaker {
         }
     }
 
+    /// The probe's caller gave up on it before it was answered: the breaker
+    /// is open again with its back-off as it was, and the next call probes.
+    fn abandon(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if self.state() != State::HalfOpen {
+            return;
+        }
+        inner.retry_at_ms = self.clock.now_ms();
+        self.enter(State::Open);
+    }
+
     fn enter(&self, state: State) {
         let value = u8::try_from(state.gauge()).unwrap_or(0);
         self.state.store(value, Ordering::Release);
@@ -239,8 +250,9 @@ fn index(state: State) -> usize {
     usize::try_from(state.gauge()).unwrap_or(0)
 }
 
-/// The one probe of a half-open breaker: settled by its outcome, or as
-/// failed when dropped unsettled (its caller gave up on it).
+/// The one probe of a half-open breaker: settled by its outcome, or
+/// abandoned when dropped unsettled (its caller gave up on it, which says
+/// nothing of the store).
 #[derive(Debug)]
 pub struct Probe {
     breaker: Option<Arc<Breaker>>,
@@ -256,10 +268,20 @@ impl Probe {
     }
 }
 
+impl Probe {
+    /// The probe's caller stopped waiting for it: the breaker opens again
+    /// with its back-off unchanged, and the next call probes.
+    pub fn abandon(mut self) {
+        if let Some(breaker) = self.breaker.take() {
+            breaker.abandon();
+        }
+    }
+}
+
 impl Drop for Probe {
     fn drop(&mut self) {
         if let Some(breaker) = self.breaker.take() {
-            breaker.settle(false);
+            breaker.abandon();
         }
     }
 }
@@ -355,15 +377,24 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_given_up_by_its_caller_counts_as_failed() {
+    fn a_probe_given_up_by_its_caller_is_abandoned_the_next_call_probes_and_the_back_off_stays() {
         let clock = Arc::new(FakeClock::new(1_000));
         let b = breaker(&clock);
         b.failed();
         clock.advance(Duration::from_millis(100));
+        // Dropped (a cancelled call) and abandoned (the caller's deadline):
+        // neither says the store is down.
         drop(probe(b.admit()));
         assert_eq!(b.state(), State::Open);
+        probe(b.admit()).abandon();
+        assert_eq!(b.state(), State::Open);
+        // The next call probes at once; when that probe fails, the back-off
+        // is the second wait (200 ms), not a fourth.
+        probe(b.admit()).settle(false);
         clock.advance(Duration::from_millis(199));
-        assert!(matches!(b.admit(), Admit::Local), "the back-off doubled");
+        assert!(matches!(b.admit(), Admit::Local), "the second wait");
+        clock.advance(Duration::from_millis(1));
+        assert!(matches!(b.admit(), Admit::Probe(_)), "200 ms, not 800");
     }
 
     #[test]

@@ -120,6 +120,25 @@ impl Outage {
     pub fn may_have_run(&self) -> bool {
         matches!(self, Outage::MayHaveRun(_))
     }
+
+    /// Whether the outage says the store is down or stalled, not only that
+    /// this one call could not be decided: the caller's own deadline ran
+    /// out (a 2 ms `grpc-timeout` does it against a healthy store), a
+    /// script reached Redis past its deadline, or Redis refused this call
+    /// alone (its clock outside a calendar item's periods, an ACL on the
+    /// key) say nothing about the next call. The local fallback's breaker
+    /// opens only on these.
+    pub fn store_down(&self) -> bool {
+        match self {
+            Outage::NotRun(NotRun::NotSent(waited))
+            | Outage::MayHaveRun(MayHaveRun::NoReply(waited)) => !waited.callers,
+            Outage::NotRun(NotRun::RefusedLate(_)) => false,
+            Outage::NotRun(NotRun::Answered(error)) => {
+                !matches!(error.get().code(), Some("QUOTAD_CLOCK" | "NOPERM"))
+            }
+            _ => true,
+        }
+    }
 }
 
 /// Why a call certainly did not run.

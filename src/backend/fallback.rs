@@ -120,9 +120,23 @@ impl<B: Backend> Fallback<B> {
         clock: Arc<dyn Clock>,
         is_local: LocalPolicies,
     ) -> Self {
+        // The breaker's back-off is a wait, not a time of day: a step of
+        // the wall clock must not lengthen it.
+        let waits: Arc<dyn Clock> = Arc::new(quotad_core::MonotonicClock::new());
+        Self::with_clocks(store, settings, clock, waits, is_local)
+    }
+
+    /// [`Fallback::new`] with the breaker's back-off timed by `waits`.
+    pub(crate) fn with_clocks(
+        store: B,
+        settings: &FallbackSettings,
+        clock: Arc<dyn Clock>,
+        waits: Arc<dyn Clock>,
+        is_local: LocalPolicies,
+    ) -> Self {
         Fallback {
             store,
-            breaker: Arc::new(Breaker::new(Arc::clone(&clock), Backoff::DEFAULT)),
+            breaker: Arc::new(Breaker::new(waits, Backoff::DEFAULT)),
             local: Arc::new(MemoryStore::new(settings.store, clock)),
             replicas: settings.replicas,
             is_local,
@@ -170,10 +184,19 @@ impl<B: Backend> Fallback<B> {
             Admit::Send => true,
             Admit::Local => false,
             Admit::Probe(probe) => {
+                // A probe its caller stops waiting for (the caller's own
+                // deadline, or a cancelled call, which drops `probe`) is
+                // abandoned, not failed: it says nothing of the store.
                 let answered = match deadline.instant() {
-                    Some(at) => tokio::time::timeout_at(at.into(), self.store.probe())
-                        .await
-                        .is_ok_and(|r| r.is_ok()),
+                    Some(at) => {
+                        match tokio::time::timeout_at(at.into(), self.store.probe()).await {
+                            Ok(answer) => answer.is_ok(),
+                            Err(_) => {
+                                probe.abandon();
+                                return false;
+                            }
+                        }
+                    }
                     None => self.store.probe().await.is_ok(),
                 };
                 probe.settle(answered);
@@ -188,7 +211,9 @@ impl<B: Backend> Fallback<B> {
         let mut answered = false;
         for result in results {
             match result {
-                Err(BackendError::Unavailable(_)) => return self.breaker.failed(),
+                Err(BackendError::Unavailable(outage)) if outage.store_down() => {
+                    return self.breaker.failed();
+                }
                 Ok(_) => answered = true,
                 Err(_) => {}
             }
@@ -585,9 +610,10 @@ mod tests {
             replicas: NonZeroU32::new(replicas),
             store: StoreConfig::try_new(1_000, 1, OnFull::Deny).expect("valid"),
         };
-        Fallback::new(
+        Fallback::with_clocks(
             Down,
             &settings,
+            Arc::clone(clock) as Arc<dyn Clock>,
             Arc::clone(clock) as Arc<dyn Clock>,
             Box::new(|name| name == "local"),
         )
@@ -689,9 +715,10 @@ mod tests {
             replicas: NonZeroU32::new(3),
             store: StoreConfig::try_new(1_000, 1, OnFull::Deny).expect("valid"),
         };
-        Fallback::new(
+        Fallback::with_clocks(
             Counting::default(),
             &settings,
+            Arc::clone(clock) as Arc<dyn Clock>,
             Arc::clone(clock) as Arc<dyn Clock>,
             Box::new(|name| name == "local"),
         )
@@ -703,6 +730,32 @@ mod tests {
             callers: false,
         })
         .into()
+    }
+
+    #[tokio::test]
+    async fn a_callers_own_deadline_or_a_call_refused_alone_leaves_the_breaker_closed() {
+        let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+        let store = counting(&clock);
+        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
+            .expect("valid");
+        let callers = super::super::Waited {
+            after: Duration::from_millis(2),
+            callers: true,
+        };
+        for error in [
+            BackendError::from(super::super::MayHaveRun::NoReply(callers)),
+            BackendError::from(super::super::NotRun::NotSent(callers)),
+            BackendError::from(super::super::NotRun::RefusedLate("rate script")),
+        ] {
+            store.store().fail_with(Some(error));
+            let d = store.check_one(&item, Deadline::NONE).await.expect("local");
+            assert_eq!(d.reason, Reason::LocalFallback, "this call falls back");
+            assert_eq!(store.breaker().state(), State::Closed, "the next is sent");
+        }
+        store.store().fail_with(None);
+        let d = store.check_one(&item, Deadline::NONE).await.expect("sent");
+        assert_ne!(d.reason, Reason::LocalFallback);
+        assert_eq!(store.store().counts(), (4, 0), "four calls sent, no probe");
     }
 
     #[tokio::test]

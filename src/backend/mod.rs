@@ -238,7 +238,7 @@ pub enum OverrideWriteError {
     #[error(transparent)]
     NotApplied(BackendError),
     /// It was sent but no answer came: it may or may not have been applied.
-    #[error("{0}: the change may have been applied; List to see")]
+    #[error("{}: the change may have been applied; List to see", crate::Causes(.0))]
     Unknown(BackendError),
 }
 

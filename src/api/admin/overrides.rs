@@ -230,7 +230,7 @@ impl<S: Backend> OverridesService<S> {
                 %caller,
                 %policy,
                 scope = %scope.describe(),
-                %error,
+                error = %crate::Causes(error),
                 change = if write.value.is_some() { "set" } else { "remove" },
                 "override change sent, outcome unknown (it may have been applied; the store's set shows which)"
             );
