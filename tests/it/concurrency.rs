@@ -17,7 +17,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::common::redis::RedisServer;
-use crate::common::{NOON_30, TestServer, check_batch, eventually, named, peek};
+use crate::common::{NOON_30, TestServer, check_batch, named, peek};
 
 /// `exports`: at most 2 in flight, slots of 10 s; `per-minute`: a rate.
 const CONFIG: &str = r#"
@@ -778,18 +778,7 @@ async fn a_stalled_redis_takes_nothing_late_from_a_batch_of_a_rate_and_an_acquir
     // connection that never sent it), and nothing was taken: both slots
     // and all three units are there.
     for server in [&closed, &failing] {
-        eventually(
-            Duration::from_secs(10),
-            "the late batch script refused",
-            || async {
-                server
-                    .metrics()
-                    .await
-                    .value("quotad_redis_late_scripts_total", &[("outcome", "refused")])
-                    >= 1.0
-            },
-        )
-        .await;
+        server.late_script_refused().await;
     }
     assert_eq!(free(&mut failing_quota, "stalled").await, 2);
     assert_eq!(

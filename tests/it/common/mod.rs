@@ -109,6 +109,18 @@ impl TestServer {
         Metrics::parse(&body)
     }
 
+    /// Waits (at most 10 s) until a script that reached Redis past its
+    /// deadline has refused to run: a stall's queued calls took nothing.
+    pub(crate) async fn late_script_refused(&self) {
+        eventually(Duration::from_secs(10), "a late script refused", || async {
+            self.metrics()
+                .await
+                .value("quotad_redis_late_scripts_total", &[("outcome", "refused")])
+                >= 1.0
+        })
+        .await;
+    }
+
     /// Asks the server to shut down, without waiting.
     pub(crate) fn trigger_shutdown(&mut self) {
         if let Some(stop) = self.stop.take() {
