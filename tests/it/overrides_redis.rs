@@ -461,3 +461,119 @@ async fn an_expired_override_is_purged_from_redis_and_no_longer_counts() {
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(left[0].contains("other"), "{left:?}");
 }
+
+/// The overrides `client` lists, as (key or prefix, limit).
+async fn scopes(client: &mut OverridesClient<Channel>) -> Vec<(String, u64)> {
+    let mut seen: Vec<(String, u64)> = listed(client)
+        .await
+        .overrides
+        .iter()
+        .filter_map(|o| {
+            let scope = match o.scope.as_ref()?.scope.as_ref()? {
+                pb::override_scope::Scope::Key(k) | pb::override_scope::Scope::Prefix(k) => {
+                    k.clone()
+                }
+                _ => return None,
+            };
+            Some((scope, o.limit))
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+#[tokio::test]
+async fn a_store_gone_back_within_its_epoch_is_followed_and_later_changes_reach_every_replica() {
+    let redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "50ms")).await;
+    let b = TestServer::start(config(&redis, "50ms")).await;
+    let (mut on_a, mut on_b) = (overrides(&a).await, overrides(&b).await);
+    for limit in [5, 6, 7, 8] {
+        on_a.set_override(set_key("old", limit)).await.expect("set");
+    }
+    eventually(WITHIN, "b reads the four changes", || {
+        let mut on_b = on_b.clone();
+        async move { scopes(&mut on_b).await == [("old".to_owned(), 8)] }
+    })
+    .await;
+    let epoch = redis.cli(&["HGET", "quotad:overrides", "#epoch"]);
+    // The store goes back within its epoch (restored from an older copy,
+    // a failover that lost the last writes): the version is smaller and
+    // the last change is gone.
+    let field = stored(&redis).pop().expect("the override is stored");
+    let value = redis.cli(&["HGET", "quotad:overrides", &field]);
+    let older = value.trim().replace("\"limit\":8", "\"limit\":6");
+    assert_ne!(older, value.trim(), "the stored value names its limit");
+    redis.cli(&["HSET", "quotad:overrides", "#version", "2", &field, &older]);
+    assert_eq!(redis.cli(&["HGET", "quotad:overrides", "#epoch"]), epoch);
+    // A new change on one replica takes a version the other has held
+    // already (3): it must still reach both.
+    on_b.set_override(set_key("after", 42)).await.expect("set");
+    for (name, client) in [("a", &mut on_a), ("b", &mut on_b)] {
+        let started = Instant::now();
+        loop {
+            let seen = scopes(client).await;
+            if seen.contains(&("after".to_owned(), 42)) {
+                assert_eq!(
+                    seen,
+                    [("after".to_owned(), 42), ("old".to_owned(), 6)],
+                    "{name} follows the store gone back"
+                );
+                break;
+            }
+            assert!(
+                started.elapsed() < WITHIN,
+                "replica {name} never saw the change made after the store went back: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(limit_of(&a, "after").await, 42);
+    assert_eq!(limit_of(&a, "old").await, 6);
+}
+
+#[tokio::test]
+async fn a_removal_that_changes_nothing_leaves_the_stores_version_as_it_is() {
+    let redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "1h")).await;
+    let mut on_a = overrides(&a).await;
+    let remove = |k: &str| pb::RemoveOverrideRequest {
+        policy: "api".to_owned(),
+        scope: set_key(k, 1).scope,
+    };
+    // On an empty store no hash is made for it.
+    let answer = on_a
+        .remove_override(remove("nothing"))
+        .await
+        .expect("removed")
+        .into_inner();
+    assert!(!answer.removed);
+    assert_eq!(redis.cli(&["EXISTS", "quotad:overrides"]).trim(), "0");
+    on_a.set_override(set_key("k", 9)).await.expect("set");
+    let version = redis.cli(&["HGET", "quotad:overrides", "#version"]);
+    assert_eq!(version.trim(), "1");
+    for _ in 0..5 {
+        let answer = on_a
+            .remove_override(remove("absent"))
+            .await
+            .expect("removed")
+            .into_inner();
+        assert!(!answer.removed);
+    }
+    assert_eq!(
+        redis.cli(&["HGET", "quotad:overrides", "#version"]),
+        version
+    );
+    // A removal that removes bumps it, and the override is gone.
+    let answer = on_a
+        .remove_override(remove("k"))
+        .await
+        .expect("removed")
+        .into_inner();
+    assert!(answer.removed);
+    assert_eq!(
+        redis.cli(&["HGET", "quotad:overrides", "#version"]).trim(),
+        "2"
+    );
+    assert_eq!(limit_of(&a, "k").await, 3);
+}
