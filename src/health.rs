@@ -100,7 +100,9 @@ pub(crate) async fn follow_store<B: Backend>(
         if ok != was_ok {
             match probe {
                 Ok(Ok(())) => tracing::info!("state store answers again: ready"),
-                Ok(Err(error)) => tracing::warn!(%error, "state store probe failed: not ready"),
+                Ok(Err(error)) => {
+                    tracing::warn!(error = %crate::Causes(&error), "state store probe failed: not ready");
+                }
                 Err(_) => tracing::warn!(?interval, "state store probe timed out: not ready"),
             }
             was_ok = ok;
@@ -130,7 +132,7 @@ mod tests {
             "fake"
         }
         async fn check_one(&self, _item: &CheckItem<'_>, _: Deadline) -> ItemResult {
-            Err(BackendError::Internal("not used".to_owned()))
+            Err(BackendError::Internal("not used".into()))
         }
         async fn check(
             &self,
@@ -138,38 +140,38 @@ mod tests {
             _mode: BatchMode,
             _: Deadline,
         ) -> Vec<ItemResult> {
-            vec![Err(BackendError::Internal("not used".to_owned())); items.len()]
+            vec![Err(BackendError::Internal("not used".into())); items.len()]
         }
         async fn peek(&self, _item: &CheckItem<'_>, _: Deadline) -> ItemResult {
-            Err(BackendError::Internal("not used".to_owned()))
+            Err(BackendError::Internal("not used".into()))
         }
         async fn lease(
             &self,
             _item: &crate::backend::LeaseItem<'_>,
             _: Deadline,
         ) -> crate::backend::LeaseResult {
-            Err(BackendError::Internal("not used".to_owned()))
+            Err(BackendError::Internal("not used".into()))
         }
         async fn acquire(
             &self,
             _item: &CheckItem<'_>,
             _: Deadline,
         ) -> crate::backend::AcquireResult {
-            Err(BackendError::Internal("not used".to_owned()))
+            Err(BackendError::Internal("not used".into()))
         }
         async fn renew(
             &self,
             _slot: &crate::backend::SlotItem<'_>,
             _: Deadline,
         ) -> crate::backend::SlotResult {
-            Err(BackendError::Internal("not used".to_owned()))
+            Err(BackendError::Internal("not used".into()))
         }
         async fn release(
             &self,
             _slot: &crate::backend::SlotItem<'_>,
             _: Deadline,
         ) -> crate::backend::SlotResult {
-            Err(BackendError::Internal("not used".to_owned()))
+            Err(BackendError::Internal("not used".into()))
         }
         async fn reset(
             &self,
@@ -187,7 +189,7 @@ mod tests {
         }
         async fn probe(&self) -> Result<(), BackendError> {
             if self.down.load(Ordering::SeqCst) {
-                Err(BackendError::Unavailable("down".to_owned()))
+                Err(BackendError::from(crate::backend::NotRun::NotConnected))
             } else {
                 Ok(())
             }

@@ -31,6 +31,8 @@
 //! | `quotad_connections_rejected_total` | counter | `port` (`grpc`/`admin`) |
 //! | `quotad_calls_shed_total` | counter | |
 //! | `quotad_local_fallback_decisions_total` | counter | `outcome` (`allowed`/`denied`) |
+//! | `quotad_store_breaker_state` | gauge: 0 closed, 1 open, 2 half-open (Redis only) | |
+//! | `quotad_store_breaker_transitions_total` | counter | `to` (`open`/`half_open`/`closed`) |
 //! | `quotad_auth_denied_total` | counter | `method` (the `[auth]` group: `check`, `peek`, `reset`, `should_rate_limit`) |
 //! | `quotad_rls_reloads_total` | counter | `outcome` (`ok`/`error`) |
 //! | `quotad_rls_rules` | gauge | |
@@ -93,6 +95,10 @@ const CALLS_SHED: &str = "quotad_calls_shed_total";
 /// Counted by the local fallback of `on_error = "local"`, as a figure of
 /// its backend (`crate::backend::fallback`).
 pub(crate) const LOCAL_FALLBACK: &str = "quotad_local_fallback_decisions_total";
+/// The local fallback's breaker (`crate::backend::breaker`): its state, and
+/// its transitions as a figure of its backend.
+const BREAKER_STATE: &str = "quotad_store_breaker_state";
+pub(crate) const BREAKER_TRANSITIONS: &str = "quotad_store_breaker_transitions_total";
 const AUTH_DENIED: &str = "quotad_auth_denied_total";
 const RLS_RELOADS: &str = "quotad_rls_reloads_total";
 const RLS_RULES: &str = "quotad_rls_rules";
@@ -226,6 +232,9 @@ impl Metrics {
             (LOCAL_FALLBACK, "denied"),
         ] {
             let _ = counter(name, vec![Label::new("outcome", outcome)]);
+        }
+        for to in ["open", "half_open", "closed"] {
+            let _ = counter(BREAKER_TRANSITIONS, vec![Label::new("to", to)]);
         }
         let _ = counter(REDIS_CORRUPT, vec![]);
         Ok(Metrics {
@@ -500,6 +509,11 @@ impl Metrics {
                     .set(units as f64);
             }
         }
+        if let Some(state) = stats.breaker_state {
+            self.recorder
+                .register_gauge(&Key::from_static_name(BREAKER_STATE), &metadata())
+                .set(state as f64);
+        }
         // Not the hot path: each figure's handle is looked up per scrape.
         for figure in stats.figures {
             let labels = figure.labels.iter().map(|&(k, v)| Label::new(k, v));
@@ -773,6 +787,10 @@ fn describe(recorder: &PrometheusRecorder) {
             "Decisions made by this replica alone, from its own memory with its share of the limit, while the store was down (on_error = \"local\"), by outcome.",
         ),
         (
+            BREAKER_TRANSITIONS,
+            "Transitions of the local fallback's breaker, by the state entered: open (a store call failed; falling-back calls are decided locally, none sent), half_open (one probe of the store), closed (the probe answered).",
+        ),
+        (
             RLS_RELOADS,
             "RLS rules reloads, by outcome (an error keeps the previous rules).",
         ),
@@ -848,6 +866,11 @@ fn describe(recorder: &PrometheusRecorder) {
         "1 when the last read of the store's overrides succeeded; 0 while this replica serves the last set it read.".into(),
     );
     recorder.describe_gauge(
+        BREAKER_STATE.into(),
+        None,
+        "The local fallback's breaker: 0 closed (calls go to the store), 1 open (on_error = \"local\" calls decided locally at once), 2 half-open (one probe under way).".into(),
+    );
+    recorder.describe_gauge(
         RLS_RULES.into(),
         None,
         "RLS rules in force (unlimited ones included).".into(),
@@ -880,6 +903,9 @@ pub struct BackendStats {
     /// Concurrency slots dropped because they ended unreleased, since
     /// start.
     pub slots_expired: u64,
+    /// The local fallback's breaker state, as its gauge value, where there
+    /// is one (`crate::backend::breaker::State::gauge`).
+    pub breaker_state: Option<u64>,
 }
 
 /// One count of a backend's own, since start: a counter series named by

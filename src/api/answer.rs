@@ -109,7 +109,7 @@ fn log_failure(log: &Throttled, error: &BackendError) {
     }
     if let Some(suppressed) = log.record() {
         tracing::warn!(
-            %error,
+            error = %crate::Causes(error),
             suppressed,
             "state store call failed; on_error applies (one line per interval: suppressed counts the failures since the last line)"
         );
@@ -157,7 +157,9 @@ mod tests {
             .finish();
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let log = Throttled::new(LOG_INTERVAL, clock.clone());
-        let down = BackendError::Unavailable("connection refused".to_owned());
+        let down = BackendError::from(crate::backend::NotRun::Client(
+            "connection refused".to_owned(),
+        ));
         tracing::subscriber::with_default(subscriber, || {
             for _ in 0..50 {
                 log_failure(&log, &down);

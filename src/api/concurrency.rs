@@ -300,7 +300,7 @@ impl<S: Backend> ConcurrencyService<S> {
         pending.orphan = None;
         answer.unwrap_or_else(|_| {
             Err(Taken::Fault(BackendError::Internal(
-                "the acquire task ended without an answer".to_owned(),
+                "the acquire task ended without an answer".into(),
             )))
         })
     }
@@ -403,7 +403,7 @@ async fn take<S: Backend>(
     deadline: Deadline,
     acquires: &metrics::Counter,
 ) -> Result<Acquired, Taken> {
-    let fault = |message: String| Taken::Fault(BackendError::Internal(message));
+    let fault = |message: String| Taken::Fault(BackendError::Internal(message.into()));
     for _ in 0..4 {
         let item = CheckItem::acquire(name, policy, key, cost, new_slot_id())
             .map_err(|e| fault(e.to_string()))?;

@@ -47,6 +47,10 @@ pub(crate) enum ServiceError {
     /// The store could not keep an override: UNAVAILABLE (nothing changed).
     #[error("the store could not keep the change: {0}")]
     NotKept(String),
+    /// The store may or may not have kept an override (sent, no answer):
+    /// UNAVAILABLE, saying so.
+    #[error("{0}")]
+    MaybeKept(String),
     /// The backend failed: UNAVAILABLE when it is down or slow (and the
     /// policy's `on_error` is `error`), FAILED_PRECONDITION for a batch
     /// spanning Redis Cluster slots, INTERNAL for an answer it cannot use.
@@ -85,7 +89,8 @@ impl ServiceError {
             | ServiceError::ResetDisabled
             | ServiceError::ResetNotLocal { .. }
             | ServiceError::Refused(_)
-            | ServiceError::NotKept(_)) => other,
+            | ServiceError::NotKept(_)
+            | ServiceError::MaybeKept(_)) => other,
         }
     }
 }
@@ -125,7 +130,8 @@ impl From<LeaseError> for ServiceError {
 
 /// The gRPC status for an error: the only mapping from errors to codes.
 pub(crate) fn to_status(error: &ServiceError) -> Status {
-    let message = error.to_string();
+    // Every cause, each once: a store error's causes are its sources.
+    let message = crate::Causes(error).to_string();
     match error {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
         ServiceError::UnknownPolicy { .. } | ServiceError::UnknownLease { .. } => {
@@ -135,7 +141,7 @@ pub(crate) fn to_status(error: &ServiceError) -> Status {
         ServiceError::ResetDisabled
         | ServiceError::ResetNotLocal { .. }
         | ServiceError::Refused(_) => Status::permission_denied(message),
-        ServiceError::NotKept(_) => Status::unavailable(message),
+        ServiceError::NotKept(_) | ServiceError::MaybeKept(_) => Status::unavailable(message),
         ServiceError::Backend(BackendError::Unavailable(_)) => Status::unavailable(message),
         ServiceError::Backend(
             BackendError::CrossSlot | BackendError::TooManyAtomicItems { .. },
@@ -186,9 +192,9 @@ mod tests {
                 "settle.spent: must be at most the lease's 10 units (got 11)",
             ),
             (
-                ServiceError::Backend(BackendError::Unavailable("redis down".into())),
+                ServiceError::Backend(crate::backend::NotRun::Reconnecting.into()),
                 Code::Unavailable,
-                "state store unavailable: redis down",
+                "state store unavailable: redis: reconnecting",
             ),
         ];
         for (error, code, message) in cases {
@@ -210,7 +216,7 @@ mod tests {
             error.to_string(),
             "items[3].inline_policy.limit: limit must be at least 1"
         );
-        let store = ServiceError::Backend(BackendError::Unavailable("x".into()));
+        let store = ServiceError::Backend(crate::backend::NotRun::NotConnected.into());
         assert_eq!(store.clone().at_item(1), store);
     }
 

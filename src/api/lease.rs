@@ -596,7 +596,7 @@ mod tests {
     }
 
     fn down() -> BackendError {
-        BackendError::Unavailable("down".to_owned())
+        BackendError::from(crate::backend::NotRun::NotConnected)
     }
 
     const FAIL_OPEN: &str = r#"

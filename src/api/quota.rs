@@ -554,7 +554,7 @@ mod tests {
             target(OnError::FailClosed),
             target(OnError::FailOpen),
         ]);
-        let down = || BackendError::Unavailable("down".to_owned());
+        let down = || BackendError::from(crate::backend::NotRun::NotConnected);
         let all_down = |n: usize| vec![Err(down()); n];
 
         let each = resolve_results(&targets, all_down(3), Answer::PerItem).expect("answers");
@@ -592,7 +592,7 @@ mod tests {
         assert_eq!(answered[1], decided(true));
         assert!(resolve_results(&both, all_down(2), Answer::Whole).is_err());
         // A bug in the store is never failed open.
-        let bug = || Err(BackendError::Internal("bad reply".to_owned()));
+        let bug = || Err(BackendError::Internal("bad reply".into()));
         assert!(resolve_one(targets.of(0), bug()).is_err());
         let faulty = resolve_results(&targets, vec![bug(), Ok(decided(true))], Answer::PerItem)
             .expect("answers");

@@ -16,14 +16,36 @@
 //!   grants one on a failure; clients then check, and checks are local;
 //! - resets: an operator's reset is of the store's state.
 //!
+//! **The breaker** ([`Breaker`]). An outage of such an item opens it:
+//! from then on no call of a falling-back item is sent to the store, each
+//! is decided here at once, until a probe ([`Backend::probe`], one at a
+//! time, with back-off between probes) answers. So a stalled store costs
+//! each replica one timeout, not one per call. Items of other policies
+//! (`error`, `fail_open`, `fail_closed`) still go to the store, breaker or
+//! not: their answer is the store's or their `on_error`.
+//!
+//! Both kinds of outage fall back ([`Outage`]): a call that certainly did
+//! not run, and one that **may have run** (sent, then no reply in time or
+//! the connection broke). The second is still answered here, since its
+//! caller is waiting and the store's answer is lost; if its script did
+//! run, it is counted in the store and here too. That double count is
+//! bounded: it can only be a call sent before the breaker opened, that is,
+//! one of the calls in flight to the store when the outage began (at most
+//! the calls this replica sent within one `store.redis.timeout` before the
+//! first failure came back), and of those only the ones the store ran
+//! before their deadline (a stalled Redis refuses scripts past it). Each
+//! later outage, after a probe closed the breaker, adds at most its own
+//! calls in flight. docs/redis.md states the same bound.
+//!
 //! Nothing decided here is carried into the store when it answers again:
-//! the store's counts are what they were (a stalled Redis refuses scripts
-//! past their deadline; a restarted one starts empty). But every
-//! `Unavailable` falls back, including a call whose script ran and whose
-//! reply came late or was lost: that one is counted in the store and
-//! decided here too (docs/redis.md says the bound). The local state is not dropped at recovery either, but
-//! swept as each key becomes fresh: a store that flaps within one window
-//! finds the replica's share already spent, not a new one.
+//! the store's counts are what they were (a restarted Redis starts empty).
+//! The local state is not dropped at recovery either, but swept as each
+//! key becomes fresh: a store that flaps within one window finds the
+//! replica's share already spent, not a new one.
+//!
+//! One breaker serves the whole store: on a Redis Cluster with one node
+//! down, falling-back items of every node are decided here while it is
+//! open (each within this replica's share, so never over the limit).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -32,12 +54,13 @@ use std::time::Duration;
 
 use quotad_core::{BatchMode, CheckItem, Clock, Decision, MemoryStore, Policy, Reason};
 
+use super::breaker::{Admit, Backoff, Breaker, State};
 use super::{
     AcquireResult, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult, LeaseItem,
-    LeaseResult, SlotItem, SlotResult,
+    LeaseResult, Outage, SlotItem, SlotResult,
 };
 use crate::config::{FallbackSettings, OnError};
-use crate::metrics::LOCAL_FALLBACK as LOCAL_DECISIONS;
+use crate::metrics::{BREAKER_TRANSITIONS, LOCAL_FALLBACK as LOCAL_DECISIONS};
 use crate::registry::PolicyRegistry;
 
 /// The namespaces whose policy says `on_error = "local"` in the policies
@@ -74,6 +97,7 @@ pub struct Fallback<B> {
     /// (config validation makes sure of it on Redis).
     replicas: Option<NonZeroU32>,
     is_local: LocalPolicies,
+    breaker: Arc<Breaker>,
     allowed: AtomicU64,
     denied: AtomicU64,
 }
@@ -98,6 +122,7 @@ impl<B: Backend> Fallback<B> {
     ) -> Self {
         Fallback {
             store,
+            breaker: Arc::new(Breaker::new(Arc::clone(&clock), Backoff::DEFAULT)),
             local: Arc::new(MemoryStore::new(settings.store, clock)),
             replicas: settings.replicas,
             is_local,
@@ -116,12 +141,147 @@ impl<B: Backend> Fallback<B> {
         &self.store
     }
 
-    /// Whether `item`, which the store failed with `error`, is decided here.
-    fn falls_back(&self, item: &CheckItem<'_>, error: &BackendError) -> bool {
-        matches!(error, BackendError::Unavailable(_))
-            && self.replicas.is_some()
+    /// The breaker in front of the store.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// Whether `item` is decided here when the store cannot decide it.
+    fn may_fall_back(&self, item: &CheckItem<'_>) -> bool {
+        self.replicas.is_some()
             && item.policy().algorithm().is_rate()
             && (self.is_local)(item.name())
+    }
+
+    /// Whether `item`, which the store failed with `error`, is decided
+    /// here: an outage of either kind ([`Outage`]), never a bug.
+    fn falls_back(&self, item: &CheckItem<'_>, error: &BackendError) -> bool {
+        matches!(
+            error,
+            BackendError::Unavailable(Outage::NotRun(_) | Outage::MayHaveRun(_))
+        ) && self.may_fall_back(item)
+    }
+
+    /// Whether calls of falling-back items go to the store now: the
+    /// breaker closed, or this call's probe answered (by `deadline`; a
+    /// probe its caller stops waiting for has failed).
+    async fn sends(&self, deadline: Deadline) -> bool {
+        match self.breaker.admit() {
+            Admit::Send => true,
+            Admit::Local => false,
+            Admit::Probe(probe) => {
+                let answered = match deadline.instant() {
+                    Some(at) => tokio::time::timeout_at(at.into(), self.store.probe())
+                        .await
+                        .is_ok_and(|r| r.is_ok()),
+                    None => self.store.probe().await.is_ok(),
+                };
+                probe.settle(answered);
+                answered
+            }
+        }
+    }
+
+    /// What the store answered falling-back items tells the breaker: an
+    /// outage opens it; an answer starts its back-off over.
+    fn observe<'r>(&self, results: impl IntoIterator<Item = &'r ItemResult>) {
+        let mut answered = false;
+        for result in results {
+            match result {
+                Err(BackendError::Unavailable(_)) => return self.breaker.failed(),
+                Ok(_) => answered = true,
+                Err(_) => {}
+            }
+        }
+        if answered {
+            self.breaker.succeeded();
+        }
+    }
+
+    /// `items` decided with the store, or here when the breaker is open:
+    /// `peek` looks (each item alone), otherwise checks as a batch of
+    /// `mode`.
+    async fn batch(
+        &self,
+        items: &[CheckItem<'_>],
+        mode: BatchMode,
+        deadline: Deadline,
+        peek: bool,
+    ) -> Vec<ItemResult> {
+        let falls: Vec<bool> = items.iter().map(|i| self.may_fall_back(i)).collect();
+        let every = falls.iter().all(|&f| f);
+        // An all-or-nothing batch with an item that does not fall back is
+        // the store's to decide, breaker or not.
+        let store_decides = !falls.contains(&true) || (mode == BatchMode::AllOrNothing && !every);
+        if store_decides || self.sends(deadline).await {
+            let results = self.store_batch(items, mode, deadline, peek).await;
+            self.observe(
+                results
+                    .iter()
+                    .zip(&falls)
+                    .filter_map(|(r, &f)| f.then_some(r)),
+            );
+            return self.resolve(items, results, mode, peek);
+        }
+        if every {
+            return self.decide(items, mode, peek).into_iter().map(Ok).collect();
+        }
+        // Independent items, some falling back: the others still go to the
+        // store.
+        let (mut local, mut sent) = (Vec::new(), Vec::new());
+        for (item, &f) in items.iter().zip(&falls) {
+            if f {
+                local.push(*item)
+            } else {
+                sent.push(*item)
+            }
+        }
+        let mut local = self
+            .decide(&local, BatchMode::Independent, peek)
+            .into_iter()
+            .map(Ok);
+        let mut sent = self
+            .store_batch(&sent, BatchMode::Independent, deadline, peek)
+            .await
+            .into_iter();
+        falls
+            .iter()
+            .map(|&f| {
+                let next = if f { local.next() } else { sent.next() };
+                next.expect("one result per item")
+            })
+            .collect()
+    }
+
+    async fn store_batch(
+        &self,
+        items: &[CheckItem<'_>],
+        mode: BatchMode,
+        deadline: Deadline,
+        peek: bool,
+    ) -> Vec<ItemResult> {
+        if peek {
+            self.store.peek_each(items, deadline).await
+        } else {
+            self.store.check(items, mode, deadline).await
+        }
+    }
+
+    /// One item decided with the store, or here when the breaker is open.
+    async fn one(&self, item: &CheckItem<'_>, deadline: Deadline, peek: bool) -> ItemResult {
+        let falls = self.may_fall_back(item);
+        if falls && !self.sends(deadline).await {
+            return self.resolve_one(item, Err(super::NotRun::BreakerOpen.into()), peek);
+        }
+        let result = if peek {
+            self.store.peek(item, deadline).await
+        } else {
+            self.store.check_one(item, deadline).await
+        };
+        if falls {
+            self.observe([&result]);
+        }
+        self.resolve_one(item, result, peek)
     }
 
     /// The local item of `item`: its share of the limit, or `None` when the
@@ -246,6 +406,15 @@ fn share(policy: &Policy, replicas: u64) -> Option<Policy> {
     .ok()
 }
 
+/// The labels of `quotad_store_breaker_transitions_total` into `to`.
+fn transition_labels(to: State) -> &'static [(&'static str, &'static str)] {
+    match to {
+        State::Open => &[("to", "open")],
+        State::HalfOpen => &[("to", "half_open")],
+        State::Closed => &[("to", "closed")],
+    }
+}
+
 /// A local decision where the replica's share is below one unit.
 fn no_share() -> Decision {
     Decision {
@@ -264,8 +433,7 @@ impl<B: Backend> Backend for Fallback<B> {
     }
 
     async fn check_one(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
-        let result = self.store.check_one(item, deadline).await;
-        self.resolve_one(item, result, false)
+        self.one(item, deadline, false).await
     }
 
     async fn check(
@@ -274,18 +442,16 @@ impl<B: Backend> Backend for Fallback<B> {
         mode: BatchMode,
         deadline: Deadline,
     ) -> Vec<ItemResult> {
-        let results = self.store.check(items, mode, deadline).await;
-        self.resolve(items, results, mode, false)
+        self.batch(items, mode, deadline, false).await
     }
 
     async fn peek(&self, item: &CheckItem<'_>, deadline: Deadline) -> ItemResult {
-        let result = self.store.peek(item, deadline).await;
-        self.resolve_one(item, result, true)
+        self.one(item, deadline, true).await
     }
 
     async fn peek_each(&self, items: &[CheckItem<'_>], deadline: Deadline) -> Vec<ItemResult> {
-        let results = self.store.peek_each(items, deadline).await;
-        self.resolve(items, results, BatchMode::Independent, true)
+        self.batch(items, BatchMode::Independent, deadline, true)
+            .await
     }
 
     async fn reset(
@@ -332,6 +498,14 @@ impl<B: Backend> Backend for Fallback<B> {
                 value: self.denied.load(Ordering::Relaxed),
             },
         ]);
+        stats.figures.extend(
+            [State::Open, State::HalfOpen, State::Closed].map(|to| Figure {
+                name: BREAKER_TRANSITIONS,
+                labels: transition_labels(to),
+                value: self.breaker.transitions(to),
+            }),
+        );
+        stats.breaker_state = Some(self.breaker.state().gauge());
         stats
     }
 
@@ -362,7 +536,7 @@ mod tests {
             "down"
         }
         async fn check_one(&self, _: &CheckItem<'_>, _: Deadline) -> ItemResult {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         async fn check(
             &self,
@@ -372,11 +546,11 @@ mod tests {
         ) -> Vec<ItemResult> {
             items
                 .iter()
-                .map(|_| Err(BackendError::Unavailable("down".to_owned())))
+                .map(|_| Err(BackendError::from(crate::backend::NotRun::NotConnected)))
                 .collect()
         }
         async fn peek(&self, _: &CheckItem<'_>, _: Deadline) -> ItemResult {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         async fn reset(
             &self,
@@ -385,19 +559,19 @@ mod tests {
             _: &str,
             _: Deadline,
         ) -> Result<(), BackendError> {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         async fn lease(&self, _: &LeaseItem<'_>, _: Deadline) -> LeaseResult {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         async fn acquire(&self, _: &CheckItem<'_>, _: Deadline) -> AcquireResult {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         async fn renew(&self, _: &SlotItem<'_>, _: Deadline) -> SlotResult {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         async fn release(&self, _: &SlotItem<'_>, _: Deadline) -> SlotResult {
-            Err(BackendError::Unavailable("down".to_owned()))
+            Err(BackendError::from(crate::backend::NotRun::NotConnected))
         }
         crate::backend::keeps_no_overrides!();
 
@@ -417,6 +591,241 @@ mod tests {
             Arc::clone(clock) as Arc<dyn Clock>,
             Box::new(|name| name == "local"),
         )
+    }
+
+    /// A store that answers each check with `failing`'s error, or allows
+    /// it when there is none, and counts the calls and probes it gets.
+    #[derive(Default)]
+    struct Counting {
+        failing: std::sync::Mutex<Option<BackendError>>,
+        calls: AtomicU64,
+        probes: AtomicU64,
+    }
+
+    impl Counting {
+        fn answer(&self) -> ItemResult {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            match self.failing.lock().expect("not poisoned").clone() {
+                Some(e) => Err(e),
+                None => Ok(Decision {
+                    allowed: true,
+                    limit: 30,
+                    remaining: 29,
+                    retry_after_ms: 0,
+                    reset_after_ms: 0,
+                    reason: Reason::WithinLimit,
+                }),
+            }
+        }
+
+        fn fail_with(&self, error: Option<BackendError>) {
+            *self.failing.lock().expect("not poisoned") = error;
+        }
+
+        fn counts(&self) -> (u64, u64) {
+            (
+                self.calls.load(Ordering::SeqCst),
+                self.probes.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    impl Backend for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+        async fn check_one(&self, _: &CheckItem<'_>, _: Deadline) -> ItemResult {
+            self.answer()
+        }
+        async fn check(
+            &self,
+            items: &[CheckItem<'_>],
+            _: BatchMode,
+            _: Deadline,
+        ) -> Vec<ItemResult> {
+            items.iter().map(|_| self.answer()).collect()
+        }
+        async fn peek(&self, _: &CheckItem<'_>, _: Deadline) -> ItemResult {
+            self.answer()
+        }
+        async fn reset(
+            &self,
+            _: &str,
+            _: &Policy,
+            _: &str,
+            _: Deadline,
+        ) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn lease(&self, _: &LeaseItem<'_>, _: Deadline) -> LeaseResult {
+            Err(super::super::NotRun::NotConnected.into())
+        }
+        async fn acquire(&self, _: &CheckItem<'_>, _: Deadline) -> AcquireResult {
+            Err(super::super::NotRun::NotConnected.into())
+        }
+        async fn renew(&self, _: &SlotItem<'_>, _: Deadline) -> SlotResult {
+            Err(super::super::NotRun::NotConnected.into())
+        }
+        async fn release(&self, _: &SlotItem<'_>, _: Deadline) -> SlotResult {
+            Err(super::super::NotRun::NotConnected.into())
+        }
+        crate::backend::keeps_no_overrides!();
+
+        fn stats(&self) -> BackendStats {
+            BackendStats::default()
+        }
+
+        async fn probe(&self) -> Result<(), BackendError> {
+            self.probes.fetch_add(1, Ordering::SeqCst);
+            match self.failing.lock().expect("not poisoned").clone() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+    }
+
+    fn counting(clock: &Arc<FakeClock>) -> Fallback<Counting> {
+        let settings = FallbackSettings {
+            replicas: NonZeroU32::new(3),
+            store: StoreConfig::try_new(1_000, 1, OnFull::Deny).expect("valid"),
+        };
+        Fallback::new(
+            Counting::default(),
+            &settings,
+            Arc::clone(clock) as Arc<dyn Clock>,
+            Box::new(|name| name == "local"),
+        )
+    }
+
+    fn no_reply() -> BackendError {
+        super::super::MayHaveRun::NoReply(super::super::Waited {
+            after: Duration::from_millis(200),
+            callers: false,
+        })
+        .into()
+    }
+
+    #[tokio::test]
+    async fn after_a_call_that_may_have_run_no_call_is_sent_until_a_probe_answers() {
+        let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+        let store = counting(&clock);
+        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
+            .expect("valid");
+        store.store().fail_with(Some(no_reply()));
+        for _ in 0..10 {
+            let d = store.check_one(&item, Deadline::NONE).await.expect("local");
+            assert_eq!(d.reason, Reason::LocalFallback);
+        }
+        assert_eq!(
+            store.store().counts(),
+            (1, 0),
+            "one call sent, no probe yet"
+        );
+        assert_eq!(store.breaker().state(), State::Open);
+        // The back-off passed: one probe, failing, and the call is local.
+        clock.advance(Duration::from_millis(100));
+        let d = store.check_one(&item, Deadline::NONE).await.expect("local");
+        assert_eq!(d.reason, Reason::LocalFallback);
+        assert_eq!(store.store().counts(), (1, 1));
+        // The store is back: the next probe, after twice the wait, answers,
+        // and that call and the next go to the store.
+        store.store().fail_with(None);
+        clock.advance(Duration::from_millis(199));
+        store.check_one(&item, Deadline::NONE).await.expect("local");
+        assert_eq!(store.store().counts(), (1, 1), "still backing off");
+        clock.advance(Duration::from_millis(1));
+        for _ in 0..2 {
+            let d = store.check_one(&item, Deadline::NONE).await.expect("store");
+            assert_eq!(d.reason, Reason::WithinLimit);
+        }
+        assert_eq!(store.store().counts(), (3, 2));
+        assert_eq!(store.breaker().state(), State::Closed);
+        let stats = store.stats();
+        let transitions = |to: &str| {
+            stats
+                .figures
+                .iter()
+                .find(|f| f.name == BREAKER_TRANSITIONS && f.labels == [("to", to)])
+                .map(|f| f.value)
+        };
+        assert_eq!(
+            [
+                transitions("open"),
+                transitions("half_open"),
+                transitions("closed")
+            ],
+            [Some(2), Some(2), Some(1)]
+        );
+        assert_eq!(stats.breaker_state, Some(0));
+    }
+
+    #[tokio::test]
+    async fn while_open_other_policies_still_go_to_the_store_and_keep_its_answer() {
+        let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+        let store = counting(&clock);
+        let p = policy(Algorithm::FixedWindow, 30, None);
+        let local = CheckItem::new("local", p, "k", 1).expect("valid");
+        let strict = CheckItem::new("strict", p, "k", 1).expect("valid");
+        store.store().fail_with(Some(no_reply()));
+        store
+            .check_one(&local, Deadline::NONE)
+            .await
+            .expect("local");
+        assert_eq!(store.breaker().state(), State::Open);
+        let results = store
+            .check(
+                &[strict, local, strict],
+                BatchMode::Independent,
+                Deadline::NONE,
+            )
+            .await;
+        assert!(results[0].is_err() && results[2].is_err(), "{results:?}");
+        assert_eq!(
+            results[1].as_ref().map(|d| d.reason),
+            Ok(Reason::LocalFallback)
+        );
+        assert_eq!(store.store().counts(), (3, 0), "the strict items only");
+        // An all-or-nothing batch of falling-back items sends nothing.
+        let results = store
+            .check(&[local, local], BatchMode::AllOrNothing, Deadline::NONE)
+            .await;
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert_eq!(store.store().counts(), (3, 0));
+    }
+
+    #[tokio::test]
+    async fn a_bug_in_the_store_is_not_answered_locally_nor_opens_the_breaker() {
+        let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+        let store = counting(&clock);
+        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
+            .expect("valid");
+        store.store().fail_with(Some(
+            super::super::Fault::Reply("a bad reply".into()).into(),
+        ));
+        for _ in 0..3 {
+            assert!(matches!(
+                store.check_one(&item, Deadline::NONE).await,
+                Err(BackendError::Internal(_))
+            ));
+        }
+        assert_eq!(store.breaker().state(), State::Closed);
+        assert_eq!(store.store().counts(), (3, 0));
+    }
+
+    #[tokio::test]
+    async fn an_outage_that_did_not_run_falls_back_and_opens_the_breaker_too() {
+        let clock = Arc::new(FakeClock::new(1_700_000_000_000));
+        let store = counting(&clock);
+        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
+            .expect("valid");
+        store
+            .store()
+            .fail_with(Some(super::super::NotRun::Reconnecting.into()));
+        for _ in 0..3 {
+            let d = store.check_one(&item, Deadline::NONE).await.expect("local");
+            assert_eq!(d.reason, Reason::LocalFallback);
+        }
+        assert_eq!(store.store().counts(), (1, 0));
     }
 
     fn policy(algorithm: Algorithm, limit: u64, burst: Option<u64>) -> Policy {
@@ -467,7 +876,12 @@ mod tests {
             assert_eq!(admitted, 10, "{algorithm}: floor(31 / 3)");
         }
         let stats = store.stats();
-        let counted: u64 = stats.figures.iter().map(|f| f.value).sum();
+        let counted: u64 = stats
+            .figures
+            .iter()
+            .filter(|f| f.name == LOCAL_DECISIONS)
+            .map(|f| f.value)
+            .sum();
         assert_eq!(counted, 200);
     }
 

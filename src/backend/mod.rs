@@ -14,6 +14,8 @@
 //! - [`fallback`]: around Redis, the local decisions of
 //!   `on_error = "local"` while it is down.
 
+pub mod breaker;
+mod error;
 pub mod fallback;
 /// The override methods of a [`Backend`] that keeps none: a store in
 /// this process (it has no other replica; its runtime overrides live in
@@ -84,6 +86,8 @@ use quotad_core::{
 };
 use thiserror::Error;
 
+pub use error::{Fault, MayHaveRun, NotRun, Outage, Shared, Waited};
+
 /// When the caller of a store call stops waiting for its answer.
 ///
 /// Past it the call is answered as failed, so the store must not count it
@@ -125,12 +129,16 @@ impl Deadline {
 }
 
 /// A backend that could not make a decision. A denial is never an error.
+///
+/// Its text is its own part only; the cause is its source, so a chain
+/// printer ([`crate::Causes`], `anyhow`'s `{:#}`) writes each cause once:
+/// `state store unavailable: redis: Connection refused (os error 111)`.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum BackendError {
     /// The backend cannot be reached or did not answer in time. The
     /// policy's `on_error` decides what the check answers.
-    #[error("state store unavailable: {0}")]
-    Unavailable(String),
+    #[error("state store unavailable")]
+    Unavailable(#[source] Outage),
     /// An all-or-nothing batch whose keys live in different Redis Cluster
     /// slots: it cannot be one atomic script.
     #[error(
@@ -151,8 +159,33 @@ pub enum BackendError {
     },
     /// The backend answered something quotad cannot use (a bug, not an
     /// outage).
-    #[error("state store error: {0}")]
-    Internal(String),
+    #[error("state store error")]
+    Internal(#[source] Fault),
+}
+
+impl BackendError {
+    /// A reply of the wrong shape, as `description` says: a bug.
+    pub fn bad_reply(description: String) -> Self {
+        BackendError::Internal(Fault::Reply(description))
+    }
+}
+
+impl From<NotRun> for BackendError {
+    fn from(cause: NotRun) -> Self {
+        BackendError::Unavailable(Outage::NotRun(cause))
+    }
+}
+
+impl From<MayHaveRun> for BackendError {
+    fn from(cause: MayHaveRun) -> Self {
+        BackendError::Unavailable(Outage::MayHaveRun(cause))
+    }
+}
+
+impl From<Fault> for BackendError {
+    fn from(cause: Fault) -> Self {
+        BackendError::Internal(cause)
+    }
 }
 
 /// One item's answer: its decision, or why the backend could not make it.

@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(batch_outcome(&[decision(true), decision(true)]), "allowed");
         assert_eq!(batch_outcome(&[decision(false)]), "denied");
         assert_eq!(batch_outcome(&[decision(true), decision(false)]), "mixed");
-        let failed = Err(BackendError::Unavailable("down".to_owned()));
+        let failed = Err(BackendError::from(crate::backend::NotRun::NotConnected));
         assert_eq!(batch_outcome(&[failed.clone(), failed]), "error");
         assert_eq!(batch_outcome(&[]), "none");
     }

@@ -3,6 +3,7 @@
 //! replicas (standalone and Cluster), all-or-nothing batches, and what
 //! happens when Redis fails.
 
+mod breaker;
 mod calendar;
 mod concurrency;
 mod credentials;

@@ -320,9 +320,9 @@ impl<S: Backend> OverridesService<S> {
 fn not_kept(error: OverrideWriteError) -> ServiceError {
     match error {
         OverrideWriteError::Unknown(_) => {
-            ServiceError::Backend(crate::backend::BackendError::Unavailable(error.to_string()))
+            ServiceError::MaybeKept(crate::Causes(&error).to_string())
         }
-        other => ServiceError::NotKept(other.to_string()),
+        other => ServiceError::NotKept(crate::Causes(&other).to_string()),
     }
 }
 

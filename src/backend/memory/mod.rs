@@ -66,12 +66,12 @@ impl Backend for MemoryStore {
 
     async fn renew(&self, slot: &SlotItem<'_>, _: Deadline) -> SlotResult {
         MemoryStore::renew(self, slot.name, slot.key, &slot.policy, slot.id)
-            .map_err(|e| BackendError::Internal(e.to_string()))
+            .map_err(|e| BackendError::Internal(e.to_string().into()))
     }
 
     async fn release(&self, slot: &SlotItem<'_>, _: Deadline) -> SlotResult {
         MemoryStore::release(self, slot.name, slot.key, &slot.policy, slot.id)
-            .map_err(|e| BackendError::Internal(e.to_string()))
+            .map_err(|e| BackendError::Internal(e.to_string().into()))
     }
 
     async fn reset(
@@ -102,6 +102,7 @@ impl Backend for MemoryStore {
             figures: Vec::new(),
             slots_held: Some(self.slots_held()),
             slots_expired: self.slots_expired(),
+            breaker_state: None,
         }
     }
 }

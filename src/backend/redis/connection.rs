@@ -79,10 +79,10 @@ use redis::{
 };
 
 use super::deadline::{Offsets, ceil_ms, floor_ms};
-use super::errors::{Class, classify, to_backend_error};
+use super::errors::{Class, classify, connect_error, to_backend_error};
 use super::{RedisSettings, RedisTarget, redact};
-use crate::backend::BackendError;
-use crate::backend::Deadline;
+use crate::backend::breaker::Backoff;
+use crate::backend::{BackendError, Deadline, Fault, MayHaveRun, NotRun, Waited};
 
 /// How long a failed connection attempt stands before a call tries again.
 pub(super) const RETRY_CONNECT_AFTER: Duration = Duration::from_millis(50);
@@ -118,7 +118,11 @@ pub(super) struct Counts {
 /// How a call failed.
 #[derive(Debug)]
 pub(super) enum CallError {
-    /// No answer within the timeout; the reply is awaited in the background.
+    /// The deadline passed before the request was sent (waiting for a
+    /// connection, or for the server's clock): it did not run.
+    Unsent,
+    /// Sent, and no answer within the timeout; the reply is awaited in the
+    /// background. It may have run.
     TimedOut,
     /// Redis (or the connection) answered an error.
     Failed(BackendError),
@@ -134,9 +138,26 @@ impl CallError {
     /// `bound`.
     pub(super) fn into_backend(self, bound: &Bound) -> BackendError {
         match self {
-            CallError::TimedOut => bound.timed_out(),
+            CallError::Unsent => NotRun::NotSent(bound.waited()).into(),
+            CallError::TimedOut => MayHaveRun::NoReply(bound.waited()).into(),
             CallError::Failed(e) | CallError::NoScript(e) => e,
-            CallError::Corrupt(_) => BackendError::Internal(CORRUPT_STATE.to_owned()),
+            CallError::Corrupt(_) => Fault::Corrupt(CORRUPT_STATE.to_owned()).into(),
+        }
+    }
+
+    /// This error of a request sent before the call's own (the `TIME` that
+    /// reads the server's clock first), which therefore did not run: a
+    /// timeout or a broken connection then is one before sending.
+    fn before_sending(self) -> CallError {
+        match self {
+            CallError::TimedOut => CallError::Unsent,
+            CallError::Failed(BackendError::Unavailable(crate::backend::Outage::MayHaveRun(
+                MayHaveRun::Broken(e),
+            ))) => CallError::Failed(NotRun::Connection(e).into()),
+            CallError::Failed(BackendError::Unavailable(crate::backend::Outage::MayHaveRun(
+                MayHaveRun::NoReply(waited),
+            ))) => CallError::Failed(NotRun::NotSent(waited).into()),
+            other => other,
         }
     }
 }
@@ -188,14 +209,18 @@ impl Bound {
         self.until.saturating_duration_since(Instant::now())
     }
 
-    fn timed_out(&self) -> BackendError {
+    /// How long the call waited when it gave up at its bound.
+    fn waited(&self) -> Waited {
         if self.own {
-            timed_out(self.timeout)
+            Waited {
+                after: self.timeout,
+                callers: false,
+            }
         } else {
-            BackendError::Unavailable(format!(
-                "redis did not answer within the caller's deadline ({:?})",
-                self.until.duration_since(self.started)
-            ))
+            Waited {
+                after: self.until.duration_since(self.started),
+                callers: true,
+            }
         }
     }
 }
@@ -707,9 +732,7 @@ fn sentinel_client(
             host.clone()
         }
         other => {
-            return Err(BackendError::Unavailable(format!(
-                "store.redis.url: with sentinel_nodes, its host names the master set, not {other}"
-            )));
+            return Err(NotRun::SentinelUrl(other.to_string()).into());
         }
     };
     let mut sentinel_info = Vec::with_capacity(sentinels.len());
@@ -766,7 +789,7 @@ fn tcp_settings(settings: &RedisSettings) -> TcpSettings {
 }
 
 fn unavailable(e: &RedisError) -> BackendError {
-    BackendError::Unavailable(redact(&format!("redis: {e}")))
+    NotRun::Client(redact(&e.to_string())).into()
 }
 
 /// The arrival of a reply, in local monotonic ms rounded up: never earlier
@@ -775,20 +798,15 @@ pub(super) fn local_ms() -> u64 {
     ceil_ms(Instant::now())
 }
 
-/// First wait of [`connect_in_background`], doubled after each failure.
-const BACKGROUND_CONNECT_FIRST: Duration = Duration::from_millis(100);
-/// Longest wait of [`connect_in_background`].
-const BACKGROUND_CONNECT_MAX: Duration = Duration::from_secs(5);
-
 /// Connects to a Redis that could not be reached at start, with back-off
-/// (from [`BACKGROUND_CONNECT_FIRST`] doubling up to
-/// [`BACKGROUND_CONNECT_MAX`]), until a connection is up or the backend is
+/// ([`Backoff::DEFAULT`], which the local fallback's breaker waits by
+/// between probes too), until a connection is up or the backend is
 /// dropped. Calls meanwhile join the running attempt or fail at once, as
 /// during any outage.
 async fn connect_in_background(inner: std::sync::Weak<Inner>) {
-    let mut wait = BACKGROUND_CONNECT_FIRST;
+    let mut backoff = Backoff::DEFAULT;
     loop {
-        tokio::time::sleep(wait).await;
+        tokio::time::sleep(backoff.next()).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
@@ -809,7 +827,6 @@ async fn connect_in_background(inner: std::sync::Weak<Inner>) {
         if attempt.await.is_ok() {
             return;
         }
-        wait = wait.saturating_mul(2).min(BACKGROUND_CONNECT_MAX);
     }
 }
 
@@ -876,7 +893,7 @@ impl Connections {
             silence: silence(settings),
             generations: AtomicU64::new(0),
             state: Mutex::new(State::Down {
-                error: BackendError::Unavailable("redis: not connected yet".to_owned()),
+                error: NotRun::NotConnected.into(),
                 at: None,
             }),
             attempt: Mutex::new(None),
@@ -950,7 +967,7 @@ impl Connections {
         match tokio::time::timeout(bound.left(), attempt).await {
             Ok(Ok(link)) => Ok(link),
             Ok(Err(e)) => Err(CallError::Failed(e)),
-            Err(_) => Err(CallError::TimedOut),
+            Err(_) => Err(CallError::Unsent),
         }
     }
 
@@ -970,12 +987,13 @@ impl Connections {
         }
         let reply = self
             .call(link, slot, redis::cmd("TIME"), bound, None)
-            .await?;
+            .await
+            .map_err(CallError::before_sending)?;
         let t = first_time(&reply).map_err(CallError::Failed)?;
         link.offsets.record(slot, t, local_ms());
         link.offsets
             .deadline(slot, give_up_ms)
-            .ok_or(CallError::TimedOut)
+            .ok_or(CallError::Unsent)
     }
 
     /// Sends `cmd` over `link` (on a Cluster, to the primary serving
@@ -991,9 +1009,13 @@ impl Connections {
     ) -> Result<Value, CallError> {
         if link.health(slot).is_some_and(|h| !h.may_send()) {
             let node = link.node(slot).map_or("?", |(n, _)| &**n);
-            return Err(CallError::Failed(BackendError::Unavailable(format!(
-                "redis cluster: no connection to the primary {node}; tried again every {UNREACHABLE_RETRY:?}"
-            ))));
+            return Err(CallError::Failed(
+                NotRun::Unreachable {
+                    node: node.to_owned(),
+                    every: UNREACHABLE_RETRY,
+                }
+                .into(),
+            ));
         }
         let sent = Instant::now();
         let mut request = link.request(slot, cmd, self.inner.timeout, bound.until);
@@ -1033,7 +1055,7 @@ impl Connections {
                     conn.clone().route_command(redis::cmd("PING"), routing),
                 )
                 .await
-                .map_err(|_| timed_out(self.inner.timeout))?
+                .map_err(|_| MayHaveRun::NoReply(bound.waited()))?
                 .map(drop)
                 .map_err(|e| to_backend_error(classify(&e), &e))
             }
@@ -1090,7 +1112,7 @@ impl Inner {
             Target::Standalone { .. } => {
                 tracing::warn!(reason = %redact(why), "replacing the redis connection");
                 *self.state.lock().unwrap_or_else(|p| p.into_inner()) = State::Down {
-                    error: BackendError::Unavailable("redis: reconnecting".to_owned()),
+                    error: NotRun::Reconnecting.into(),
                     at: None,
                 };
             }
@@ -1116,7 +1138,9 @@ impl Inner {
     /// replaced when the error says it is broken.
     fn failed(self: &Arc<Self>, link: &Arc<Link>, e: &RedisError) -> CallError {
         if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
-            return CallError::NoScript(BackendError::Internal(format!("redis: {e}")));
+            return CallError::NoScript(
+                Fault::Redis(crate::backend::Shared::new(e.clone())).into(),
+            );
         }
         let class = classify(e);
         match class {
@@ -1185,9 +1209,7 @@ impl Inner {
         let task = tokio::spawn(async move { inner.attempt_now().await });
         let attempt = async move {
             task.await.unwrap_or_else(|e| {
-                Err(BackendError::Internal(format!(
-                    "redis connection attempt: {e}"
-                )))
+                Err(Fault::Bug(format!("redis connection attempt: {e}")).into())
             })
         }
         .boxed()
@@ -1201,7 +1223,7 @@ impl Inner {
         let within = self.connect_within;
         let result = match tokio::time::timeout(within, self.open()).await {
             Ok(result) => result,
-            Err(_) => Err(timed_out(within)),
+            Err(_) => Err(NotRun::ConnectTimedOut(within).into()),
         };
         let mut attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -1221,10 +1243,10 @@ impl Inner {
             Err(error) => {
                 self.counts.connect_failures.fetch_add(1, Ordering::Relaxed);
                 if self.outage_logged.swap(true, Ordering::Relaxed) {
-                    tracing::debug!(%error, "cannot connect to redis");
+                    tracing::debug!(error = %crate::Causes(error), "cannot connect to redis");
                 } else {
                     tracing::warn!(
-                        %error,
+                        error = %crate::Causes(error),
                         "cannot connect to redis: checks answer their policy's on_error until it answers (logged once, until it does)"
                     );
                 }
@@ -1249,7 +1271,7 @@ impl Inner {
     /// Makes a connection and reads the clock through it.
     async fn open(&self) -> Result<Arc<Link>, BackendError> {
         let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        let error = |e: RedisError| to_backend_error(classify(&e), &e);
+        let error = |e: RedisError| connect_error(&e);
         match &self.target {
             Target::Standalone { client, config } => {
                 let mut conn = client
@@ -1306,12 +1328,13 @@ impl Inner {
         slots.arg("SLOTS");
         let reply = tokio::time::timeout(self.timeout, conn.route_command(slots, routing))
             .await
-            .map_err(|_| timed_out(self.timeout))?
-            .map_err(|e| to_backend_error(classify(&e), &e))?;
+            .map_err(|_| NotRun::ConnectTimedOut(self.timeout))?
+            .map_err(|e| connect_error(&e))?;
         SlotMap::parse(&reply).ok_or_else(|| {
-            BackendError::Internal(format!(
+            Fault::Reply(format!(
                 "redis cluster answered CLUSTER SLOTS with {reply:?}"
             ))
+            .into()
         })
     }
 
@@ -1336,8 +1359,8 @@ impl Inner {
                     conn.route_command(redis::cmd("TIME"), routing),
                 )
                 .await
-                .map_err(|_| timed_out(self.timeout))?
-                .map_err(|e| to_backend_error(classify(&e), &e))?;
+                .map_err(|_| NotRun::ConnectTimedOut(self.timeout))?
+                .map_err(|e| connect_error(&e))?;
                 let received = local_ms();
                 Ok::<_, BackendError>((first_time(&reply)?, received))
             }
@@ -1360,9 +1383,7 @@ impl Inner {
             }
         }
         if missing.len() == primaries.len() {
-            return Err(last_error.unwrap_or_else(|| {
-                BackendError::Unavailable("redis cluster: no primary in the slot map".to_owned())
-            }));
+            return Err(last_error.unwrap_or_else(|| NotRun::NoPrimary.into()));
         }
         if !missing.is_empty() {
             tracing::warn!(
@@ -1372,10 +1393,6 @@ impl Inner {
         }
         Ok(offsets)
     }
-}
-
-fn timed_out(after: Duration) -> BackendError {
-    BackendError::Unavailable(format!("redis did not answer within {after:?}"))
 }
 
 /// `TIME`'s seconds and microseconds, as milliseconds.
@@ -1390,7 +1407,7 @@ fn first_time(reply: &Value) -> Result<u64, BackendError> {
     times
         .first()
         .copied()
-        .ok_or_else(|| BackendError::Internal(format!("redis answered TIME with {reply:?}")))
+        .ok_or_else(|| Fault::Reply(format!("redis answered TIME with {reply:?}")).into())
 }
 
 /// Every `TIME` reply in `value` (one, or one per node), as milliseconds.

@@ -19,7 +19,7 @@
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, Fault, MayHaveRun, NotRun, Shared};
 
 /// The code the script answers when a key holds state it cannot read.
 pub(super) const CORRUPT: &str = "QUOTAD_CORRUPT";
@@ -131,15 +131,36 @@ pub(super) fn classify_parts(
     }
 }
 
-/// The backend error for `e`, already classified as `class`.
+/// The backend error for `e`, already classified as `class`, met by a call
+/// that was sent: an outage without a reply (the connection broke, or the
+/// client library gave up waiting) may have run; one Redis answered, or a
+/// connection refused before the call went out, did not.
 pub(super) fn to_backend_error(class: Class, e: &RedisError) -> BackendError {
     match class {
-        Class::Outage { .. } => BackendError::Unavailable(format!("redis: {e}")),
+        Class::Outage { .. } => {
+            let shared = Shared::new(e.clone());
+            if e.is_connection_refusal() || e.kind() == ErrorKind::ClusterConnectionNotFound {
+                NotRun::Connection(shared).into()
+            } else if e.is_io_error() || e.is_timeout() {
+                MayHaveRun::Broken(shared).into()
+            } else {
+                NotRun::Answered(shared).into()
+            }
+        }
         Class::CrossSlot => BackendError::CrossSlot,
         Class::Corrupt => {
-            BackendError::Internal(format!("redis holds state quotad cannot read: {e}"))
+            Fault::Corrupt(format!("redis holds state quotad cannot read: {e}")).into()
         }
-        Class::Internal => BackendError::Internal(format!("redis: {e}")),
+        Class::Internal => Fault::Redis(Shared::new(e.clone())).into(),
+    }
+}
+
+/// The backend error for `e`, met while making a connection: no call was
+/// sent on it.
+pub(super) fn connect_error(e: &RedisError) -> BackendError {
+    match classify(e) {
+        Class::Outage { .. } => NotRun::Connection(Shared::new(e.clone())).into(),
+        class => to_backend_error(class, e),
     }
 }
 
@@ -357,6 +378,61 @@ mod tests {
             let code = e.detail().and_then(wrapped_code).or(e.code());
             assert_eq!(classify_parts(e.kind(), code, None), class, "{inner}");
         }
+    }
+
+    #[test]
+    fn a_sent_call_that_lost_its_connection_may_have_run_and_one_redis_refused_did_not() {
+        use crate::backend::Outage;
+        let outage = |e: &RedisError| match to_backend_error(classify(e), e) {
+            BackendError::Unavailable(outage) => outage,
+            other => panic!("not an outage: {other:?}"),
+        };
+        let reset = RedisError::from(std::io::Error::from(Io::ConnectionReset));
+        assert!(matches!(
+            outage(&reset),
+            Outage::MayHaveRun(MayHaveRun::Broken(_))
+        ));
+        let refused = RedisError::from(std::io::Error::from(Io::ConnectionRefused));
+        assert!(matches!(
+            outage(&refused),
+            Outage::NotRun(NotRun::Connection(_))
+        ));
+        let replica = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica",
+        ));
+        assert!(
+            matches!(outage(&replica), Outage::NotRun(NotRun::Answered(_))),
+            "{replica:?}"
+        );
+        // Making a connection sends no call: a reset then did not run.
+        assert!(matches!(
+            connect_error(&reset),
+            BackendError::Unavailable(Outage::NotRun(NotRun::Connection(_)))
+        ));
+        let bug = RedisError::from((ErrorKind::Parse, "bad"));
+        assert!(matches!(
+            to_backend_error(classify(&bug), &bug),
+            BackendError::Internal(Fault::Redis(_))
+        ));
+    }
+
+    #[test]
+    fn a_store_error_says_each_cause_once() {
+        let refused = RedisError::from(std::io::Error::from(Io::ConnectionRefused));
+        let error = to_backend_error(classify(&refused), &refused);
+        assert_eq!(error.to_string(), "state store unavailable", "its own part");
+        let text = crate::Causes(&error).to_string();
+        assert_eq!(text, "state store unavailable: redis: connection refused");
+        // A printer that leaves no repeat out (anyhow's `{:#}`) says each
+        // cause once too.
+        let mut chain = vec![error.to_string()];
+        let mut cause = std::error::Error::source(&error);
+        while let Some(e) = cause {
+            chain.push(e.to_string());
+            cause = e.source();
+        }
+        assert_eq!(chain.join(": "), text);
     }
 
     #[test]

@@ -65,8 +65,8 @@ use self::connection::{
 };
 use self::wire::UNREADABLE;
 use super::{
-    AcquireResult, Atomicity, Backend, BackendError, BackendStats, Deadline, Figure, ItemResult,
-    LeaseItem, LeaseResult, SlotItem, SlotResult,
+    AcquireResult, Atomicity, Backend, BackendError, BackendStats, Deadline, Fault, Figure,
+    ItemResult, LeaseItem, LeaseResult, NotRun, SlotItem, SlotResult,
 };
 
 /// Checks, batches and peeks of every algorithm, acquires of concurrency
@@ -362,9 +362,7 @@ impl RedisBackend {
                     .counts
                     .late_refused
                     .fetch_add(1, Ordering::Relaxed);
-                Err(BackendError::Unavailable(
-                    "redis ran the script past its deadline and refused it".to_owned(),
-                ))
+                Err(NotRun::RefusedLate("script").into())
             }
             [time, rest @ ..] => {
                 call.link
@@ -397,9 +395,9 @@ impl RedisBackend {
                     })
                     .collect())
             }
-            [] => Err(BackendError::Internal(format!(
+            [] => Err(BackendError::Internal(Fault::Reply(format!(
                 "the script answered {reply:?}"
-            ))),
+            )))),
         }
     }
 
@@ -602,9 +600,7 @@ impl RedisBackend {
                 .counts
                 .late_refused
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::Unavailable(
-                "redis ran the script past its deadline and refused it".to_owned(),
-            ));
+            return Err(NotRun::RefusedLate("script").into());
         }
         Ok(numbers)
     }
@@ -629,7 +625,11 @@ impl RedisBackend {
                 deadline,
             )
             .await?;
-        let bad = || BackendError::Internal(format!("the concurrency script answered {numbers:?}"));
+        let bad = || {
+            BackendError::Internal(Fault::Reply(format!(
+                "the concurrency script answered {numbers:?}"
+            )))
+        };
         let n = |v: i64| u64::try_from(v).map_err(|_| bad());
         let [time, held, remaining, ends_at, expired] = numbers[..] else {
             return Err(bad());
@@ -746,7 +746,7 @@ fn window_arg(cmd: &mut Cmd, policy: &Policy, redis_now: u64) {
 /// named by its policy and the SHA-256 of its Redis key (the key itself
 /// may be a credential, and errors are logged).
 fn unreadable_item(name: &str, redis_key: &str) -> BackendError {
-    BackendError::Internal(unreadable_message(name, redis_key))
+    Fault::Corrupt(unreadable_message(name, redis_key)).into()
 }
 
 fn unreadable_message(name: &str, redis_key: &str) -> String {
@@ -777,12 +777,12 @@ fn unreadable(items: &[CheckItem<'_>], keys: &[String], detail: &str) -> Backend
         Some((i, why))
     });
     match (named, items) {
-        (Some((i, why)), _) => BackendError::Internal(format!(
+        (Some((i, why)), _) => BackendError::Internal(Fault::Corrupt(format!(
             "{}: {why}",
             unreadable_message(items[i].name(), &keys[i])
-        )),
+        ))),
         (None, [item]) => unreadable_item(item.name(), &keys[0]),
-        (None, _) => BackendError::Internal(CORRUPT_STATE.to_owned()),
+        (None, _) => Fault::Corrupt(CORRUPT_STATE.to_owned()).into(),
     }
 }
 
@@ -808,7 +808,7 @@ fn late_reply(counts: &Counts, reply: &RedisResult<Value>) {
 }
 
 fn integers(reply: &Value) -> Result<Vec<i64>, BackendError> {
-    let bad = || BackendError::Internal(format!("the script answered {reply:?}"));
+    let bad = || BackendError::Internal(Fault::Reply(format!("the script answered {reply:?}")));
     match reply {
         Value::Array(values) => values
             .iter()
@@ -934,9 +934,7 @@ impl Backend for RedisBackend {
                 .counts
                 .late_refused
                 .fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::Unavailable(
-                "redis ran the script past its deadline and refused it".to_owned(),
-            ));
+            return Err(NotRun::RefusedLate("script").into());
         }
         lease_outcome(&numbers, item)
     }
@@ -960,7 +958,11 @@ impl Backend for RedisBackend {
                 deadline,
             )
             .await?;
-        let bad = || BackendError::Internal(format!("the concurrency script answered {numbers:?}"));
+        let bad = || {
+            BackendError::Internal(Fault::Reply(format!(
+                "the concurrency script answered {numbers:?}"
+            )))
+        };
         let n = |v: i64| u64::try_from(v).map_err(|_| bad());
         let [_time, code, remaining, retry, reset, expired, ends_at] = numbers[..] else {
             return Err(bad());
@@ -1030,12 +1032,10 @@ impl Backend for RedisBackend {
             .map_err(|e| e.into_backend(&bound))?;
         match reply {
             Value::Int(1) => Ok(()),
-            Value::Int(0) => Err(BackendError::Unavailable(
-                "redis ran the reset past its deadline and refused it".to_owned(),
-            )),
-            other => Err(BackendError::Internal(format!(
+            Value::Int(0) => Err(NotRun::RefusedLate("reset").into()),
+            other => Err(BackendError::Internal(Fault::Reply(format!(
                 "the reset script answered {other:?}"
-            ))),
+            )))),
         }
     }
 
@@ -1075,7 +1075,8 @@ impl Backend for RedisBackend {
 /// The outcome in a lease reply (after `TIME`): an unknown or overspent
 /// lease, or what was settled and granted.
 fn lease_outcome(reply: &[i64], item: &LeaseItem<'_>) -> LeaseResult {
-    let bad = || BackendError::Internal(format!("the lease script answered {reply:?}"));
+    let bad =
+        || BackendError::Internal(Fault::Reply(format!("the lease script answered {reply:?}")));
     let n = |v: i64| u64::try_from(v).map_err(|_| bad());
     match reply {
         [_, wire::UNKNOWN_LEASE] => Ok(Err(LeaseError::UnknownLease)),
@@ -1132,8 +1133,9 @@ fn decisions(
         && reply.len() == ADMITTED
     {
         let n = |v: i64| {
-            u64::try_from(v)
-                .map_err(|_| BackendError::Internal(format!("the script answered {reply:?}")))
+            u64::try_from(v).map_err(|_| {
+                BackendError::Internal(Fault::Reply(format!("the script answered {reply:?}")))
+            })
         };
         return Ok(vec![Some(Decision {
             allowed: true,
@@ -1145,11 +1147,11 @@ fn decisions(
         })]);
     }
     if reply.len() != items.len() * PER_ITEM {
-        return Err(BackendError::Internal(format!(
+        return Err(BackendError::Internal(Fault::Reply(format!(
             "the script answered {} numbers for {} items",
             reply.len(),
             items.len()
-        )));
+        ))));
     }
     reply
         .chunks_exact(PER_ITEM)
@@ -1159,11 +1161,14 @@ fn decisions(
                 return Ok(None);
             }
             let reason = wire::reason(d[3]).ok_or_else(|| {
-                BackendError::Internal(format!("the script answered reason {}", d[3]))
+                BackendError::Internal(Fault::Reply(format!("the script answered reason {}", d[3])))
             })?;
             let n = |i: usize| {
                 u64::try_from(d[i]).map_err(|_| {
-                    BackendError::Internal(format!("the script answered {} at {i}", d[i]))
+                    BackendError::Internal(Fault::Reply(format!(
+                        "the script answered {} at {i}",
+                        d[i]
+                    )))
                 })
             };
             Ok(Some(Decision {

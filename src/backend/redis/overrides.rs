@@ -23,7 +23,6 @@
 use redis::Value;
 
 use super::RedisBackend;
-use super::connection::CallError;
 use super::deadline;
 use crate::backend::{
     BackendError, Deadline, OverrideWrite, OverrideWriteError, OverrideWritten, OverridesVersion,
@@ -101,17 +100,22 @@ impl RedisBackend {
             .connections
             .call(&call.link, slot, eval, &bound, None)
             .await
-            .map_err(|e| match e {
-                // Sent, and no answer: Redis may have run it (before the
-                // deadline) with the answer lost or late.
-                CallError::TimedOut => OverrideWriteError::Unknown(e.into_backend(&bound)),
-                CallError::Failed(BackendError::Unavailable(m)) => {
-                    OverrideWriteError::Unknown(BackendError::Unavailable(m))
+            .map_err(|e| {
+                // Sent, and no answer (or a broken connection after
+                // sending): Redis may have run it. Anything known to be
+                // before the script ran (no connection, an error Redis
+                // answered instead of running it) was not applied.
+                let e = e.into_backend(&bound);
+                if matches!(&e, BackendError::Unavailable(o) if o.may_have_run()) {
+                    OverrideWriteError::Unknown(e)
+                } else {
+                    OverrideWriteError::NotApplied(e)
                 }
-                other => OverrideWriteError::NotApplied(other.into_backend(&bound)),
             })?;
+        // The script ran, and its answer cannot be read: it may have
+        // written.
         let unreadable = |reply: &Value| {
-            OverrideWriteError::NotApplied(BackendError::Internal(format!(
+            OverrideWriteError::Unknown(BackendError::bad_reply(format!(
                 "the overrides script answered {reply:?}"
             )))
         };
@@ -119,9 +123,9 @@ impl RedisBackend {
             return Err(unreadable(&reply));
         };
         match values.as_slice() {
-            [Value::Int(-1)] => Err(OverrideWriteError::NotApplied(BackendError::Unavailable(
-                "redis ran the overrides script past its deadline and refused it".to_owned(),
-            ))),
+            [Value::Int(-1)] => Err(OverrideWriteError::NotApplied(
+                crate::backend::NotRun::RefusedLate("overrides script").into(),
+            )),
             [Value::Int(-2), Value::Int(count)] => Err(OverrideWriteError::Full(
                 u64::try_from(*count).unwrap_or_default(),
             )),
@@ -173,7 +177,7 @@ impl RedisBackend {
     ) -> Result<Loaded, BackendError> {
         let key = self.overrides_key();
         let not_a_number =
-            || BackendError::Internal(format!("{key} {VERSION} or {EPOCH} is not a number"));
+            || BackendError::bad_reply(format!("{key} {VERSION} or {EPOCH} is not a number"));
         let mut hmget = redis::cmd("HMGET");
         hmget.arg(&key).arg(EPOCH).arg(VERSION);
         let reply = self.overrides_read(hmget, deadline).await?;
@@ -206,7 +210,7 @@ impl RedisBackend {
                 .filter_map(|(f, v)| Some((text(f)?, text(v)?)))
                 .collect(),
             other => {
-                return Err(BackendError::Internal(format!(
+                return Err(BackendError::bad_reply(format!(
                     "HGETALL {key} answered {other:?}"
                 )));
             }

@@ -11,17 +11,18 @@
 use std::path::PathBuf;
 
 use super::RedisTls;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, NotRun, Shared};
 
 /// The files' contents, as the client library takes them, read now (so a
 /// certificate rotated since the configuration loaded is the one used).
 pub(super) fn load(files: &RedisTls) -> Result<redis::TlsCertificates, BackendError> {
-    let read = |path: &PathBuf, field: &str| {
+    let read = |path: &PathBuf, field: &'static str| {
         std::fs::read(path).map_err(|e| {
-            BackendError::Unavailable(format!(
-                "store.redis.{field}: cannot read {}: {e}",
-                path.display()
-            ))
+            BackendError::from(NotRun::TlsFile {
+                field,
+                path: path.clone(),
+                source: Shared::new(e),
+            })
         })
     };
     let client_tls = match &files.client {

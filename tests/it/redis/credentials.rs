@@ -58,7 +58,7 @@ fn a_password_in_a_redis_url_never_reaches_errors_or_logs() {
             let error = RedisBackend::connect(&settings(url(WRONG)))
                 .await
                 .expect_err("a wrong password is refused");
-            let text = error.to_string();
+            let text = quotad::Causes(&error).to_string();
             assert!(text.contains("authentication failed"), "{text}");
             assert!(!text.contains(WRONG), "{text}");
             // The right password connects, and the debug output hides it.

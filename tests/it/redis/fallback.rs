@@ -258,8 +258,25 @@ async fn three_replicas_with_redis_killed_admit_at_most_the_limit_per_window() {
         },
     )
     .await;
+    // Each replica's breaker closes at its next probe (its back-off, at
+    // most 5 s, after the calls it answered locally).
     for server in &servers {
-        let mut client = server.client().await;
+        let client = server.client().await;
+        eventually(
+            Duration::from_secs(10),
+            "each replica's checks are decided by Redis again",
+            || {
+                let mut client = client.clone();
+                async move {
+                    peek(&mut client, named("after-each", "day", None))
+                        .await
+                        .reason()
+                        == pb::Reason::WithinLimit
+                }
+            },
+        )
+        .await;
+        let mut client = client.clone();
         let d = check(&mut client, named("after-each", "day", None)).await;
         assert_eq!(d.reason(), pb::Reason::WithinLimit, "{d:?}");
     }
