@@ -399,6 +399,15 @@ async fn overrides_already_in_redis_apply_once_redis_comes_up_after_quotad() {
 
 #[tokio::test]
 async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
+    // The server runs on this test's one thread: its audit lines land here.
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || sink.clone())
+            .finish(),
+    );
     let mut redis = RedisServer::start();
     let a = TestServer::start(config(&redis, "50ms")).await;
     let mut on_a = overrides(&a).await;
@@ -416,6 +425,17 @@ async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
         "{}",
         refused.message()
     );
+    // The audit line says what the change would have set.
+    let audit = logs.text();
+    let unknown: Vec<&str> = audit
+        .lines()
+        .filter(|l| l.contains("outcome unknown"))
+        .collect();
+    assert_eq!(unknown.len(), 1, "{audit}");
+    assert!(
+        unknown[0].contains("WARN") && unknown[0].contains("new=limit=99 window=-"),
+        "{audit}"
+    );
     // Not applied here, whatever the store does with it.
     assert_eq!(
         listed(&mut on_a).await.overrides.first().map(|o| o.limit),
@@ -428,6 +448,18 @@ async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
     })
     .await;
     // It reached Redis past its deadline, in Redis's clock: refused there.
+    // Redis answers commands in order, so once a PING is answered the
+    // stalled script has been run or refused: the hash says which.
+    assert_eq!(redis.cli(&["PING"]).trim(), "PONG");
+    let held: Vec<String> = stored(&redis)
+        .iter()
+        .map(|f| redis.cli(&["HGET", "quotad:overrides", f]))
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(
+        held[0].contains("\"limit\":9,") && !held[0].contains("\"limit\":99"),
+        "redis holds {held:?}"
+    );
     assert_eq!(
         listed(&mut on_a).await.overrides.first().map(|o| o.limit),
         Some(9)
@@ -473,7 +505,6 @@ async fn scopes(client: &mut OverridesClient<Channel>) -> Vec<(String, u64)> {
                 pb::override_scope::Scope::Key(k) | pb::override_scope::Scope::Prefix(k) => {
                     k.clone()
                 }
-                _ => return None,
             };
             Some((scope, o.limit))
         })
@@ -576,4 +607,28 @@ async fn a_removal_that_changes_nothing_leaves_the_stores_version_as_it_is() {
         "2"
     );
     assert_eq!(limit_of(&a, "k").await, 3);
+}
+
+/// Log lines written while a test runs.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
+    }
 }

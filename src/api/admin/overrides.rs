@@ -176,7 +176,14 @@ impl<S: Backend> OverridesService<S> {
             now_ms: now,
         };
         let written = self
-            .written(&write, deadline, &caller, &entry.policy, &entry.scope)
+            .written(
+                &write,
+                deadline,
+                &caller,
+                &entry.policy,
+                &entry.scope,
+                &entry.numbers(),
+            )
             .await
             .map_err(|e| match e {
                 OverrideWriteError::Full(_) => put_error(&entry, PutError::TooMany(max)),
@@ -222,6 +229,7 @@ impl<S: Backend> OverridesService<S> {
         caller: &str,
         policy: &str,
         scope: &Scope,
+        new: &str,
     ) -> Result<OverrideWritten, OverrideWriteError> {
         let result = self.backend.write_override(write, deadline).await;
         if let Err(OverrideWriteError::Unknown(error)) = &result {
@@ -230,8 +238,9 @@ impl<S: Backend> OverridesService<S> {
                 %caller,
                 %policy,
                 scope = %scope.describe(),
-                %error,
+                error = %crate::Causes(error),
                 change = if write.value.is_some() { "set" } else { "remove" },
+                new = %new,
                 "override change sent, outcome unknown (it may have been applied; the store's set shows which)"
             );
         }
@@ -258,7 +267,7 @@ impl<S: Backend> OverridesService<S> {
             now_ms: self.policies.now_ms(),
         };
         let written = self
-            .written(&write, deadline, &caller, &request.policy, &scope)
+            .written(&write, deadline, &caller, &request.policy, &scope, "none")
             .await
             .map_err(not_kept)?;
         let old = match written.version {
