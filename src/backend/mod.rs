@@ -193,8 +193,8 @@ pub type ItemResult = Result<Decision, BackendError>;
 
 /// The version of a store's runtime overrides: the history they belong
 /// to (an epoch, fixed when the store first keeps one) and how many
-/// changes that history has seen, which never goes back: a replica
-/// applies a set only of another epoch or a larger count.
+/// changes that history has seen (which goes back only when the store
+/// does: restored from an older copy, or failed over with writes lost).
 pub type OverridesVersion = (u64, u64);
 
 /// The runtime overrides a store keeps: their version and the (field,
@@ -449,9 +449,9 @@ pub trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<OverrideWritten, OverrideWriteError>> + Send;
 
     /// The runtime overrides the store keeps, as (field, value) pairs, and
-    /// their version, unless it is no newer than `known` (the same epoch
-    /// and a count no larger: then `None`, cheaply; a replica never goes
-    /// back to an older set). `None` too for
+    /// their version, unless it is `known` (the same epoch and count: then
+    /// `None`, cheaply; a smaller count is the store gone back, and is
+    /// answered). `None` too for
     /// a store that keeps none (the memory store).
     ///
     /// # Errors

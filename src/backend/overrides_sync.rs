@@ -5,10 +5,11 @@
 //! first read succeeds (quotad may start before Redis answers) the replica
 //! is out of sync, and the first answer is applied at once.
 //!
-//! The poller never goes back: a set is applied only when its version is
-//! newer than the one held, and not older than this replica's own last
-//! change (a read that was under way while this replica wrote answers the
-//! hash from before the write, and must not undo it here).
+//! A set is read whenever its version differs from the one held (a
+//! smaller count in the same epoch is the store gone back, and is
+//! followed), and applied unless this replica applied a change of its own
+//! while the read was under way (the read may answer the hash from before
+//! the write, and must not undo it here; the next poll reads again).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,8 +45,8 @@ impl<B: Backend> OverridesSync<B> {
     /// One read: swaps in the store's overrides if they changed.
     pub(crate) async fn read(&mut self) {
         let deadline = Deadline::after(self.timeout);
-        let known = self.registry.stored_version();
-        match self.backend.load_overrides(known, deadline).await {
+        let start = self.registry.poll_start();
+        match self.backend.load_overrides(start.known, deadline).await {
             Ok(Some((version, pairs))) => {
                 let entries: Vec<_> = pairs
                     .iter()
@@ -53,7 +54,7 @@ impl<B: Backend> OverridesSync<B> {
                     .map(Arc::new)
                     .collect();
                 let count = entries.len();
-                let applied = self.registry.set_stored_overrides(version, entries);
+                let applied = self.registry.set_stored_overrides(version, entries, start);
                 tracing::debug!(
                     epoch = version.0,
                     version = version.1,

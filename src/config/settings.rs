@@ -548,8 +548,10 @@ section! {
         allow_overrides: ResetAccess = Str("local"), Live;
         /// Most overrides one policy may have (file and runtime together)
         ///
-        /// A key's prefix override is found with one lookup per distinct
-        /// prefix length, so this bounds the work every check does.
+        /// A key's prefix override is found by one walk down a trie of the
+        /// policy's prefixes (at most the key's length in steps), so this
+        /// bounds the memory the overrides hold and the work each change
+        /// and each read of the store's set does.
         max_overrides: u64 = Int("10000"), Live;
         /// Longest window an inline policy (or a limit Envoy sends) may ask for
         ///

@@ -293,15 +293,6 @@ impl PrefixLookup {
 /// count of changes in that epoch (the backend's `OverridesVersion`).
 pub(crate) type Version = (u64, u64);
 
-/// Whether a set read at `read` is newer than one held at `held`: a later
-/// count in the same epoch, or another epoch (the store's hash was lost and
-/// made again, or restored: its history is another, and the store's word
-/// is the one to follow). Within an epoch the count never goes back, so a
-/// smaller one is a stale read.
-pub(crate) fn newer(read: Version, held: Version) -> bool {
-    read.0 != held.0 || read.1 > held.1
-}
-
 /// What the store field of every override of `policy` starts with (see
 /// [`store_field`]).
 pub(crate) fn store_fields_of(policy: &str) -> String {

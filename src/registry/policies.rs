@@ -7,9 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::overrides::{
-    Active, InvalidOverride, Override, OverrideTable, Scope, Source, Version, newer,
-};
+use super::overrides::{Active, InvalidOverride, Override, OverrideTable, Scope, Source, Version};
 use crate::config::{LimitSettings, PolicySettings};
 use crate::metrics::{DecisionCounters, LeaseCounters, Metrics};
 use arc_swap::ArcSwap;
@@ -170,10 +168,25 @@ struct Sources {
     runtime: BTreeMap<(String, Scope), Arc<Override>>,
     /// The store's version of `runtime`, once read from it.
     applied: Option<Version>,
-    /// The version of this replica's own last change in the store: a set
-    /// read from the store older than it lacks that change, and is not
-    /// applied (the poller never goes back).
-    floor: Option<Version>,
+    /// How many of this replica's own changes have been applied here: a
+    /// read begun before one may answer the store from before it, so a set
+    /// read while it moved is not applied (the next poll reads again).
+    generation: u64,
+    /// Whether the next poll reads the store's whole set whatever its
+    /// version: a change of this replica's was answered at a version no
+    /// later than the one held (the store went back, or the set held is
+    /// already past it), so the version alone cannot tell what holds it.
+    reread: bool,
+}
+
+/// What a poll of the store's overrides notes before it reads
+/// ([`PolicyRegistry::poll_start`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PollStart {
+    /// The version held, unless the whole set must be read again.
+    pub(crate) known: Option<Version>,
+    /// The own-change generation when the read began.
+    pub(crate) generation: u64,
 }
 
 /// What writing a runtime override found.
@@ -271,31 +284,56 @@ impl PolicyRegistry {
     }
 
     /// Replaces every runtime override with the store's at `version`,
-    /// unless that is not [`newer`] than the set held, or older than this
-    /// replica's own last change in the same epoch (a read that was under
-    /// way while this replica wrote): answers whether it did.
+    /// read by a poll begun at `start`: answers whether it did. Refused
+    /// when this replica applied a change of its own since the read began
+    /// (the read may answer the store from before it; the next poll reads
+    /// again), or when the version is the one held (and no reread is due).
+    /// A smaller count in the epoch held is the store gone back (restored
+    /// from an older dump, a failover that lost the last writes): it is
+    /// applied, as the store's word, with a warning.
     pub(crate) fn set_stored_overrides(
         &self,
         version: Version,
         entries: Vec<Arc<Override>>,
+        start: PollStart,
     ) -> bool {
         let mut sources = self.sources();
-        if sources.applied.is_some_and(|held| !newer(version, held))
-            || sources
-                .floor
-                .is_some_and(|own| own.0 == version.0 && version.1 < own.1)
+        if sources.generation != start.generation
+            || (!sources.reread && sources.applied == Some(version))
         {
             return false;
         }
+        if let Some(held) = sources.applied
+            && held.0 == version.0
+            && version.1 < held.1
+        {
+            tracing::warn!(
+                epoch = version.0,
+                held = held.1,
+                read = version.1,
+                "the store's runtime overrides went back to an earlier version (restored from an older copy, or a failover lost the last changes); following the store"
+            );
+        }
         sources.runtime = by_slot(entries);
         sources.applied = Some(version);
+        sources.reread = false;
         self.publish(&self.current.load(), &sources);
         true
     }
 
-    /// The store's version of the runtime overrides held, once read.
-    pub(crate) fn stored_version(&self) -> Option<Version> {
-        self.sources().applied
+    /// What a poll notes before it reads the store: the version held (none
+    /// when the whole set must be read again) and the own-change
+    /// generation, which [`Self::set_stored_overrides`] checks.
+    pub(crate) fn poll_start(&self) -> PollStart {
+        let sources = self.sources();
+        PollStart {
+            known: if sources.reread {
+                None
+            } else {
+                sources.applied
+            },
+            generation: sources.generation,
+        }
     }
 
     /// The runtime overrides, sorted by policy and scope.
@@ -374,9 +412,17 @@ impl PolicyRegistry {
     }
 
     /// Applies a change the store made at `version` (`entry`, or the
-    /// removal of `slot` when `None`), which the store checked: no set
-    /// older than it is applied after it, and it is not applied over a set
-    /// read at it or later.
+    /// removal of `slot` when `None`), which the store checked.
+    ///
+    /// A change of another epoch than the set held (but for none, a store
+    /// that had no overrides) is left to the poller:
+    /// it comes from another history (the store's hash made again, or an
+    /// answer from before that), and only a read tells which is the
+    /// store's now. A change at a count no later than the one held is not
+    /// applied over that set either (a read since holds it, or the store
+    /// went back): the next poll reads the whole set, which holds it if
+    /// the store does. Otherwise it is applied at once, and a read under
+    /// way is not applied after it.
     pub(crate) fn apply_stored_change(
         &self,
         slot: (String, Scope),
@@ -384,18 +430,36 @@ impl PolicyRegistry {
         version: Version,
     ) {
         let mut sources = self.sources();
-        if sources.applied.is_some_and(|held| !newer(version, held)) {
-            // A set read from the store since holds this change, or a
-            // later one: applying it again here would undo that.
-            return;
+        // Epoch 0 is a store that keeps no overrides yet: no history of
+        // its own for a change to be applied over.
+        if let Some(held) = sources.applied.filter(|held| held.0 != 0) {
+            if held.0 != version.0 {
+                tracing::debug!(
+                    held = held.0,
+                    answered = version.0,
+                    "an override change answered in another epoch than the set held; the next poll reads the store"
+                );
+                return;
+            }
+            if version.1 <= held.1 {
+                let same = match &entry {
+                    None => !sources.runtime.contains_key(&slot),
+                    Some(e) => sources.runtime.get(&slot).is_some_and(|held| **held == *e),
+                };
+                // The same version and nothing to change here: a change
+                // that changed nothing in the store either (a removal of
+                // an override not there).
+                if !(version.1 == held.1 && same) {
+                    sources.reread = true;
+                }
+                return;
+            }
         }
         match entry {
             Some(entry) => sources.runtime.insert(slot, Arc::new(entry)),
             None => sources.runtime.remove(&slot),
         };
-        if sources.floor.is_none_or(|own| newer(version, own)) {
-            sources.floor = Some(version);
-        }
+        sources.generation = sources.generation.wrapping_add(1);
         self.publish(&self.current.load(), &sources);
     }
 

@@ -399,6 +399,15 @@ async fn overrides_already_in_redis_apply_once_redis_comes_up_after_quotad() {
 
 #[tokio::test]
 async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
+    // The server runs on this test's one thread: its audit lines land here.
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || sink.clone())
+            .finish(),
+    );
     let mut redis = RedisServer::start();
     let a = TestServer::start(config(&redis, "50ms")).await;
     let mut on_a = overrides(&a).await;
@@ -416,6 +425,17 @@ async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
         "{}",
         refused.message()
     );
+    // The audit line says what the change would have set.
+    let audit = logs.text();
+    let unknown: Vec<&str> = audit
+        .lines()
+        .filter(|l| l.contains("outcome unknown"))
+        .collect();
+    assert_eq!(unknown.len(), 1, "{audit}");
+    assert!(
+        unknown[0].contains("WARN") && unknown[0].contains("new=limit=99 window=-"),
+        "{audit}"
+    );
     // Not applied here, whatever the store does with it.
     assert_eq!(
         listed(&mut on_a).await.overrides.first().map(|o| o.limit),
@@ -428,6 +448,18 @@ async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
     })
     .await;
     // It reached Redis past its deadline, in Redis's clock: refused there.
+    // Redis answers commands in order, so once a PING is answered the
+    // stalled script has been run or refused: the hash says which.
+    assert_eq!(redis.cli(&["PING"]).trim(), "PONG");
+    let held: Vec<String> = stored(&redis)
+        .iter()
+        .map(|f| redis.cli(&["HGET", "quotad:overrides", f]))
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(
+        held[0].contains("\"limit\":9,") && !held[0].contains("\"limit\":99"),
+        "redis holds {held:?}"
+    );
     assert_eq!(
         listed(&mut on_a).await.overrides.first().map(|o| o.limit),
         Some(9)
@@ -460,4 +492,143 @@ async fn an_expired_override_is_purged_from_redis_and_no_longer_counts() {
     let left = stored(&redis);
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(left[0].contains("other"), "{left:?}");
+}
+
+/// The overrides `client` lists, as (key or prefix, limit).
+async fn scopes(client: &mut OverridesClient<Channel>) -> Vec<(String, u64)> {
+    let mut seen: Vec<(String, u64)> = listed(client)
+        .await
+        .overrides
+        .iter()
+        .filter_map(|o| {
+            let scope = match o.scope.as_ref()?.scope.as_ref()? {
+                pb::override_scope::Scope::Key(k) | pb::override_scope::Scope::Prefix(k) => {
+                    k.clone()
+                }
+            };
+            Some((scope, o.limit))
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+#[tokio::test]
+async fn a_store_gone_back_within_its_epoch_is_followed_and_later_changes_reach_every_replica() {
+    let redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "50ms")).await;
+    let b = TestServer::start(config(&redis, "50ms")).await;
+    let (mut on_a, mut on_b) = (overrides(&a).await, overrides(&b).await);
+    for limit in [5, 6, 7, 8] {
+        on_a.set_override(set_key("old", limit)).await.expect("set");
+    }
+    eventually(WITHIN, "b reads the four changes", || {
+        let mut on_b = on_b.clone();
+        async move { scopes(&mut on_b).await == [("old".to_owned(), 8)] }
+    })
+    .await;
+    let epoch = redis.cli(&["HGET", "quotad:overrides", "#epoch"]);
+    // The store goes back within its epoch (restored from an older copy,
+    // a failover that lost the last writes): the version is smaller and
+    // the last change is gone.
+    let field = stored(&redis).pop().expect("the override is stored");
+    let value = redis.cli(&["HGET", "quotad:overrides", &field]);
+    let older = value.trim().replace("\"limit\":8", "\"limit\":6");
+    assert_ne!(older, value.trim(), "the stored value names its limit");
+    redis.cli(&["HSET", "quotad:overrides", "#version", "2", &field, &older]);
+    assert_eq!(redis.cli(&["HGET", "quotad:overrides", "#epoch"]), epoch);
+    // A new change on one replica takes a version the other has held
+    // already (3): it must still reach both.
+    on_b.set_override(set_key("after", 42)).await.expect("set");
+    for (name, client) in [("a", &mut on_a), ("b", &mut on_b)] {
+        let started = Instant::now();
+        loop {
+            let seen = scopes(client).await;
+            if seen.contains(&("after".to_owned(), 42)) {
+                assert_eq!(
+                    seen,
+                    [("after".to_owned(), 42), ("old".to_owned(), 6)],
+                    "{name} follows the store gone back"
+                );
+                break;
+            }
+            assert!(
+                started.elapsed() < WITHIN,
+                "replica {name} never saw the change made after the store went back: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(limit_of(&a, "after").await, 42);
+    assert_eq!(limit_of(&a, "old").await, 6);
+}
+
+#[tokio::test]
+async fn a_removal_that_changes_nothing_leaves_the_stores_version_as_it_is() {
+    let redis = RedisServer::start();
+    let a = TestServer::start(config(&redis, "1h")).await;
+    let mut on_a = overrides(&a).await;
+    let remove = |k: &str| pb::RemoveOverrideRequest {
+        policy: "api".to_owned(),
+        scope: set_key(k, 1).scope,
+    };
+    // On an empty store no hash is made for it.
+    let answer = on_a
+        .remove_override(remove("nothing"))
+        .await
+        .expect("removed")
+        .into_inner();
+    assert!(!answer.removed);
+    assert_eq!(redis.cli(&["EXISTS", "quotad:overrides"]).trim(), "0");
+    on_a.set_override(set_key("k", 9)).await.expect("set");
+    let version = redis.cli(&["HGET", "quotad:overrides", "#version"]);
+    assert_eq!(version.trim(), "1");
+    for _ in 0..5 {
+        let answer = on_a
+            .remove_override(remove("absent"))
+            .await
+            .expect("removed")
+            .into_inner();
+        assert!(!answer.removed);
+    }
+    assert_eq!(
+        redis.cli(&["HGET", "quotad:overrides", "#version"]),
+        version
+    );
+    // A removal that removes bumps it, and the override is gone.
+    let answer = on_a
+        .remove_override(remove("k"))
+        .await
+        .expect("removed")
+        .into_inner();
+    assert!(answer.removed);
+    assert_eq!(
+        redis.cli(&["HGET", "quotad:overrides", "#version"]).trim(),
+        "2"
+    );
+    assert_eq!(limit_of(&a, "k").await, 3);
+}
+
+/// Log lines written while a test runs.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
+    }
 }

@@ -176,7 +176,14 @@ impl<S: Backend> OverridesService<S> {
             now_ms: now,
         };
         let written = self
-            .written(&write, deadline, &caller, &entry.policy, &entry.scope)
+            .written(
+                &write,
+                deadline,
+                &caller,
+                &entry.policy,
+                &entry.scope,
+                &entry.numbers(),
+            )
             .await
             .map_err(|e| match e {
                 OverrideWriteError::Full(_) => put_error(&entry, PutError::TooMany(max)),
@@ -222,6 +229,7 @@ impl<S: Backend> OverridesService<S> {
         caller: &str,
         policy: &str,
         scope: &Scope,
+        new: &str,
     ) -> Result<OverrideWritten, OverrideWriteError> {
         let result = self.backend.write_override(write, deadline).await;
         if let Err(OverrideWriteError::Unknown(error)) = &result {
@@ -232,6 +240,7 @@ impl<S: Backend> OverridesService<S> {
                 scope = %scope.describe(),
                 error = %crate::Causes(error),
                 change = if write.value.is_some() { "set" } else { "remove" },
+                new = %new,
                 "override change sent, outcome unknown (it may have been applied; the store's set shows which)"
             );
         }
@@ -258,7 +267,7 @@ impl<S: Backend> OverridesService<S> {
             now_ms: self.policies.now_ms(),
         };
         let written = self
-            .written(&write, deadline, &caller, &request.policy, &scope)
+            .written(&write, deadline, &caller, &request.policy, &scope, "none")
             .await
             .map_err(not_kept)?;
         let old = match written.version {
@@ -538,32 +547,108 @@ mod tests {
             .map(|e| e.limit)
     }
 
+    fn limit_of_slot(service: &OverridesService<MemoryStore>, key: &str) -> Option<u64> {
+        service
+            .policies
+            .runtime_overrides()
+            .iter()
+            .find(|e| e.scope == Scope::Key(key.to_owned()))
+            .map(|e| e.limit)
+    }
+
     #[test]
-    fn a_set_read_before_this_replicas_own_change_never_undoes_it() {
+    fn a_set_read_while_this_replica_changed_its_own_is_not_applied_and_the_next_is() {
         let s = service(API);
         let slot = ("api".to_owned(), Scope::Key("k".to_owned()));
-        assert!(s.policies.set_stored_overrides((7, 1), Vec::new()));
+        let start = s.policies.poll_start();
+        assert!(s.policies.set_stored_overrides((7, 1), Vec::new(), start));
+        // A poll begins; meanwhile this replica's change lands at (7, 2).
+        let start = s.policies.poll_start();
         s.policies
-            .apply_stored_change(slot.clone(), Some(runtime(30)), (7, 3));
-        // A read under way during the change answers the hash before it.
-        assert!(!s.policies.set_stored_overrides((7, 2), Vec::new()));
+            .apply_stored_change(slot.clone(), Some(runtime(30)), (7, 2));
         assert_eq!(limit_held(&s), Some(30));
-        // The store's set at the change, or later, is applied.
+        // The read answers the hash from before the change: refused.
+        assert!(!s.policies.set_stored_overrides((7, 1), Vec::new(), start));
+        assert_eq!(limit_held(&s), Some(30));
+        // The next poll reads again, and the store's set is applied.
+        let start = s.policies.poll_start();
+        assert_eq!(start.known, Some((7, 1)));
         assert!(
             s.policies
-                .set_stored_overrides((7, 4), vec![Arc::new(runtime(40))])
+                .set_stored_overrides((7, 3), vec![Arc::new(runtime(40))], start)
         );
         assert_eq!(limit_held(&s), Some(40));
-        // A change answered after that set was read is not applied over it.
+        // The same version again is nothing new.
+        let start = s.policies.poll_start();
+        assert!(!s.policies.set_stored_overrides((7, 3), Vec::new(), start));
+        assert_eq!(limit_held(&s), Some(40));
+    }
+
+    #[test]
+    fn a_store_gone_back_within_its_epoch_is_followed() {
+        let s = service(API);
+        let start = s.policies.poll_start();
+        assert!(
+            s.policies
+                .set_stored_overrides((7, 5), vec![Arc::new(runtime(40))], start)
+        );
+        // Restored from an older copy: a smaller count, the same epoch.
+        let start = s.policies.poll_start();
+        assert!(s.policies.set_stored_overrides((7, 3), Vec::new(), start));
+        assert_eq!(limit_held(&s), None);
+        assert_eq!(s.policies.poll_start().known, Some((7, 3)));
+    }
+
+    #[test]
+    fn a_change_answered_at_a_count_already_held_makes_the_next_poll_read_the_whole_set() {
+        let s = service(API);
+        let slot = ("api".to_owned(), Scope::Key("k".to_owned()));
+        let start = s.policies.poll_start();
+        assert!(s.policies.set_stored_overrides((7, 5), Vec::new(), start));
+        // The store went back to 3 and this change made it 4: the set held
+        // (at 5) is not overwritten, and the next poll reads the store
+        // whatever its version.
         s.policies
-            .apply_stored_change(slot, Some(runtime(30)), (7, 3));
-        assert_eq!(limit_held(&s), Some(40));
-        // Never back, nor again the same version.
-        assert!(!s.policies.set_stored_overrides((7, 4), Vec::new()));
-        assert!(!s.policies.set_stored_overrides((7, 1), Vec::new()));
-        assert_eq!(limit_held(&s), Some(40));
-        // Another epoch is another history: the store's word is followed.
-        assert!(s.policies.set_stored_overrides((9, 4), Vec::new()));
+            .apply_stored_change(slot.clone(), Some(runtime(30)), (7, 4));
+        assert_eq!(limit_held(&s), None);
+        let start = s.policies.poll_start();
+        assert_eq!(start.known, None);
+        // Even one whose count came back to the one held.
+        assert!(
+            s.policies
+                .set_stored_overrides((7, 5), vec![Arc::new(runtime(30))], start)
+        );
+        assert_eq!(limit_held(&s), Some(30));
+        assert_eq!(s.policies.poll_start().known, Some((7, 5)));
+        // A removal that changed nothing (the store's version unchanged,
+        // nothing held for it) asks for no read.
+        s.policies.apply_stored_change(
+            ("api".to_owned(), Scope::Key("absent".to_owned())),
+            None,
+            (7, 5),
+        );
+        assert_eq!(s.policies.poll_start().known, Some((7, 5)));
+        assert_eq!(limit_of_slot(&s, "k"), Some(30));
+    }
+
+    #[test]
+    fn a_change_answered_in_another_epoch_is_left_to_the_poller() {
+        let s = service(API);
+        let slot = ("api".to_owned(), Scope::Key("k".to_owned()));
+        let start = s.policies.poll_start();
+        assert!(s.policies.set_stored_overrides((9, 4), Vec::new(), start));
+        // An answer from the old history (a larger count of an older
+        // epoch) is never applied over the new one.
+        s.policies
+            .apply_stored_change(slot.clone(), Some(runtime(30)), (7, 50));
+        assert_eq!(limit_held(&s), None);
+        // In the epoch held it is.
+        s.policies
+            .apply_stored_change(slot, Some(runtime(31)), (9, 5));
+        assert_eq!(limit_held(&s), Some(31));
+        // The store's word in another epoch is followed.
+        let start = s.policies.poll_start();
+        assert!(s.policies.set_stored_overrides((11, 1), Vec::new(), start));
         assert_eq!(limit_held(&s), None);
     }
 }

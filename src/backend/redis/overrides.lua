@@ -7,7 +7,8 @@
 -- ARGV[7]: how many runtime overrides of that policy may be stored.
 -- Answers {-1} past the deadline, {-2, count} when a new override would
 -- exceed ARGV[7] (nothing written but purges), else
--- {version, epoch, previous value or nil, purged}.
+-- {version, epoch, previous value or nil, purged}; a removal that changes
+-- nothing (the field absent, nothing purged) answers the version as it is.
 local t = redis.call('TIME')
 if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then
   return {-1}
@@ -17,6 +18,11 @@ local key = KEYS[1]
 -- so a hash lost and made again counts from a larger epoch, never back
 -- through numbers a replica has seen.
 local epoch = redis.call('HGET', key, '#epoch')
+if not epoch and ARGV[2] == 'del' and redis.call('EXISTS', key) == 0 then
+  -- Nothing to remove, and no hash to make for it: the version of a
+  -- store that has none.
+  return {0, '0', false, 0}
+end
 if not epoch then
   epoch = t[1] .. string.format('%06d', tonumber(t[2]))
   redis.call('HSET', key, '#epoch', epoch)
@@ -48,6 +54,12 @@ if ARGV[2] == 'set' then
   end
   redis.call('HSET', key, ARGV[3], ARGV[4])
 elseif ARGV[2] == 'del' then
+  if not previous and purged == 0 then
+    -- Nothing changed: the version stays, so no replica reads the hash
+    -- again for it.
+    local version = tonumber(redis.call('HGET', key, '#version')) or 0
+    return {version, epoch, false, 0}
+  end
   if previous then
     redis.call('HDEL', key, ARGV[3])
   end

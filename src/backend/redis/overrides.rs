@@ -5,9 +5,12 @@
 //! is made (Redis time in microseconds), so a hash lost and made again
 //! starts a newer history rather than counting back through versions a
 //! replica has seen. Each replica polls the version (`HMGET`) and reads
-//! the hash (`HGETALL`) only when it is newer than the one it holds (a
-//! larger count, or another epoch), so an idle poll is one small call and
-//! no script.
+//! the hash (`HGETALL`) only when it differs from the one it holds
+//! (another count, or another epoch: a smaller count in the same epoch is
+//! the store gone back, restored from an older copy or failed over with
+//! the last writes lost, and is read too), so an idle poll is one small
+//! call and no script. A change that changes nothing (removing an
+//! override not there, nothing purged) leaves the version as it is.
 //!
 //! A change is one script ([`SCRIPT`], `overrides.lua`) that checks the
 //! call's deadline in Redis's own clock first, as the state scripts do (a
@@ -162,9 +165,9 @@ impl RedisBackend {
             .map_err(|e| e.into_backend(&bound))
     }
 
-    /// The overrides unless their version is no newer than `known` (the
-    /// same epoch, a count no larger): an
-    /// `HMGET` of the version and epoch, then, when newer, one `HGETALL`
+    /// The overrides unless their version is `known` (the same epoch and
+    /// count): an
+    /// `HMGET` of the version and epoch, then, when it differs, one `HGETALL`
     /// (whose own version fields are the ones answered, so the set and its
     /// version agree).
     pub(super) async fn load_overrides_from_redis(
@@ -188,7 +191,7 @@ impl RedisBackend {
         let (Some(epoch), Some(number_now)) = version else {
             return Err(not_a_number());
         };
-        if known.is_some_and(|(e, n)| e == epoch && number_now <= n) {
+        if known.is_some_and(|(e, n)| e == epoch && number_now == n) {
             return Ok(None);
         }
         let mut hgetall = redis::cmd("HGETALL");
