@@ -106,6 +106,8 @@ export interface Shared {
   calls: number;
   idle: Array<() => void>;
   closed: boolean;
+  /** The first close's work: every later close returns it. */
+  closing: Promise<void> | undefined;
 }
 
 /** A gRPC call that ended before an answer: the status, or the caller's abort. */
@@ -297,6 +299,7 @@ export class Client {
       calls: 0,
       idle: [],
       closed: false,
+      closing: undefined,
     };
     this.deadlineMs = deadlineMs;
     this.onUnavailable = onUnavailable;
@@ -373,6 +376,9 @@ export class Client {
       units(check.leaseTerms.maxTtlMs, "inline_terms.max_ttl_ms");
     }
     const shared = this.shared;
+    // Before any local answer: once closing has begun, no lease is spent, no
+    // cached denial answers and no lease call starts.
+    if (shared.closed) return this.unavailable(closedError(), 1)[0]!;
     const lessee = shared.lessee;
     if (lessee !== undefined) {
       const local = lessee.spend(check, this.deadlineMs);
@@ -489,12 +495,20 @@ export class Client {
    * at once, after lease calls in flight, within the deadline) and the
    * connection closed. A call made once `close` has begun answers as an
    * unreachable quotad does (UNAVAILABLE "the client is closed", through the
-   * failure policy; `reset` throws it).
+   * failure policy; `reset` throws it). A second `close` settles when the
+   * first does.
    */
-  async close(): Promise<void> {
+  close(): Promise<void> {
     const shared = this.shared;
-    if (shared.closed) return;
+    shared.closing ??= this.shutdown();
+    return shared.closing;
+  }
+
+  private async shutdown(): Promise<void> {
+    const shared = this.shared;
     shared.closed = true;
+    // No lease call starts once closing has begun.
+    shared.lessee?.close();
     await shared.coalescer?.close();
     if (shared.calls > 0) await new Promise<void>((resolve) => shared.idle.push(resolve));
     await this.shared.lessee?.shutdown();

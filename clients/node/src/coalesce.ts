@@ -225,11 +225,18 @@ export class Coalescer {
     }
     // The slot passes to the batch without being given back.
     this.batches += 1;
-    void this.sendBatch(batch).finally(() => {
-      this.batches -= 1;
-      this.release();
-      this.settle();
-    });
+    void this.sendBatch(batch)
+      .catch((error: unknown) => {
+        // A fault of the client's own: every caller still waiting hears it,
+        // none waits for ever.
+        const sentMs = this.clientClock();
+        for (const q of batch) q.deliver({ error, sentMs });
+      })
+      .finally(() => {
+        this.batches -= 1;
+        this.release();
+        this.settle();
+      });
   }
 
   private async sendBatch(batch: Queued[]): Promise<void> {
@@ -274,9 +281,13 @@ export class Coalescer {
     const undecided = (d: WireDecision): boolean => d.reason === "REASON_UNAVAILABLE";
     const anyDecided = !answer.decisions.every(undecided);
     const resent: Array<Promise<void>> = [];
+    const answeredAt = this.clock();
     batch.forEach((q, i) => {
       const d = answer.decisions[i]!;
       if (!undecided(d)) return q.deliver({ decision: d, sentMs });
+      // A caller that has left (aborted, or past its deadline) is sent
+      // nothing, and takes no place among the re-sent.
+      if (q.done || q.signal?.aborted || q.deadlineAt <= answeredAt) return;
       if (anyDecided && resent.length < MAX_RESENT_ALONE) {
         // The failure may be this item's own: alone, it says what went wrong.
         resent.push(this.resend(q));

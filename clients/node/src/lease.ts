@@ -353,9 +353,14 @@ export class Lessee {
     }
   }
 
+  /** Stops leasing: no lease is spent and no lease call starts from now on. */
+  close(): void {
+    this.closed = true;
+  }
+
   /** Stops leasing, waits (within the deadline) for lease calls in flight, and returns every lease held. */
   async shutdown(): Promise<void> {
-    this.closed = true;
+    this.close();
     if (this.inFlight > 0) {
       await new Promise<void>((resolve) => {
         const timer = setTimeout(resolve, this.deadlineMs);

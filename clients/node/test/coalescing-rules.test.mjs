@@ -35,6 +35,8 @@ async function scripted(t) {
     cancelled: [],
     hold: new Map(),
     holdBatches: false,
+    // A batch waits for `batchGate.release()` (when given), then is decided.
+    batchGate: undefined,
     refuseBatches: undefined,
     decide: () => WITHIN,
     decideInBatch: undefined,
@@ -58,7 +60,9 @@ async function scripted(t) {
       }
       if (fake.refuseBatches !== undefined) return callback(fake.refuseBatches);
       const decide = fake.decideInBatch ?? fake.decide;
-      callback(null, { decisions: call.request.items.map(decide) });
+      const answer = () => callback(null, { decisions: call.request.items.map(decide) });
+      if (fake.batchGate === undefined) answer();
+      else fake.batchGate.waiters.push(answer);
     },
   });
   const port = await new Promise((resolve, reject) =>
@@ -186,6 +190,35 @@ test("at most eight undecided items of a batch are sent again alone; none when q
   fake.stop();
 });
 
+test("undecided items whose callers left take no place among the eight sent again", { timeout: 20_000 }, async (t) => {
+  const fake = await scripted(t);
+  const clock = { now: NOON };
+  const client = clientOf(fake, clock, { onUnavailable: "fail_closed" });
+  const keys = Array.from({ length: 11 }, (_, i) => `k${i}`);
+  fake.decideInBatch = (item) => (item.key === "k0" ? WITHIN : UNDECIDED);
+  const batchGate = { waiters: [], release: () => { for (const w of batchGate.waiters.splice(0)) w(); } };
+  fake.batchGate = batchGate;
+  const gate = fake.holdKey("h1");
+  const held = client.check({ policy: "api", key: "h1" });
+  await until("h1 reached quotad", () => fake.calls.length === 1);
+  const leave = keys.map(() => new AbortController());
+  const queued = keys.map((key, i) => client.check({ policy: "api", key }, { signal: leave[i].signal }).catch((e) => e));
+  await until("the checks queued", () => client.shared.coalescer.queued === keys.length);
+  gate.release();
+  await held;
+  await until("the batch reached quotad", () => batchGate.waiters.length === 1);
+  // Three callers leave while their batch is out.
+  for (const c of leave.slice(1, 4)) c.abort(new Error("gone"));
+  await Promise.all(queued.slice(1, 4));
+  batchGate.release();
+  const answers = await Promise.all([queued[0], ...queued.slice(4)]);
+  const resent = fake.calls.slice(2).filter(([m]) => m === "Check").map(([, k]) => k);
+  assert.deepEqual(resent.sort(), keys.slice(4).sort(), "seven undecided with callers, each alone");
+  assert.ok(answers.every((d) => d.allowed), JSON.stringify(answers));
+  await client.close();
+  fake.stop();
+});
+
 test("a denial from a batch is cached from when the batch left, not from the enqueue", { timeout: 20_000 }, async (t) => {
   const fake = await scripted(t);
   const clock = { now: NOON };
@@ -229,7 +262,9 @@ test("a batch whose callers all left is cancelled, so quotad stops working on it
   await held;
   await until("the batch reached quotad", () => fake.calls.length === 2);
   first[0].abort(new Error("gone"));
-  await new Promise((r) => setImmediate(r));
+  // A real bound, long enough for a cancel to reach quotad, so a client that
+  // cancelled here would be seen.
+  await new Promise((r) => setTimeout(r, 100));
   assert.deepEqual(fake.cancelled, [], "one caller still waits");
   first[1].abort(new Error("gone"));
   // The batch's deadline is 5 s away: only the client's cancel ends it now.
@@ -291,5 +326,60 @@ test("closing a client without coalescing waits for its calls in flight", { time
   assert.equal((await held).reason, "within_limit");
   await closing;
   assert.deepEqual(fake.calls, [["Check", "h1"]]);
+  fake.stop();
+});
+
+test("a closed client answers closed even where its deny cache would answer", { timeout: 20_000 }, async (t) => {
+  const fake = await scripted(t);
+  const clock = { now: NOON };
+  const denied = { allowed: false, limit: 5, remaining: 0, retry_after_ms: 10_000, reset_after_ms: 10_000, reason: "REASON_LIMIT_EXCEEDED" };
+  fake.decide = () => denied;
+  const client = clientOf(fake, clock, { onUnavailable: "fail_closed", denyCache: 100 });
+  assert.equal((await client.check({ policy: "api", key: "k" })).reason, "limit_exceeded");
+  await client.close();
+  const late = await client.check({ policy: "api", key: "k" });
+  assert.deepEqual([late.allowed, late.reason], [false, "fail_closed"]);
+  assert.deepEqual(fake.calls, [["Check", "k"]]);
+  fake.stop();
+});
+
+test("a second close settles only when the first has finished", { timeout: 20_000 }, async (t) => {
+  const fake = await scripted(t);
+  const clock = { now: NOON };
+  const client = clientOf(fake, clock);
+  const s = await withSlotHeld(fake, client, "h1", ["a"]);
+  let heldDone = false;
+  const held = s.held.then((d) => { heldDone = true; return d; });
+  void client.close();
+  let secondDone = false;
+  const second = client.close().then(() => { secondDone = true; });
+  // A real bound: a second close that did not wait would have settled.
+  await new Promise((r) => setTimeout(r, 100));
+  assert.equal(secondDone, false, "the second close waits for the check in flight");
+  s.gate.release();
+  await second;
+  assert.ok(heldDone, "closed only once drained");
+  assert.ok((await held).allowed);
+  assert.ok((await s.queued[0]).allowed);
+  fake.stop();
+});
+
+test("a fault while sending a batch reaches every caller of it, none waits for ever", { timeout: 20_000 }, async (t) => {
+  const fake = await scripted(t);
+  const clock = { now: NOON };
+  const client = clientOf(fake, clock, { onUnavailable: "fail_closed" });
+  const s = await withSlotHeld(fake, client, "h1", ["a", "b"]);
+  // A fault of the client's own, not of quotad's answer.
+  client.shared.coalescer.sendBatch = async () => {
+    throw new Error("scripted fault");
+  };
+  s.gate.release();
+  await s.held;
+  const outcomes = await Promise.race([
+    Promise.allSettled(s.queued),
+    new Promise((r) => setTimeout(() => r("still waiting"), 2_000).unref()),
+  ]);
+  assert.notEqual(outcomes, "still waiting", "every caller heard of the fault");
+  assert.equal(outcomes.length, 2);
   fake.stop();
 });

@@ -113,6 +113,24 @@ test("a policy without lease settings is remembered: its checks go one by one, w
   await client.close();
 });
 
+test("a policy quotad will not lease is not asked for again for exactly 60 s, on the client's clock", { timeout: 20_000 }, async (t) => {
+  let now = 1_000_000;
+  const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 4 }, clock: () => now });
+  t.after(() => client.close());
+  await client.check({ policy: "login", key: fresh() });
+  await until("the refusal", () => client.leaseStats().notLeasable === 1);
+  // A lease call starts within the check that asks for it, so the count
+  // after the check says whether one was asked for.
+  now += 59_999;
+  await client.check({ policy: "login", key: fresh() });
+  assert.equal(client.stats().leaseCalls, 1, "no key of the policy asked for within 60 s");
+  now += 1;
+  await client.check({ policy: "login", key: fresh() });
+  assert.equal(client.stats().leaseCalls, 2, "asked again at 60 s");
+  await until("refused again", () => client.leaseStats().notLeasable === 2);
+  await client.close();
+});
+
 test("an inline policy with lease terms is leased", async () => {
   const client = new Client(quotad.url, { deadlineMs: 2_000, leases: { want: 5 } });
   const key = fresh();

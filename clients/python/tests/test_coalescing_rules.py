@@ -200,6 +200,33 @@ def test_at_most_eight_undecided_items_of_a_batch_are_sent_again_alone() -> None
         run(go)
 
 
+def test_undecided_items_whose_callers_left_take_no_place_among_the_eight_sent_again() -> None:
+    fake = Fake()
+    clock = FakeClock()
+    keys = [f"k{i}" for i in range(11)]
+    fake.hold_batches = threading.Event()
+
+    async def go() -> None:
+        async with client_of(address, clock, on_unavailable="fail_closed") as client:
+            fake.decide_in_batch = undecided_but({"k0"})
+            held, queued = await with_slot_held(fake, client, "h1", keys)
+            fake.hold["h1"].set()
+            await held
+            await until("the batch reached quotad", lambda: len(fake.calls_made()) == 2)
+            # Three callers leave while their batch is out.
+            for q in queued[1:4]:
+                q.cancel()
+            await asyncio.gather(*queued[1:4], return_exceptions=True)
+            fake.hold_batches.set()
+            answers = await asyncio.gather(*queued[0:1], *queued[4:])
+            resent = [k for call, k in fake.calls_made()[2:] if call == "Check"]
+            assert sorted(resent) == sorted(keys[4:]), "seven undecided with callers, each alone"
+            assert all(d.allowed for d in answers), [d.reason for d in answers]
+
+    with fake_quotad(fake) as address:
+        run(go)
+
+
 def test_a_lone_queued_check_that_quotad_refuses_gets_its_own_error_at_once() -> None:
     fake = Fake()
     clock = FakeClock()
@@ -274,7 +301,9 @@ def test_a_batch_whose_callers_all_left_is_cancelled_so_quotad_stops_working_on_
             await held
             await until("the batch reached quotad", lambda: len(fake.calls_made()) == 2)
             queued[0].cancel()
-            await asyncio.sleep(0)
+            # A real bound, long enough for a cancel to reach quotad (the fake
+            # polls every 5 ms), so a client that cancelled here would be seen.
+            await asyncio.sleep(0.1)
             assert fake.cancelled == [], "one caller still waits"
             queued[1].cancel()
             # The batch's deadline is 5 s away: only the client's cancel ends it now.
@@ -349,3 +378,100 @@ def test_closing_the_sync_client_waits_for_calls_in_flight_then_refuses_new_ones
         assert not closer.is_alive()
         assert [(d.allowed, d.reason) for d in got] == [(True, quotad.Reason.WITHIN_LIMIT)]
         assert fake.calls_made() == [("Check", "h1")]
+
+
+def denying_k() -> Callable[[quota_pb2.CheckRequest], quota_pb2.Decision]:
+    denied = quota_pb2.Decision(
+        allowed=False,
+        limit=5,
+        remaining=0,
+        retry_after_ms=10_000,
+        reset_after_ms=10_000,
+        reason=quota_pb2.REASON_LIMIT_EXCEEDED,
+    )
+    return lambda r: (
+        denied if r.key == "k" else quota_pb2.Decision(allowed=True, limit=5, remaining=4, reason=1)
+    )
+
+
+def test_a_closed_async_client_answers_closed_even_where_its_deny_cache_would_answer() -> None:
+    fake = Fake()
+    clock = FakeClock()
+    fake.decide = denying_k()
+
+    async def go() -> None:
+        client = client_of(address, clock, deny_cache=True, on_unavailable="fail_closed")
+        first = await client.check("k", "api")
+        assert first.reason is quotad.Reason.LIMIT_EXCEEDED
+        await client.close()
+        late = await client.check("k", "api")
+        assert (late.allowed, late.reason) == (False, quotad.Reason.FAIL_CLOSED)
+        assert fake.calls_made() == [("Check", "k")]
+
+    with fake_quotad(fake) as address:
+        run(go)
+
+
+def test_a_closed_sync_client_answers_closed_even_where_its_deny_cache_would_answer() -> None:
+    fake = Fake()
+    fake.decide = denying_k()
+    with fake_quotad(fake) as address:
+        client = quotad.Client(address, deadline=5, on_unavailable="fail_closed")
+        assert client.check("k", "api").reason is quotad.Reason.LIMIT_EXCEEDED
+        client.close()
+        late = client.check("k", "api")
+        assert (late.allowed, late.reason) == (False, quotad.Reason.FAIL_CLOSED)
+        assert fake.calls_made() == [("Check", "k")]
+
+
+def test_a_second_async_close_waits_for_the_first_even_when_the_first_was_cancelled() -> None:
+    fake = Fake()
+    clock = FakeClock()
+
+    async def go() -> None:
+        client = client_of(address, clock)
+        held, queued = await with_slot_held(fake, client, "h1", ["a"])
+        first = asyncio.ensure_future(client.close())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        first.cancel()
+        second = asyncio.ensure_future(client.close())
+        # A real bound: a close that did not wait would be done by now.
+        await asyncio.sleep(0.1)
+        assert not second.done(), "the closing still waits for the check in flight"
+        fake.hold["h1"].set()
+        await second
+        assert held.done() and all(q.done() for q in queued), "closed only once drained"
+        answers = await asyncio.gather(held, *queued)
+        assert [d.allowed for d in answers] == [True, True]
+
+    with fake_quotad(fake) as address:
+        run(go)
+
+
+def test_a_second_sync_close_returns_only_once_the_first_has_finished() -> None:
+    fake = Fake()
+    fake.hold["h1"] = threading.Event()
+    with fake_quotad(fake) as address:
+        client = quotad.Client(address, deadline=5, on_unavailable="fail_closed")
+        caller = threading.Thread(target=lambda: client.check("h1", "api"))
+        caller.start()
+        end = time.monotonic() + 5
+        while ("Check", "h1") not in fake.calls_made():
+            assert time.monotonic() < end, "the check never reached quotad"
+            time.sleep(0.002)
+        first = threading.Thread(target=client.close)
+        first.start()
+        end = time.monotonic() + 5
+        while not client._closed:  # noqa: SLF001
+            assert time.monotonic() < end, "close never began"
+            time.sleep(0.002)
+        second = threading.Thread(target=client.close)
+        second.start()
+        # A real bound: a second close that did not wait would have returned.
+        second.join(0.1)
+        assert second.is_alive(), "the second close waits for the first"
+        fake.hold["h1"].set()
+        for t in (caller, first, second):
+            t.join(10)
+            assert not t.is_alive()

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from quotad import Decision, Reason
+from quotad import Algorithm, Decision, LeaseTerms, Policy, Reason
 from quotad._deny_cache import DenyCache, margin
+from quotad._settings import cache_key
 
 
 def denial(limit: int, retry_after_ms: int) -> Decision:
@@ -158,3 +159,20 @@ def test_entries_ending_in_the_same_millisecond_under_different_policies_are_all
     assert len(cache) == 1
     assert cache.lookup(("api", "late"), 1, end) is not None
     assert len(cache._expiry) == 1, "every expired item was popped"
+
+
+def test_a_reset_of_an_inline_policy_finds_its_denial_whatever_its_lease_terms_or_burst() -> None:
+    leased = Policy(Algorithm.TOKEN_BUCKET, 10, 1_000, lease=LeaseTerms(5, 1, 1_000))
+    plain = Policy(Algorithm.TOKEN_BUCKET, 10, 1_000)
+    burst_spelled = Policy(Algorithm.TOKEN_BUCKET, 10, 1_000, burst=10)
+    cache = DenyCache(10)
+    cache.record(cache_key(leased, "k"), 1, denial(10, 500), cache.sent(0), 0)
+    for same in (plain, burst_spelled):
+        assert cache.lookup(cache_key(same, "k"), 1, 10) is not None, same
+    cache.forget(cache_key(plain, "k"))
+    assert cache.lookup(cache_key(leased, "k"), 1, 20) is None, "the reset found the denial"
+    # What the policy counts by still tells entries apart.
+    cache.record(cache_key(plain, "k"), 1, denial(10, 500), cache.sent(30), 30)
+    other = Policy(Algorithm.TOKEN_BUCKET, 10, 1_000, burst=20)
+    assert cache.lookup(cache_key(other, "k"), 1, 40) is None
+    assert cache.lookup(cache_key("api", "k"), 1, 40) is None

@@ -377,3 +377,55 @@ def test_a_lease_that_arrives_too_late_to_spend_goes_straight_back() -> None:
         assert acquire.want == 10
         assert (give_back.want, give_back.settle.lease_id, give_back.settle.spent) == (0, "L1", 0)
         assert client.lease_stats().held == 0 and client.lease_stats().acquired == 0
+
+
+class _Unreachable(grpc.RpcError):  # type: ignore[misc]
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return "scripted"
+
+
+@pytest.mark.parametrize(
+    ("code", "event"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "failed"),
+        (grpc.StatusCode.FAILED_PRECONDITION, "not_leasable"),
+    ],
+)
+def test_a_lease_call_is_counted_only_once_its_slot_is_held_off_and_released(
+    code: grpc.StatusCode, event: str
+) -> None:
+    from quotad._lease import LeaseTable
+    from quotad._lessee import Lessee
+
+    now = 1_000_000
+    table = LeaseTable(LeaseOptions(10))
+    seen: list[tuple[str, bool, int]] = []
+    bump = table.bump
+
+    def watching(name: str, n: int = 1) -> None:
+        for s in table.slots():
+            seen.append((name, s.calling, s.direct_until_ms))
+        bump(name, n)
+
+    table.bump = watching  # type: ignore[method-assign]
+    channel = grpc.insecure_channel("127.0.0.1:1")
+    lessee = Lessee(table, channel, 1.0, clock=lambda: now)
+
+    def refuse(request: object) -> object:
+        raise _Unreachable(code)
+
+    lessee._send = refuse  # type: ignore[method-assign]  # noqa: SLF001
+    spent = table.spend("api", "k", 1, now)
+    assert spent.call is not None, "the first check claims the slot"
+    lessee._run(spent.call)  # noqa: SLF001
+    assert [name for name, _, _ in seen] == [event]
+    _, calling, held_off_until = seen[0]
+    assert not calling, "released before it is counted"
+    assert held_off_until > now, "held off before it is counted"
+    channel.close()

@@ -238,14 +238,6 @@ impl Lessee {
             slot.hold_off(received_ms.saturating_add(options.direct_backoff_ms()));
             return;
         }
-        self.count(
-            slot,
-            if renewal {
-                Event::Renewed
-            } else {
-                Event::Acquired
-            },
-        );
         let renew_at_ms = sent_ms.saturating_add(lease.ttl_ms / 2).min(end_ms);
         // The lease held until now stops here, and is settled with the next
         // call (or at shutdown).
@@ -259,6 +251,16 @@ impl Lessee {
             renew_at_ms,
             answer.limit,
             received_ms.saturating_add(answer.reset_after_ms),
+        );
+        // Counted once installed: whoever sees the count (`await_leases`)
+        // can spend the lease.
+        self.count(
+            slot,
+            if renewal {
+                Event::Renewed
+            } else {
+                Event::Acquired
+            },
         );
     }
 

@@ -310,9 +310,14 @@ class AsyncCoalescer:
             return
         any_decided = any(d.reason != pb.REASON_UNAVAILABLE for d in answer.decisions)
         resent: list[Coroutine[Any, Any, None]] = []
+        now = time.monotonic()
         for q, d in zip(batch, answer.decisions, strict=True):
             if d.reason != pb.REASON_UNAVAILABLE:
                 _deliver(q, (d, sent_ms))
+            elif q.future.done() or q.deadline <= now:
+                # Its caller has left (answered at its deadline): nothing to
+                # send, and it takes no place among the re-sent.
+                continue
             elif any_decided and len(resent) < MAX_RESENT_ALONE:
                 # The failure may be this item's own: alone, it says what.
                 resent.append(self._resend(q))

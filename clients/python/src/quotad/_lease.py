@@ -290,6 +290,9 @@ class Plan:
         self.stopped = stopped
         self.renewal = renewal
         self.give_back: list[Taken] = []
+        # What the call did, counted by the lessee last of all, once the slot
+        # is held off and released: whoever sees a count sees its effect.
+        self.events: list[str] = []
 
 
 def plan(table: LeaseTable, slot: Slot, now_ms: int) -> Plan:
@@ -323,10 +326,10 @@ def answered(
     options = table.options
     lease = answer.lease if answer.HasField("lease") else None
     if answer.direct or lease is None or lease.units == 0:
-        table.bump("direct")
         backoff = options.direct_backoff_ms
         wait = backoff if answer.reset_after_ms == 0 else min(answer.reset_after_ms, backoff)
         slot.hold_off(received_ms + wait)
+        p.events.append("direct")
         return None
     end_ms = options.end_ms(sent_ms, lease.ttl_ms)
     if end_ms <= received_ms or table.closed:
@@ -345,7 +348,7 @@ def answered(
         received_ms + answer.reset_after_ms,
     )
     # Counted once installed: whoever sees the count can spend the lease.
-    table.bump("renewed" if p.renewal else "acquired")
+    p.events.append("renewed" if p.renewal else "acquired")
     return None
 
 
@@ -355,22 +358,22 @@ def failed(
     if code is grpc.StatusCode.NOT_FOUND and p.stopped is not None:
         # quotad no longer holds the lease settled (it ended, or the key was
         # reset): nothing to settle; ask again at once.
-        table.bump("failed")
         slot.hold_off(now_ms)
+        p.events.append("failed")
     elif code is grpc.StatusCode.INVALID_ARGUMENT and field_of(details) == "key":
         # quotad refuses this key (too long, empty), not the policy: only this
         # key goes unleased until the recheck; the policy's other keys lease.
-        table.bump("failed")
         slot.hold_off(now_ms + NOT_LEASABLE_RECHECK_MS)
+        p.events.append("failed")
     elif code in _REFUSED:
-        table.bump("not_leasable")
         until = now_ms + NOT_LEASABLE_RECHECK_MS
         table.refuse(slot.policy, until)
         slot.hold_off(until)
+        p.events.append("not_leasable")
     else:
         # Unreachable: keep the stopped lease to settle with the next call;
         # the lease held is spent on until its end.
         with slot.lock:
             slot.stopped = p.stopped
-        table.bump("failed")
         slot.hold_off(now_ms + table.options.direct_backoff_ms)
+        p.events.append("failed")

@@ -53,21 +53,26 @@ class Lessee:
             self._in_flight.discard(future)
 
     def _run(self, slot: Slot) -> None:
+        events: list[str] = []
         try:
-            self._renew(slot)
+            self._renew(slot, events)
         except Exception:  # a lease call never breaks checks: they go direct
             log.exception("lease call failed")
         finally:
             slot.release()
+            # Counted last: whoever sees a count finds the slot free again.
+            for event in events:
+                self.table.bump(event)
 
     def _send(self, request: Any) -> Any:
         return self._stub.Lease(request, timeout=self._deadline)
 
-    def _renew(self, slot: Slot) -> None:
+    def _renew(self, slot: Slot, events: list[str]) -> None:
         p = _lease.plan(self.table, slot, self._clock())
+        p.events = events
         if p.request is None:
             for taken in p.give_back:
-                self._give_back(slot, taken)
+                events.append(self._give_back(slot, taken))
             return
         sent = self._clock()
         try:
@@ -77,16 +82,16 @@ class Lessee:
             return
         late = _lease.answered(self.table, slot, p, answer, sent, self._clock())
         if late is not None:
-            self._give_back(slot, late)
+            events.append(self._give_back(slot, late))
 
-    def _give_back(self, slot: Slot, taken: Taken) -> None:
+    def _give_back(self, slot: Slot, taken: Taken) -> str:
+        """Returns ``taken``; what happened, for the caller to count."""
         try:
             answer = self._send(_lease.lease_request(slot, 0, taken))
         except grpc.RpcError:
-            self.table.bump("failed")  # its units come back when it ends
-            return
+            return "failed"  # its units come back when it ends
         _lease.settled(self.table, answer)
-        self.table.bump("returned")
+        return "returned"
 
     def shutdown(self) -> None:
         """Stops leasing; waits (within the deadline) for calls in flight, then
@@ -148,15 +153,20 @@ class AsyncLessee:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, slot: Slot) -> None:
+        events: list[str] = []
         try:
-            await self._renew(slot)
+            await self._renew(slot, events)
         except Exception:
             log.exception("lease call failed")
         finally:
             slot.release()
+            # Counted last: whoever sees a count finds the slot free again.
+            for event in events:
+                self.table.bump(event)
 
-    async def _renew(self, slot: Slot) -> None:
+    async def _renew(self, slot: Slot, events: list[str]) -> None:
         p = _lease.plan(self.table, slot, self._clock())
+        p.events = events
         if p.request is None:
             for taken in p.give_back:
                 await self._give_back(slot, taken)

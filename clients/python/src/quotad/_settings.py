@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._deny_cache import DEFAULT_DENY_CACHE_CAPACITY, DenyCache
-from ._types import Decision, FailurePolicy, PolicyLike, Reason
+from ._types import Decision, FailurePolicy, Policy, PolicyLike, Reason
 from ._wire import failure_decision
 from .errors import InvalidAddressError, QuotadError, UnavailableError
 from .tls import TLS
@@ -135,4 +135,12 @@ class Settings:
 
 
 def cache_key(policy: PolicyLike, key: str) -> tuple[object, str]:
-    return (policy, key)
+    """The deny cache's key of ``key`` under ``policy``: a name, or what an inline
+    policy counts by (algorithm, limit, window, ``burst`` defaulting to the
+    limit), never its lease terms, so a check with terms and a reset without
+    them (or with ``burst`` spelled out) meet the same entry, as in the Node
+    client."""
+    if isinstance(policy, Policy):
+        burst = policy.limit if policy.burst is None else policy.burst
+        return (("inline", policy.algorithm, policy.limit, policy.window_ms, burst), key)
+    return (("named", policy), key)

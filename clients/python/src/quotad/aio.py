@@ -68,6 +68,9 @@ class AsyncClient:
         self._settings = Settings(deadline, on_unavailable, deny_cache, clock)
         self._clock = self._settings.clock
         self._closed = False
+        # The first close()'s work, run as a task of its own: a second close,
+        # or one whose caller was cancelled, awaits the same task.
+        self._closing: asyncio.Task[None] | None = None
         self._in_flight = _InFlight()
         if target.tls is None:
             self._channel = grpc.aio.insecure_channel(target.target, options=target.options)
@@ -131,11 +134,15 @@ class AsyncClient:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
+        # Before any local answer: once closing has begun, no lease is spent,
+        # no cached denial answers and no lease call starts.
+        if self._closed:
+            _wire.valid_cost(cost)
+            return self._settings.failed(closed_error(), 1)[0]
         ask = self._core.local(key, policy, cost)
         if isinstance(ask, Decision):
             return ask
         if self._coalescer is not None:
-            # Closed or not, the coalescer answers (a closed one at once).
             got, sent_ms = await self._coalescer.submit(ask.request, self._timeout(deadline))
             if isinstance(got, QuotadError):
                 return self._settings.failed(got, 1)[0]
@@ -211,10 +218,17 @@ class AsyncClient:
         lease held is returned (with leases on) and the connection closed. A call
         made once ``close`` has begun answers as an unreachable quotad does
         (``UNAVAILABLE`` "the client is closed", through the failure policy;
-        :meth:`reset` raises it)."""
-        if self._closed:
-            return
-        self._closed = True
+        :meth:`reset` raises it). A second ``close`` returns once the first has
+        finished; cancelling a caller of ``close`` does not stop the closing."""
+        if self._closing is None:
+            self._closed = True
+            if self._lessee is not None:
+                # No lease call starts once closing has begun.
+                self._lessee.table.closed = True
+            self._closing = asyncio.get_running_loop().create_task(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         if self._coalescer is not None:
             await self._coalescer.close()
         await self._in_flight.idle()

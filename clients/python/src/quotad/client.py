@@ -67,6 +67,8 @@ class Client:
         self._calls = 0
         self._calls_done = threading.Condition()
         self._closed = False
+        # Set by the first close() once it has finished: later ones wait on it.
+        self._close_done = threading.Event()
         if target.tls is None:
             self._channel = grpc.insecure_channel(target.target, options=target.options)
         else:
@@ -112,6 +114,11 @@ class Client:
         :class:`~quotad.UnavailableError` when quotad cannot be reached and
         the failure policy is ``"error"``.
         """
+        # Before any local answer: once closing has begun, no lease is spent,
+        # no cached denial answers and no lease call starts.
+        if self._closed:
+            _wire.valid_cost(cost)
+            return self._settings.failed(closed_error(), 1)[0]
         ask = self._core.local(key, policy, cost)
         if isinstance(ask, Decision):
             return ask
@@ -176,15 +183,25 @@ class Client:
         off); then every lease held is returned (with leases on) and the
         connection closed. A call made once ``close`` has begun answers as an
         unreachable quotad does (``UNAVAILABLE`` "the client is closed", through
-        the failure policy; :meth:`reset` raises it)."""
+        the failure policy; :meth:`reset` raises it). A second ``close`` returns
+        once the first has finished."""
         with self._calls_done:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
-            self._calls_done.wait_for(lambda: self._calls == 0)
-        if self._lessee is not None:
-            self._lessee.shutdown()
-        self._channel.close()
+            if first and self._lessee is not None:
+                # No lease call starts once closing has begun.
+                self._lessee.table.closed = True
+        if not first:
+            self._close_done.wait()
+            return
+        try:
+            with self._calls_done:
+                self._calls_done.wait_for(lambda: self._calls == 0)
+            if self._lessee is not None:
+                self._lessee.shutdown()
+            self._channel.close()
+        finally:
+            self._close_done.set()
 
     def _start_lease(self, slot: Slot) -> None:
         if self._lessee is not None:
