@@ -91,9 +91,13 @@ async fn named_zone(connection: &Connection, name: &str, key: &str) -> Option<Zo
     let answer = match ExplainClient::new(channel).explain(request).await {
         Ok(answer) => answer.into_inner(),
         Err(status) => {
-            // The check itself says what is wrong with the policy or quotad;
-            // a refusal of Explain alone only costs the local reset time.
-            if status.code() != tonic::Code::NotFound {
+            // The check itself says what is wrong with the policy, the key
+            // or quotad; a refusal of Explain alone (or a quotad without
+            // it) only costs the local reset time.
+            if matches!(
+                status.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unimplemented
+            ) {
                 eprintln!(
                     "note: the reset is printed as a wait only: quotad's Explain answered {:?}: {} \
                      (--time-zone prints it as a local time in the zone given)",
