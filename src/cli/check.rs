@@ -77,12 +77,12 @@ impl Target {
 /// describes the policy in force for `key`: a calendar policy's own zone;
 /// none for a policy of plain windows (its reset is printed as a wait
 /// only). Where `Explain` does not answer (a caller `limits.allow_reset`
-/// refuses, or a quotad without it), UTC: the instant is exact, only its
-/// zone is not the policy's (`--time-zone` names one).
+/// refuses, or a quotad without it), none either: which kind of policy it
+/// is cannot be known, so the reset is printed as a wait only, and one
+/// line on stderr says why and that `--time-zone` names a zone.
 async fn named_zone(connection: &Connection, name: &str, key: &str) -> Option<Zone> {
-    let Ok((_, channel)) = connection.channel() else {
-        return Some(Zone::utc());
-    };
+    // Without a channel the check itself says what is wrong.
+    let (_, channel) = connection.channel().ok()?;
     let mut request = tonic::Request::new(pb::ExplainRequest {
         policy: name.to_owned(),
         key: key.to_owned(),
@@ -90,8 +90,23 @@ async fn named_zone(connection: &Connection, name: &str, key: &str) -> Option<Zo
     request.set_timeout(connection.timeout());
     let answer = match ExplainClient::new(channel).explain(request).await {
         Ok(answer) => answer.into_inner(),
-        // The check itself says what is wrong with the policy or quotad.
-        Err(_) => return Some(Zone::utc()),
+        Err(status) => {
+            // The check itself says what is wrong with the policy, the key
+            // or quotad; a refusal of Explain alone (or a quotad without
+            // it) only costs the local reset time.
+            if matches!(
+                status.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unimplemented
+            ) {
+                eprintln!(
+                    "note: the reset is printed as a wait only: quotad's Explain answered {:?}: {} \
+                     (--time-zone prints it as a local time in the zone given)",
+                    status.code(),
+                    status.message()
+                );
+            }
+            return None;
+        }
     };
     let policy = answer.in_force.or(answer.configured)?;
     if policy.period.is_empty() {

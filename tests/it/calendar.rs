@@ -332,6 +332,7 @@ async fn a_daily_quota_on_redis_is_one_budget_across_replicas_until_local_midnig
         "[store]\nbackend = \"redis\"\n\n[store.redis]\nurl = {:?}\n{POLICIES}",
         redis.url()
     );
+    tokio::time::sleep(wait_clear_of_period_ends(&[new_york_day()], 5 * MINUTE)).await;
     let one = TestServer::start(Config::from_toml(&toml).expect("valid")).await;
     let two = TestServer::start(Config::from_toml(&toml).expect("valid")).await;
     let (mut a, mut b) = (one.client().await, two.client().await);
@@ -361,6 +362,52 @@ async fn a_daily_quota_on_redis_is_one_budget_across_replicas_until_local_midnig
 fn now_ms() -> u64 {
     use quotad_core::Clock;
     quotad_core::SystemClock.now_ms()
+}
+
+/// How long to wait, on the real clock, until no period of `calendars`
+/// ends within the next `need_ms`: a test on the real clock that waits this
+/// long first does not depend on the hour it runs at.
+pub(crate) fn wait_clear_of_period_ends(
+    calendars: &[quotad_core::Calendar],
+    need_ms: u64,
+) -> Duration {
+    let now = now_ms();
+    let wait = calendars
+        .iter()
+        .map(|c| c.bounds(now).1 - now)
+        .filter(|left| *left < need_ms)
+        .max()
+        .map_or(0, |left| left + 50);
+    Duration::from_millis(wait)
+}
+
+/// Whether `stdout` prints the end of `calendar`'s period of `before` as
+/// the CLI does: from its own reading of the clock a little after quotad's,
+/// so late by at most the run (`before..=after`).
+fn prints_the_end_of(
+    stdout: &str,
+    calendar: &quotad_core::Calendar,
+    before: u64,
+    after: u64,
+) -> bool {
+    let end = calendar.bounds(before).1;
+    (0..=after - before).any(|late| stdout.contains(&calendar.local(end + late)))
+}
+
+/// The day of `zone`.
+fn day_in(zone: &str) -> quotad_core::Calendar {
+    quotad_core::Calendar::new(
+        quotad_core::Period::Day,
+        quotad_core::Zone::named(zone).expect("zone"),
+    )
+}
+
+/// New York's day, by which `POLICIES`' "daily" counts.
+fn new_york_day() -> quotad_core::Calendar {
+    quotad_core::Calendar::new(
+        quotad_core::Period::Day,
+        quotad_core::Zone::named("America/New_York").expect("zone"),
+    )
 }
 
 const ENVOY_RULES: &str = r#"
@@ -432,6 +479,8 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
     // The real clock: the CLI adds the reset to its own wall clock.
     let server = TestServer::start(Config::from_toml(POLICIES).expect("valid")).await;
     let addr = server.grpc_addr.to_string();
+    let (kathmandu, ny) = (day_in("Asia/Kathmandu"), new_york_day());
+    tokio::time::sleep(wait_clear_of_period_ends(&[kathmandu, ny], 5 * MINUTE)).await;
     let inline_args = [
         "--algorithm",
         "fixed_window",
@@ -448,9 +497,11 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
         args.into_iter().map(str::to_owned).collect::<Vec<_>>()
     };
     let check_args = args("check");
+    let before = now_ms();
     let out = tokio::task::spawn_blocking(move || quotad_cli(&check_args))
         .await
         .expect("ran");
+    let after = now_ms();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(0), "{stdout}{:?}", out.stderr);
     // Kathmandu's next midnight, printed in its offset and name.
@@ -459,8 +510,13 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("T00:00:00") && stdout.contains("+05:45[Asia/Kathmandu]"),
+        prints_the_end_of(&stdout, &kathmandu, before, after),
         "{stdout}"
+    );
+    assert!(
+        kathmandu
+            .local(kathmandu.bounds(before).1)
+            .contains("T00:00:00+05:45[Asia/Kathmandu]")
     );
     // A named policy's reset in the zone asked for.
     let mut client = server.client().await;
@@ -478,9 +534,11 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
     ]
     .map(str::to_owned)
     .to_vec();
+    let before = now_ms();
     let out = tokio::task::spawn_blocking(move || quotad_cli(&peek_args))
         .await
         .expect("ran");
+    let after = now_ms();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     // One spent: the peek prints New York's next midnight.
@@ -488,10 +546,7 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
         stdout.starts_with("peek  would be allowed  remaining 2/3"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("T00:00:00") && stdout.contains("[America/New_York]"),
-        "{stdout}"
-    );
+    assert!(prints_the_end_of(&stdout, &ny, before, after), "{stdout}");
     let bad = quotad_cli(&[
         "check",
         "--addr",
@@ -514,6 +569,11 @@ async fn check_and_peek_print_the_reset_as_a_local_time() {
 /// `quotad check` or `peek` of `policy` at `addr`, without `--time-zone`:
 /// its stdout.
 async fn cli_of_named(verb: &str, addr: &str, policy: &str) -> String {
+    cli_of_named_with_stderr(verb, addr, policy).await.0
+}
+
+/// As [`cli_of_named`]: its stdout and stderr.
+async fn cli_of_named_with_stderr(verb: &str, addr: &str, policy: &str) -> (String, String) {
     let args: Vec<String> = [verb, "--addr", addr, "--key", "k", "--policy", policy]
         .map(str::to_owned)
         .to_vec();
@@ -521,51 +581,65 @@ async fn cli_of_named(verb: &str, addr: &str, policy: &str) -> String {
         .await
         .expect("ran");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    (stdout, stderr)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_peek_print_a_named_policys_reset_in_its_own_zone_unasked() {
     let server = TestServer::start(Config::from_toml(POLICIES).expect("valid")).await;
     let addr = server.grpc_addr.to_string();
+    let ny = new_york_day();
+    tokio::time::sleep(wait_clear_of_period_ends(&[ny], 5 * MINUTE)).await;
     // The CLI asks quotad (Explain) for the policy in force: New York's day,
     // Kathmandu's month.
+    let before = now_ms();
     let stdout = cli_of_named("check", &addr, "daily").await;
+    let after = now_ms();
     assert!(
         stdout.starts_with("#1  allowed  remaining 2/3  reset in "),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("T00:00:00") && stdout.contains("[America/New_York]"),
-        "{stdout}"
-    );
+    // New York's next midnight.
+    assert!(prints_the_end_of(&stdout, &ny, before, after), "{stdout}");
+    assert!(ny.local(ny.bounds(before).1).contains("T00:00:00"));
     // A peek prints the reset too, once something is counted.
     cli_of_named("check", &addr, "monthly").await;
+    let month = quotad_core::Calendar::new(
+        quotad_core::Period::Month,
+        quotad_core::Zone::named("Asia/Kathmandu").expect("zone"),
+    );
+    let before = now_ms();
     let stdout = cli_of_named("peek", &addr, "monthly").await;
+    let after = now_ms();
     assert!(
-        stdout.contains("-01T00:00:00") && stdout.contains("+05:45[Asia/Kathmandu]"),
+        prints_the_end_of(&stdout, &month, before, after),
         "{stdout}"
+    );
+    assert!(
+        month
+            .local(month.bounds(before).1)
+            .contains("-01T00:00:00+05:45[Asia/Kathmandu]")
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_explain_refuses_gets_the_reset_as_a_utc_instant() {
+async fn a_caller_explain_refuses_gets_the_reset_as_a_wait_and_a_hint_naming_time_zone() {
     let toml = format!("[limits]\nallow_reset = \"nobody\"\n{POLICIES}");
     let server = TestServer::start(Config::from_toml(&toml).expect("valid")).await;
     let addr = server.grpc_addr.to_string();
-    let stdout = cli_of_named("check", &addr, "daily").await;
-    assert!(stdout.starts_with("#1  allowed  remaining 2/3"), "{stdout}");
-    // New York's midnight is 04:00 or 05:00 UTC.
+    let (stdout, stderr) = cli_of_named_with_stderr("check", &addr, "daily").await;
     assert!(
-        (stdout.contains("T04:00:00") || stdout.contains("T05:00:00"))
-            && stdout.contains("+00:00[UTC]"),
+        stdout.starts_with("#1  allowed  remaining 2/3  reset in "),
         "{stdout}"
+    );
+    // Which zone (if any) the policy counts in is not known: no instant.
+    assert!(!stdout.contains(" resets "), "{stdout}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--time-zone") && stderr.contains("limits.allow_reset"),
+        "{stderr}"
     );
 }
 
@@ -574,6 +648,13 @@ async fn two_replicas_on_one_redis_with_different_zones_share_one_budget() {
     // Mid-rollout: one replica counts "daily" in New York, the other in
     // Tokyo. One key in Redis, so together they admit 3, not 3 each.
     let redis = RedisServer::start();
+    let tokyo_day = day_in("Asia/Tokyo");
+    // A midnight of either zone between the checks would begin a new count.
+    tokio::time::sleep(wait_clear_of_period_ends(
+        &[new_york_day(), tokyo_day],
+        5 * MINUTE,
+    ))
+    .await;
     let in_zone = |zone: &str| {
         let policies = POLICIES.replacen("America/New_York", zone, 1);
         format!(
@@ -594,10 +675,7 @@ async fn two_replicas_on_one_redis_with_different_zones_share_one_budget() {
     let after = now_ms();
     assert_eq!(denied.reason(), pb::Reason::LimitExceeded);
     // Tokyo honours the New York day the count was begun in, to its end.
-    let ny = quotad_core::Calendar::new(
-        quotad_core::Period::Day,
-        quotad_core::Zone::named("America/New_York").expect("zone"),
-    );
+    let ny = new_york_day();
     assert!(
         (before..=after).any(|t| t + denied.retry_after_ms == ny.bounds(t).1),
         "{denied:?}"

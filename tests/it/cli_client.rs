@@ -649,3 +649,38 @@ async fn the_command_line_checks_over_tls_and_mtls() {
     assert_exit(&out, 2);
     assert!(out.stderr.contains("--tls-ca"), "{}", out.stderr);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_named_policy_prints_no_reset_instant_where_explain_is_refused() {
+    let closed = TestServer::start_toml(
+        &format!("[limits]\nallow_reset = \"nobody\"\n{CONFIG}"),
+        Arc::new(FakeClock::new(NOON_30)),
+    )
+    .await;
+    let addr = closed.grpc_addr.to_string();
+    let target = ["--addr", &addr, "--policy", "api", "--key", "plain"];
+    let out = quotad(&[&["check"][..], &target].concat()).await;
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout
+            .starts_with("#1  allowed  remaining 2/3  reset in 30s"),
+        "{}",
+        out.transcript()
+    );
+    assert!(!out.stdout.contains(" resets "), "{}", out.transcript());
+    // One hint, naming the flag that prints a local time and the refusal.
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.transcript());
+    assert!(
+        out.stderr.contains("--time-zone") && out.stderr.contains("limits.allow_reset"),
+        "{}",
+        out.transcript()
+    );
+    let out = quotad(&[&["peek"][..], &target, &["--output", "json"]].concat()).await;
+    assert_exit(&out, 0);
+    assert!(
+        out.stdout.contains("\"reset_after_ms\":30000"),
+        "{}",
+        out.transcript()
+    );
+    assert!(!out.stdout.contains("reset_at"), "{}", out.transcript());
+}

@@ -408,12 +408,11 @@ pub const LONGEST_PERIOD_MS: u64 = 368 * 86_400_000;
 /// The bit every [`Calendar::binding`] has, far above any window.
 const BINDING: u64 = 1 << 60;
 
-/// The [`Calendar::binding`] of the calendar whose binding, in snapshot
-/// format 4, was `old`: then a CRC-32 of the whole [`Calendar::spec`],
-/// zone and week start included. `None` for a calendar this build's
-/// database has no zone for.
-pub(crate) fn binding_from_v4(old: u64) -> Option<u64> {
-    static OLD: OnceLock<std::collections::HashMap<u64, u64>> = OnceLock::new();
+/// The calendar whose binding, in snapshot format 4, was `old`: then a
+/// CRC-32 of the whole [`Calendar::spec`], zone and week start included.
+/// `None` for a calendar this build's database has no zone for.
+pub(crate) fn calendar_from_v4(old: u64) -> Option<Calendar> {
+    static OLD: OnceLock<std::collections::HashMap<u64, Calendar>> = OnceLock::new();
     let table = OLD.get_or_init(|| {
         let mut periods = vec![Period::Day, Period::Month, Period::Year];
         periods.extend(WEEKDAYS.iter().map(|(day, _)| Period::Week(*day)));
@@ -423,7 +422,7 @@ pub(crate) fn binding_from_v4(old: u64) -> Option<u64> {
             for &period in &periods {
                 let calendar = Calendar::new(period, zone);
                 let old = BINDING | u64::from(crc32fast::hash(calendar.spec().as_bytes()));
-                table.insert(old, calendar.binding());
+                table.insert(old, calendar);
             }
         }
         table

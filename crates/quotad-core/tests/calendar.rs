@@ -834,3 +834,136 @@ const PAIRED: [&str; 8] = [
     "Pacific/Kiritimati",
     "America/Santiago",
 ];
+
+/// `value` as a postcard varint.
+fn varint(mut value: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// The version 4 fixture with its New York day bound to `spec` instead,
+/// checksums made good again.
+fn v4_fixture_bound_to(spec: &str) -> Vec<u8> {
+    let old = |spec: &str| varint(1 << 60 | u64::from(crc32fast::hash(spec.as_bytes())));
+    let (from, to) = (old("day@America/New_York"), old(spec));
+    assert_eq!(from.len(), to.len());
+    let mut bytes = include_bytes!("fixtures/snapshot-v4-calendar.bin").to_vec();
+    let mut at = 12;
+    let mut replaced = 0;
+    loop {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        let payload = at + 8..at + 8 + len;
+        if let Some(i) = bytes[payload.clone()]
+            .windows(from.len())
+            .position(|w| w == from)
+        {
+            let i = payload.start + i;
+            bytes[i..i + to.len()].copy_from_slice(&to);
+            replaced += 1;
+        }
+        let crc = crc32fast::hash(&bytes[payload.clone()]);
+        bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+        at = payload.end;
+    }
+    assert_eq!(replaced, 1, "the fixture binds one count to New York's day");
+    let end = at + 4 + 8;
+    let crc = crc32fast::hash(&bytes[..end]);
+    bytes[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn a_version_4_count_of_an_unknown_zone_is_dropped_and_the_next_snapshot_loads() {
+    let bytes = v4_fixture_bound_to("day@Mars/Olympus");
+    let at = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(at));
+    let config = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+    let (restored, report) = SnapshotReader::open(&bytes[..])
+        .expect("opens")
+        .load(config, clock.clone(), |_| true)
+        .expect("loads, dropping the count it cannot honour");
+    assert_eq!(report.namespaces["daily"].expired, 1);
+    assert_eq!(report.namespaces["minute"].loaded, 1);
+    let mut again = Vec::new();
+    restored.export(&mut again, b"").expect("into a Vec");
+    let (_, report) = SnapshotReader::open(&again[..])
+        .expect("opens")
+        .load(config, clock, |_| true)
+        .expect("the next snapshot loads too");
+    assert_eq!(report.total().loaded, 1);
+}
+
+#[test]
+fn a_version_4_count_exported_again_loads_with_the_old_calendars_end() {
+    let bytes = include_bytes!("fixtures/snapshot-v4-calendar.bin");
+    let at = utc(2024, 6, 1, 12, 0);
+    let clock = Arc::new(FakeClock::new(at));
+    let config = StoreConfig::try_new(1_000, 4, OnFull::Deny).expect("valid");
+    let (restored, _) = SnapshotReader::open(&bytes[..])
+        .expect("opens")
+        .load(config, clock.clone(), |_| true)
+        .expect("loads");
+    let mut again = Vec::new();
+    restored.export(&mut again, b"").expect("into a Vec");
+    let (reloaded, report) = SnapshotReader::open(&again[..])
+        .expect("opens")
+        .load(config, clock, |_| true)
+        .expect("loads");
+    assert_eq!(report.total().loaded, 2);
+    let policy = Policy::calendar(Algorithm::FixedWindow, 10, cal(Period::Day, "Asia/Tokyo"))
+        .expect("valid");
+    let d = reloaded.peek(&CheckItem::new("daily", policy, "alice", 1).expect("valid"));
+    // New York's midnight, not Tokyo's: the end the old calendar had.
+    assert_eq!(
+        (d.remaining, d.reset_after_ms),
+        (7, utc(2024, 6, 2, 4, 0) - at)
+    );
+}
+
+/// Where only one zone changes its clocks, its 25-hour day can hold two of
+/// the other zone's midnights: Adelaide's 2024-04-07 (13:30 UTC on the 6th
+/// to 14:30 UTC on the 7th) holds Brisbane's of 14:00 UTC on the 6th and
+/// the 7th, so three limits are admitted in it, and no more.
+#[test]
+fn an_adelaide_day_with_two_brisbane_midnights_admits_three_limits_and_no_more() {
+    let adelaide = cal(Period::Day, "Australia/Adelaide");
+    let brisbane = cal(Period::Day, "Australia/Brisbane");
+    let day = adelaide.bounds(utc(2024, 4, 7, 0, 0));
+    assert_eq!(day, (utc(2024, 4, 6, 13, 30), utc(2024, 4, 7, 14, 30)));
+    let limit = 2;
+    let pa = Policy::calendar(Algorithm::FixedWindow, limit, adelaide).expect("valid");
+    let pb = Policy::calendar(Algorithm::FixedWindow, limit, brisbane).expect("valid");
+    let mut state = None;
+    let mut admitted = 0;
+    // Brisbane's counts before each of its midnights and after the second;
+    // Adelaide's replica asks in between, and is refused.
+    let asks = [
+        (&pb, utc(2024, 4, 6, 13, 45)),
+        (&pa, utc(2024, 4, 6, 13, 50)),
+        (&pb, utc(2024, 4, 6, 14, 10)),
+        (&pa, utc(2024, 4, 7, 2, 0)),
+        (&pb, utc(2024, 4, 7, 14, 10)),
+        (&pa, utc(2024, 4, 7, 14, 20)),
+        (&pb, utc(2024, 4, 7, 14, 25)),
+    ];
+    for (policy, at) in asks {
+        assert!(day.0 <= at && at < day.1);
+        for _ in 0..limit + 1 {
+            let (next, d) = decide(policy, state, at, one());
+            state = next;
+            admitted += u64::from(d.allowed);
+        }
+    }
+    assert_eq!(admitted, 3 * limit);
+}

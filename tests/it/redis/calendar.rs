@@ -256,6 +256,11 @@ fn by_redis_time_a_daily_quota_resets_at_the_next_local_midnight() {
         // A key of its own in each zone: one key's count would be honoured
         // by the next zone until its period ends (docs/algorithms.md).
         let item = CheckItem::new("daily", policy, zone, 1).expect("valid");
+        // A midnight between the checks would begin a new count.
+        std::thread::sleep(crate::calendar::wait_clear_of_period_ends(
+            &[calendar],
+            60_000,
+        ));
         let before = now_ms();
         let first = runtime
             .block_on(store.check_one(&item, NONE))

@@ -32,8 +32,10 @@
 //! the period of the zone that began the count ends, which another zone
 //! cannot work out (see `State::FixedWindow`).
 //! Version 4 is this format without that variant: its calendar counts were
-//! plain fixed windows bound to the calendar's zone, and load as counts
-//! that have ended. Version 2 had no grants and always a
+//! plain fixed windows bound to the calendar's zone (and so were the
+//! leases charged under them); they load bound to their period kind, ending
+//! where the old calendar's period ends, and one of a zone this build does
+//! not know is dropped as expired. Version 2 had no grants and always a
 //! state; it is still read. There are no versions 3, 5 and 6: the readable
 //! versions (2, 4, 7) are each two flipped bits or more away from the
 //! others, so no single damaged bit makes one readable version look
@@ -87,12 +89,12 @@ pub enum SnapshotError {
     WrongMagic,
     /// The input is a snapshot of a format this build does not read.
     #[error(
-        "snapshot format version {found} is not supported (this build reads version {supported})"
+        "snapshot format version {found} is not supported (this build reads versions 2, 4 and {supported})"
     )]
     UnsupportedVersion {
         /// The version found.
         found: u32,
-        /// The version this build reads.
+        /// The version this build writes (it reads 2 and 4 too).
         supported: u32,
     },
     /// The input ends before the snapshot's trailer does.
@@ -389,14 +391,16 @@ struct GrantStored {
 }
 
 /// The ledger of `grants` charged under `under`, if it keeps the rules a
-/// live one keeps.
+/// live one keeps; `None` for one to drop: a version 4 calendar's
+/// (`from_v4`) whose zone this build does not know.
 fn ledger_of(
     grants: Vec<GrantStored>,
     under: Option<(u8, u64)>,
     fresh_at: u64,
-) -> Result<Ledger, &'static str> {
+    from_v4: bool,
+) -> Result<Option<Ledger>, &'static str> {
     let (algorithm, window_ms) = match under {
-        None if grants.is_empty() => return Ok(Ledger::new()),
+        None if grants.is_empty() => return Ok(Some(Ledger::new())),
         None => return Err("grants without the algorithm and window they count under"),
         Some((code, window)) => {
             let algorithm = *Algorithm::ALL
@@ -415,10 +419,30 @@ fn ledger_of(
                 if !calendar && !(1..=MAX_EXACT).contains(&window) {
                     return Err("grants under a window of 0 ms or above 2^53");
                 }
+                // Version 4 bound them to the calendar's zone too; bound
+                // to its period kind now, as its state is, so the units a
+                // lease leaves unspent are refunded to that state.
+                if calendar && from_v4 {
+                    match crate::calendar::calendar_from_v4(window) {
+                        Some(c) => return ledger_checked(grants, algorithm, c.binding(), fresh_at),
+                        None => return Ok(None),
+                    }
+                }
             }
             (algorithm, window)
         }
     };
+    ledger_checked(grants, algorithm, window_ms, fresh_at)
+}
+
+/// The ledger of `grants` under `algorithm` and `window_ms`, if its grants
+/// keep the rules live ones keep.
+fn ledger_checked(
+    grants: Vec<GrantStored>,
+    algorithm: Algorithm,
+    window_ms: u64,
+    fresh_at: u64,
+) -> Result<Option<Ledger>, &'static str> {
     let most = if algorithm == Algorithm::Concurrency {
         usize::try_from(CONCURRENCY_MAX_LIMIT).expect("10,000 fits")
     } else {
@@ -446,7 +470,7 @@ fn ledger_of(
         }
         out.push(grant);
     }
-    Ok(Ledger::from_grants(out, algorithm, window_ms))
+    Ok(Some(Ledger::from_grants(out, algorithm, window_ms)))
 }
 
 /// `fresh_at - t` as a signed varint: small for the instants a state holds
@@ -583,8 +607,9 @@ impl<'a> Stored<LogOut<'a>> {
 }
 
 impl Stored<Vec<(i64, u64)>> {
-    /// The state, if it keeps the rules a live state keeps.
-    fn into_state(self, fresh_at: u64) -> Result<State, &'static str> {
+    /// The state, if it keeps the rules a live state keeps; `None` for a
+    /// calendar count to drop (see the two calendar arms).
+    fn into_state(self, fresh_at: u64) -> Result<Option<State>, &'static str> {
         let exact = |v: u64, what| if v <= MAX_EXACT { Ok(v) } else { Err(what) };
         let window = |w: u64| {
             if (1..=MAX_EXACT).contains(&w) {
@@ -593,7 +618,7 @@ impl Stored<Vec<(i64, u64)>> {
                 Err("a window of 0 ms or above 2^53")
             }
         };
-        Ok(match self {
+        Ok(Some(match self {
             Stored::FixedWindow {
                 start,
                 count,
@@ -606,14 +631,21 @@ impl Stored<Vec<(i64, u64)>> {
                 // Version 4 wrote a calendar count here, bound to the
                 // calendar's zone as well as its period, without the
                 // period's end: it is bound to its period kind now, and
-                // ends where its entry is fresh (a count is fresh exactly
-                // when its period ends). One of a zone this build does not
-                // know loads as a count that has ended.
+                // ends where the old calendar's period begun at its start
+                // ends. One of a zone this build does not know, or whose
+                // period would not end after its start, is dropped (counted
+                // as expired): kept, it would be written as a period that
+                // ends before it starts, which no load accepts.
                 let (window_ms, end_ms) = if crate::calendar::is_binding(window_ms) {
-                    match crate::calendar::binding_from_v4(window_ms) {
-                        Some(binding) if fresh_at > start_ms => (binding, fresh_at),
-                        _ => (window_ms, start_ms),
+                    let Some(calendar) = crate::calendar::calendar_from_v4(window_ms) else {
+                        return Ok(None);
+                    };
+                    let end_ms = calendar.bounds(start_ms).1;
+                    if end_ms <= start_ms || end_ms - start_ms > crate::calendar::LONGEST_PERIOD_MS
+                    {
+                        return Ok(None);
                     }
+                    (calendar.binding(), end_ms)
                 } else {
                     let w = window(window_ms)?;
                     (w, start_ms.saturating_add(w))
@@ -638,10 +670,11 @@ impl Stored<Vec<(i64, u64)>> {
                     return Err("a calendar period bound to no calendar");
                 }
                 let (start_ms, end_ms) = (forth(fresh_at, start), forth(fresh_at, end));
+                // A period that ends before it starts or lasts over 368
+                // days counts nothing this build can honour: that entry is
+                // dropped (counted as expired), not the whole snapshot.
                 if end_ms <= start_ms || end_ms - start_ms > crate::calendar::LONGEST_PERIOD_MS {
-                    return Err(
-                        "a calendar period that ends before it starts or lasts over 368 days",
-                    );
+                    return Ok(None);
                 }
                 State::FixedWindow {
                     start_ms,
@@ -720,7 +753,7 @@ impl Stored<Vec<(i64, u64)>> {
                     window_ms: window(window_ms)?,
                 }
             }
-        })
+        }))
     }
 }
 
@@ -957,21 +990,34 @@ impl<R: Read> SnapshotReader<R> {
                     .taken_at_ms
                     .checked_add(record.fresh_in)
                     .ok_or_else(|| invalid("becomes fresh past u64 ms".into()))?;
-                let state = record
-                    .state
-                    .map(|s| s.into_state(fresh_at))
-                    .transpose()
-                    .map_err(|r| invalid(r.into()))?;
-                let ledger = ledger_of(record.grants, record.grants_under, fresh_at)
-                    .map_err(|r| invalid(r.into()))?;
-                if state.is_none() && ledger.is_empty() {
+                // A calendar count (or its leases) this build cannot
+                // honour drops its entry, counted as expired.
+                let mut dropped = false;
+                let state = match record.state {
+                    None => None,
+                    Some(s) => {
+                        let state = s.into_state(fresh_at).map_err(|r| invalid(r.into()))?;
+                        dropped |= state.is_none();
+                        state
+                    }
+                };
+                let ledger = ledger_of(
+                    record.grants,
+                    record.grants_under,
+                    fresh_at,
+                    self.version == 4,
+                )
+                .map_err(|r| invalid(r.into()))?;
+                dropped |= ledger.is_none();
+                let ledger = ledger.unwrap_or_default();
+                if !dropped && state.is_none() && ledger.is_empty() {
                     return Err(invalid("an entry with neither state nor grants".into()));
                 }
                 index += 1;
                 let (name, kept, counts) = &mut namespaces[ns];
                 if !*kept {
                     counts.skipped += 1;
-                } else if fresh_at <= now {
+                } else if dropped || fresh_at <= now {
                     counts.expired += 1;
                 } else {
                     let hash = key_hash(store.hasher(), name, record.key);
