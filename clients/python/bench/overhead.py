@@ -74,27 +74,30 @@ async def per_call_us_async(fn, calls: int) -> float:  # type: ignore[no-untyped
 
 def client_side_work(calls: int) -> tuple[float, float]:
     """What quotad.Client.check adds around the stub call, timed without the network
-    (the figure the round trips above are too noisy to show): building the request,
-    the deny cache's lookup and record, reading the decision. And the cost of a
-    check the deny cache answers."""
-    from quotad import _wire
+    (the figure the round trips above are too noisy to show): the client's own check
+    path around the call (``CheckCore.local`` with its deny cache lookup, the call
+    guard, ``CheckCore.answered`` reading the decision and recording it). And the
+    cost of a check the deny cache answers."""
     from quotad._deny_cache import DenyCache
-    from quotad._settings import now_ms
 
     cache = DenyCache(10_000)
     answer = pb.Decision(allowed=True, limit=10, remaining=9, reset_after_ms=1000, reason=1)
-
-    def around(i: int) -> None:
-        key = ("bench", f"k{i}")
-        cache.lookup(key, 1, now_ms())
-        sent = cache.sent(now_ms())
-        _wire.check_request(key[1], "bench", 1)
-        cache.record(key, 1, _wire.decision(answer), sent, now_ms())
-
-    denied = quotad.Decision(False, 10, 0, 60_000, 60_000, quotad.Reason.LIMIT_EXCEEDED)
-    cache.record(("bench", "hot"), 1, denied, cache.sent(now_ms()), now_ms())
+    # Never called: its port is closed, and only its local path runs here.
     offline = quotad.Client("http://127.0.0.1:9")
     offline._settings.cache = cache
+
+    def around(i: int) -> None:
+        ask = offline._core.local(f"k{i}", "bench", 1)
+        assert not isinstance(ask, quotad.Decision)
+        sent_ms = offline._clock()
+        with offline._call():
+            pass
+        offline._core.answered(ask, answer, sent_ms)
+
+    denied = quotad.Decision(False, 10, 0, 60_000, 60_000, quotad.Reason.LIMIT_EXCEEDED)
+    hot = offline._core.local("hot", "bench", 1)
+    assert not isinstance(hot, quotad.Decision)
+    cache.record(hot.key, 1, denied, cache.sent(offline._clock()), offline._clock())
 
     def local(_i: int) -> None:
         offline.check("hot", "bench")
