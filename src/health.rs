@@ -101,7 +101,7 @@ pub(crate) async fn follow_store<B: Backend>(
             match probe {
                 Ok(Ok(())) => tracing::info!("state store answers again: ready"),
                 Ok(Err(error)) => {
-                    tracing::warn!(error = %crate::Causes(&error), "state store probe failed: not ready");
+                    tracing::warn!(error = %crate::log::Causes(&error), "state store probe failed: not ready");
                 }
                 Err(_) => tracing::warn!(?interval, "state store probe timed out: not ready"),
             }

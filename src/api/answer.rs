@@ -109,7 +109,7 @@ fn log_failure(log: &Throttled, error: &BackendError) {
     }
     if let Some(suppressed) = log.record() {
         tracing::warn!(
-            error = %crate::Causes(error),
+            error = %crate::log::Causes(error),
             suppressed,
             "state store call failed; on_error applies (one line per interval: suppressed counts the failures since the last line)"
         );

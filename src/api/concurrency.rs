@@ -475,7 +475,7 @@ impl<S: Backend> Orphan<S> {
             ),
             Err(error) => tracing::warn!(
                 policy = %self.name,
-                error = %crate::Causes(&error),
+                error = %crate::log::Causes(&error),
                 "a slot taken for a caller gone away was not released; it ends by its TTL"
             ),
         }

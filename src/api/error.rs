@@ -131,7 +131,7 @@ impl From<LeaseError> for ServiceError {
 /// The gRPC status for an error: the only mapping from errors to codes.
 pub(crate) fn to_status(error: &ServiceError) -> Status {
     // Every cause, each once: a store error's causes are its sources.
-    let message = crate::Causes(error).to_string();
+    let message = crate::log::Causes(error).to_string();
     match error {
         ServiceError::Invalid { .. } => Status::invalid_argument(message),
         ServiceError::UnknownPolicy { .. } | ServiceError::UnknownLease { .. } => {

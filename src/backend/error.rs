@@ -15,7 +15,7 @@
 //! alike; the local fallback tells them apart ([`super::fallback`]).
 //!
 //! Each error's text is its own part only, its cause its `source()`: a
-//! chain printer ([`crate::Causes`], `anyhow`'s `{:#}`) says each cause
+//! chain printer ([`crate::log::Causes`], `anyhow`'s `{:#}`) says each cause
 //! once.
 
 use std::fmt;

@@ -131,7 +131,7 @@ impl Deadline {
 /// A backend that could not make a decision. A denial is never an error.
 ///
 /// Its text is its own part only; the cause is its source, so a chain
-/// printer ([`crate::Causes`], `anyhow`'s `{:#}`) writes each cause once:
+/// printer ([`crate::log::Causes`], `anyhow`'s `{:#}`) writes each cause once:
 /// `state store unavailable: redis: Connection refused (os error 111)`.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum BackendError {
@@ -238,7 +238,7 @@ pub enum OverrideWriteError {
     #[error(transparent)]
     NotApplied(BackendError),
     /// It was sent but no answer came: it may or may not have been applied.
-    #[error("{}: the change may have been applied; List to see", crate::Causes(.0))]
+    #[error("{}: the change may have been applied; List to see", crate::log::Causes(.0))]
     Unknown(BackendError),
 }
 

@@ -69,7 +69,7 @@ impl<B: Backend> OverridesSync<B> {
                 if !self.failing {
                     self.failing = true;
                     tracing::warn!(
-                        error = %crate::Causes(&error),
+                        error = %crate::log::Causes(&error),
                         "cannot read the runtime overrides from the store; serving the last set read until it answers"
                     );
                 }

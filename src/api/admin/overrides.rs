@@ -238,7 +238,7 @@ impl<S: Backend> OverridesService<S> {
                 %caller,
                 %policy,
                 scope = %scope.describe(),
-                error = %crate::Causes(error),
+                error = %crate::log::Causes(error),
                 change = if write.value.is_some() { "set" } else { "remove" },
                 new = %new,
                 "override change sent, outcome unknown (it may have been applied; the store's set shows which)"
@@ -329,9 +329,9 @@ impl<S: Backend> OverridesService<S> {
 fn not_kept(error: OverrideWriteError) -> ServiceError {
     match error {
         OverrideWriteError::Unknown(_) => {
-            ServiceError::MaybeKept(crate::Causes(&error).to_string())
+            ServiceError::MaybeKept(crate::log::Causes(&error).to_string())
         }
-        other => ServiceError::NotKept(crate::Causes(&other).to_string()),
+        other => ServiceError::NotKept(crate::log::Causes(&other).to_string()),
     }
 }
 

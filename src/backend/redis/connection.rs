@@ -1243,10 +1243,10 @@ impl Inner {
             Err(error) => {
                 self.counts.connect_failures.fetch_add(1, Ordering::Relaxed);
                 if self.outage_logged.swap(true, Ordering::Relaxed) {
-                    tracing::debug!(error = %crate::Causes(error), "cannot connect to redis");
+                    tracing::debug!(error = %crate::log::Causes(error), "cannot connect to redis");
                 } else {
                     tracing::warn!(
-                        error = %crate::Causes(error),
+                        error = %crate::log::Causes(error),
                         "cannot connect to redis: checks answer their policy's on_error until it answers (logged once, until it does)"
                     );
                 }

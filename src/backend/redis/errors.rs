@@ -422,7 +422,7 @@ mod tests {
         let refused = RedisError::from(std::io::Error::from(Io::ConnectionRefused));
         let error = to_backend_error(classify(&refused), &refused);
         assert_eq!(error.to_string(), "state store unavailable", "its own part");
-        let text = crate::Causes(&error).to_string();
+        let text = crate::log::Causes(&error).to_string();
         assert_eq!(text, "state store unavailable: redis: connection refused");
         // A printer that leaves no repeat out (anyhow's `{:#}`) says each
         // cause once too.
