@@ -724,6 +724,11 @@ mod tests {
         )
     }
 
+    /// Key `k` of the `local` namespace under a fixed window of 30.
+    fn local_item() -> CheckItem<'static> {
+        CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1).expect("valid")
+    }
+
     fn no_reply() -> BackendError {
         super::super::MayHaveRun::NoReply(super::super::Waited {
             after: Duration::from_millis(200),
@@ -736,8 +741,7 @@ mod tests {
     async fn a_callers_own_deadline_or_a_call_refused_alone_leaves_the_breaker_closed() {
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let store = counting(&clock);
-        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
-            .expect("valid");
+        let item = local_item();
         let callers = super::super::Waited {
             after: Duration::from_millis(2),
             callers: true,
@@ -762,8 +766,7 @@ mod tests {
     async fn after_a_call_that_may_have_run_no_call_is_sent_until_a_probe_answers() {
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let store = counting(&clock);
-        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
-            .expect("valid");
+        let item = local_item();
         store.store().fail_with(Some(no_reply()));
         for _ in 0..10 {
             let d = store.check_one(&item, Deadline::NONE).await.expect("local");
@@ -850,8 +853,7 @@ mod tests {
     async fn a_bug_in_the_store_is_not_answered_locally_nor_opens_the_breaker() {
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let store = counting(&clock);
-        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
-            .expect("valid");
+        let item = local_item();
         store.store().fail_with(Some(
             super::super::Fault::Reply("a bad reply".into()).into(),
         ));
@@ -869,8 +871,7 @@ mod tests {
     async fn an_outage_that_did_not_run_falls_back_and_opens_the_breaker_too() {
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let store = counting(&clock);
-        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
-            .expect("valid");
+        let item = local_item();
         store
             .store()
             .fail_with(Some(super::super::NotRun::Reconnecting.into()));
@@ -1014,8 +1015,7 @@ mod tests {
     async fn a_peek_consumes_nothing_locally() {
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let store = fallback(3, &clock);
-        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
-            .expect("valid");
+        let item = local_item();
         for _ in 0..20 {
             let d = store.peek(&item, Deadline::NONE).await.expect("local");
             assert_eq!((d.allowed, d.remaining), (true, 10));
@@ -1026,8 +1026,7 @@ mod tests {
     async fn the_share_renews_with_each_window() {
         let clock = Arc::new(FakeClock::new(1_700_000_000_000));
         let store = fallback(3, &clock);
-        let item = CheckItem::new("local", policy(Algorithm::FixedWindow, 30, None), "k", 1)
-            .expect("valid");
+        let item = local_item();
         for _ in 0..10 {
             assert!(
                 store
