@@ -34,23 +34,33 @@ echo "test.sh: the Rust tests done at ${SECONDS}s" >&2
 # Doctests are not part of --all-targets.
 cargo test --workspace --doc
 
-# --- Node: the TypeScript client (clients/node: its unit tests, its tests
-# against a real quotad, and the conformance cases of tests/clients/) and the
-# Express example, each with `node --test` against target/debug/quotad.
+# --- The clients and examples in other languages: three groups that do
+# not depend on each other (Node; Python; Go then Java), run side by side,
+# since most of their time is waiting on package registries and on the
+# quotad processes their tests start. Each group's output goes to its own
+# log, printed whole when the group ends, so that the lines of one group
+# stay together; a failing group fails the run after all have ended.
 # Every client step has a time bound (scripts/bounded.sh): one that hangs
 # fails naming itself. (Node itself was found or installed above.)
 cargo build --bin quotad
-scripts/bounded.sh 600 clients/node npm ci --no-audit --no-fund
-scripts/bounded.sh 300 clients/node npm run build
-scripts/bounded.sh 1200 clients/node npm test
-scripts/bounded.sh 600 examples/express npm ci --no-audit --no-fund
-scripts/bounded.sh 600 examples/express npm test
+
+# --- Node: the TypeScript client (clients/node: its unit tests, its tests
+# against a real quotad, and the conformance cases of tests/clients/) and the
+# Express example, each with `node --test` against target/debug/quotad.
+node_group() {
+  scripts/bounded.sh 600 clients/node npm ci --no-audit --no-fund
+  scripts/bounded.sh 300 clients/node npm run build
+  scripts/bounded.sh 1200 clients/node npm test
+  scripts/bounded.sh 600 examples/express npm ci --no-audit --no-fund
+  scripts/bounded.sh 600 examples/express npm test
+}
 
 # --- The Python client (clients/python) and the FastAPI example: a venv
 # under target/ (never committed), the package and its test extras from
 # PyPI, then ruff, mypy (strict) and pytest against the quotad binary
 # built here (the tests start it on free loopback ports; QUOTAD_BIN names
-# another).
+# another). The venv is made before the groups start: its fallback installs
+# python3-venv with apt-get, which the Go and Java group also uses.
 PY_VENV=target/pyenv
 if [ ! -x "$PY_VENV/bin/python" ]; then
   if ! python3 -m venv "$PY_VENV" 2>/dev/null; then
@@ -64,11 +74,13 @@ if [ ! -x "$PY_VENV/bin/python" ]; then
   fi
 fi
 PY="$PWD/$PY_VENV/bin/python"
-scripts/bounded.sh 900 . "$PY" -m pip install -q --disable-pip-version-check "./clients/python[test]"
-scripts/bounded.sh 120 . "$PY" -m ruff check clients/python examples/fastapi
-scripts/bounded.sh 120 . "$PY" -m ruff format --check clients/python examples/fastapi
-scripts/bounded.sh 600 clients/python "$PY" -m mypy src/quotad
-scripts/bounded.sh 1800 . "$PY" -m pytest -q -p no:cacheprovider clients/python/tests examples/fastapi
+python_group() {
+  scripts/bounded.sh 900 . "$PY" -m pip install -q --disable-pip-version-check "./clients/python[test]"
+  scripts/bounded.sh 120 . "$PY" -m ruff check clients/python examples/fastapi
+  scripts/bounded.sh 120 . "$PY" -m ruff format --check clients/python examples/fastapi
+  scripts/bounded.sh 600 clients/python "$PY" -m mypy src/quotad
+  scripts/bounded.sh 1800 . "$PY" -m pytest -q -p no:cacheprovider clients/python/tests examples/fastapi
+}
 
 # --- Go and Java: examples/go and examples/java, built from Debian's
 # packages (Go in GOPATH mode over /usr/share/gocode, no module proxy; Java
@@ -76,5 +88,31 @@ scripts/bounded.sh 1800 . "$PY" -m pytest -q -p no:cacheprovider clients/python/
 # target/debug/quotad. Each build.sh installs its packages with apt-get
 # when they are missing (QUOTAD_TEST_INSTALL=1), as redis-server is above;
 # run alone, it says which to install (docs/clients.md, "From Go and Java").
-QUOTAD_TEST_INSTALL=1 scripts/bounded.sh 900 . examples/go/check.sh
-QUOTAD_TEST_INSTALL=1 scripts/bounded.sh 900 . examples/java/check.sh
+# One after the other: both may take apt's lock.
+go_java_group() {
+  QUOTAD_TEST_INSTALL=1 scripts/bounded.sh 900 . examples/go/check.sh
+  QUOTAD_TEST_INSTALL=1 scripts/bounded.sh 900 . examples/java/check.sh
+}
+
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+declare -A group_pid=()
+for group in node python go_java; do
+  # set -e does not reach into a function called as part of `||`, so each
+  # group stops at its first failing step by its own errexit subshell.
+  (set -e; "${group}_group") >"$logs/$group.log" 2>&1 &
+  group_pid[$group]=$!
+done
+failed=()
+for group in node python go_java; do
+  rc=0
+  wait "${group_pid[$group]}" || rc=$?
+  echo "=== test.sh: the $group group (exit $rc, done at ${SECONDS}s) ===" >&2
+  cat "$logs/$group.log" >&2
+  [ "$rc" -eq 0 ] || failed+=("$group")
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "test.sh: failing groups: ${failed[*]} (their logs are above)" >&2
+  exit 1
+fi
+echo "test.sh: every group passed"
