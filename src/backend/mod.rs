@@ -211,10 +211,9 @@ pub struct OverrideWrite<'a> {
     /// What the field of every override of the same policy starts with.
     pub policy_fields: &'a str,
     /// How many runtime overrides the policy may have in the store (a set
-    /// of a new one past it is refused).
+    /// of a new one past it is refused). The store purges those expired
+    /// by its own clock.
     pub room: u64,
-    /// Now, by the clock overrides expire by: those expired are purged.
-    pub now_ms: u64,
 }
 
 /// What a change of a runtime override did in the store.

@@ -467,31 +467,67 @@ async fn a_set_whose_answer_times_out_says_it_may_have_been_applied() {
     assert_eq!(limit_of(&a, "t:1").await, 9);
 }
 
+/// Now by this machine's clock, which the test's Redis shares.
+fn wall_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970");
+    u64::try_from(since.as_millis()).expect("milliseconds fit in u64")
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
 #[tokio::test]
-async fn an_expired_override_is_purged_from_redis_and_no_longer_counts() {
+async fn an_override_expired_by_the_stores_clock_is_purged_though_the_writers_clock_runs_behind() {
     let redis = RedisServer::start();
-    let clock = std::sync::Arc::new(quotad_core::FakeClock::new(crate::common::NOON_30));
+    // The writer's clock is an hour behind Redis's: by it, `brief` is
+    // live for another half hour; by the store's clock it expired half an
+    // hour ago.
+    let clock = std::sync::Arc::new(quotad_core::FakeClock::new(wall_ms() - HOUR_MS));
     let a = TestServer::start(
         config_with(&redis.url(), "1h", "max_overrides = 1").with_clock(clock.clone()),
     )
     .await;
     let mut on_a = overrides(&a).await;
     let mut brief = set_key("brief", 10);
-    brief.expires_at_ms = Some(crate::common::NOON_30 + 1_000);
+    brief.expires_at_ms = Some(wall_ms() - HOUR_MS / 2);
     on_a.set_override(brief).await.expect("set");
-    let full = on_a
-        .set_override(set_key("other", 10))
-        .await
-        .expect_err("the policy is full");
-    assert_eq!(full.code(), Code::InvalidArgument);
     assert_eq!(stored(&redis).len(), 1);
-    clock.advance(Duration::from_millis(1_000));
     on_a.set_override(set_key("other", 10))
         .await
-        .expect("the expired one no longer counts");
+        .expect("the override expired in the store's clock no longer counts");
     let left = stored(&redis);
     assert_eq!(left.len(), 1, "{left:?}");
     assert!(left[0].contains("other"), "{left:?}");
+}
+
+#[tokio::test]
+async fn a_writer_whose_clock_runs_ahead_does_not_purge_a_live_override() {
+    let redis = RedisServer::start();
+    let on_time = std::sync::Arc::new(quotad_core::FakeClock::new(wall_ms()));
+    let a = TestServer::start(
+        config_with(&redis.url(), "1h", "max_overrides = 1").with_clock(on_time.clone()),
+    )
+    .await;
+    let mut live = set_key("live", 10);
+    live.expires_at_ms = Some(wall_ms() + HOUR_MS);
+    overrides(&a).await.set_override(live).await.expect("set");
+    // A replica two hours ahead: by its clock `live` has expired, by the
+    // store's it has an hour to go, so the policy is still full.
+    let ahead = std::sync::Arc::new(quotad_core::FakeClock::new(wall_ms() + 2 * HOUR_MS));
+    let b = TestServer::start(
+        config_with(&redis.url(), "1h", "max_overrides = 1").with_clock(ahead.clone()),
+    )
+    .await;
+    let full = overrides(&b)
+        .await
+        .set_override(set_key("other", 10))
+        .await
+        .expect_err("the policy is full in the store's clock");
+    assert_eq!(full.code(), Code::InvalidArgument);
+    let left = stored(&redis);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].contains("live"), "{left:?}");
 }
 
 /// The overrides `client` lists, as (key or prefix, limit).

@@ -173,7 +173,6 @@ impl<S: Backend> OverridesService<S> {
             value: Some(&value),
             policy_fields: &fields,
             room: max.saturating_sub(self.policies.file_overrides_of(&entry.policy)),
-            now_ms: now,
         };
         let written = self
             .written(
@@ -264,7 +263,6 @@ impl<S: Backend> OverridesService<S> {
             value: None,
             policy_fields: &fields,
             room: 0,
-            now_ms: self.policies.now_ms(),
         };
         let written = self
             .written(&write, deadline, &caller, &request.policy, &scope, "none")

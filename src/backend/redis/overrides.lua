@@ -2,15 +2,17 @@
 -- KEYS[1]: the hash of overrides.
 -- ARGV[1]: the deadline (ms, Redis clock); past it, nothing is done.
 -- ARGV[2]: 'set' or 'del'; ARGV[3]: the field; ARGV[4]: the value ('set').
--- ARGV[5]: now (ms, the writer's clock): overrides expired by then are purged.
--- ARGV[6]: what the fields of the same policy start with.
--- ARGV[7]: how many runtime overrides of that policy may be stored.
+-- ARGV[5]: what the fields of the same policy start with.
+-- ARGV[6]: how many runtime overrides of that policy may be stored.
+-- Overrides expired by Redis's own clock (TIME) are purged: a writer whose
+-- clock is skewed neither purges live overrides nor keeps dead ones.
 -- Answers {-1} past the deadline, {-2, count} when a new override would
--- exceed ARGV[7] (nothing written but purges), else
+-- exceed ARGV[6] (nothing written but purges), else
 -- {version, epoch, previous value or nil, purged}; a removal that changes
 -- nothing (the field absent, nothing purged) answers the version as it is.
 local t = redis.call('TIME')
-if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[1]) then
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if now > tonumber(ARGV[1]) then
   return {-1}
 end
 local key = KEYS[1]
@@ -27,8 +29,7 @@ if not epoch then
   epoch = t[1] .. string.format('%06d', tonumber(t[2]))
   redis.call('HSET', key, '#epoch', epoch)
 end
-local now = tonumber(ARGV[5])
-local prefix = ARGV[6]
+local prefix = ARGV[5]
 local all = redis.call('HGETALL', key)
 local count, purged, previous = 0, 0, false
 for i = 1, #all, 2 do
@@ -46,7 +47,7 @@ for i = 1, #all, 2 do
   end
 end
 if ARGV[2] == 'set' then
-  if not previous and count >= tonumber(ARGV[7]) then
+  if not previous and count >= tonumber(ARGV[6]) then
     if purged > 0 then
       redis.call('HINCRBY', key, '#version', 1)
     end

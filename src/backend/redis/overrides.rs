@@ -15,7 +15,9 @@
 //! A change is one script ([`SCRIPT`], `overrides.lua`) that checks the
 //! call's deadline in Redis's own clock first, as the state scripts do (a
 //! change quotad answered as failed never lands later), then, atomically:
-//! purges expired overrides, refuses a new override past the policy's
+//! purges the overrides expired by Redis's clock (`TIME`, not the
+//! writer's: a replica with a skewed clock neither purges live overrides
+//! nor keeps dead ones), refuses a new override past the policy's
 //! room (`limits.max_overrides`, less the file's), writes or removes it,
 //! bumps the version and answers the value it replaced. Two replicas
 //! setting at once therefore cannot both pass the count.
@@ -93,7 +95,6 @@ impl RedisBackend {
             .arg(if write.value.is_some() { "set" } else { "del" })
             .arg(write.field)
             .arg(write.value.unwrap_or(""))
-            .arg(write.now_ms)
             .arg(write.policy_fields)
             .arg(write.room);
         let reply = self
