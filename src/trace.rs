@@ -13,6 +13,7 @@
 //! and never a log event (an event could carry a key), so what a span holds
 //! is only what quotad puts in it: never a key.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
@@ -48,6 +49,15 @@ const ENDPOINT_VARS: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
+
+/// Set once a [`Tracer`] is built: this process exports spans.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process exports spans (a [`Tracer`] was built). When not,
+/// the RPC layer and the store wrapper make no span and record nothing.
+pub(crate) fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
 
 /// Why the tracer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +144,7 @@ impl Tracer {
             .with_filter(FilterFn::new(
                 is_trace_span as fn(&tracing::Metadata<'_>) -> bool,
             ));
+        EXPORTING.store(true, Ordering::Relaxed);
         Ok(Some((Tracer { provider }, layer)))
     }
 
@@ -176,6 +187,9 @@ impl Extractor for HeaderExtractor<'_> {
 /// The trace id of the span the current code runs in, when it is one of
 /// quotad's exported spans (or inside one): what log lines carry.
 pub(crate) fn current_trace_id() -> Option<TraceId> {
+    if !exporting() {
+        return None;
+    }
     let span = tracing::Span::current();
     if span.is_none() {
         return None;

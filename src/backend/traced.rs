@@ -3,8 +3,8 @@
 //! `redis`), the operation, the policy and algorithm, how many items, the
 //! outcome and, for a standalone Redis, its address. Never the key.
 //!
-//! With export off the span callsites are disabled ([`crate::trace`]):
-//! each call costs a check of a cached interest, and nothing is recorded.
+//! With export off ([`crate::trace::exporting`]) no span is made: each
+//! call costs a load of a flag, and nothing is recorded.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,6 +37,9 @@ impl<B: Backend> Traced<B> {
     /// The span of one call of `operation` on `items` items; disabled when
     /// export is off.
     fn span(&self, operation: &'static str, items: usize, policy: Option<&Policy>) -> Span {
+        if !crate::trace::exporting() {
+            return Span::none();
+        }
         let span = tracing::info_span!(
             target: TARGET,
             "store",

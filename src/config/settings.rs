@@ -377,8 +377,9 @@ section! {
         replicas: Option<u32> = Int, Restart;
         /// Most keys the local fallback holds during an outage; new keys are then denied
         ///
-        /// Emptied when Redis answers again. 100,000 keys are about 10 MB
-        /// (sliding logs more).
+        /// Kept when Redis answers again, each key swept once its state is
+        /// fresh (a store that flaps within a window finds the share already
+        /// spent). 100,000 keys are about 10 MB (sliding logs more).
         max_keys: usize = Int("100000"), Restart;
     }
 }

@@ -3,8 +3,8 @@
 //! metadata (Envoy sends it on rate limit calls too).
 //!
 //! The span is a `tracing` span of [`crate::trace::TARGET`]; with export
-//! off its callsite is disabled, and the layer neither reads the headers
-//! nor records anything. The handlers add what they know (policy,
+//! off ([`crate::trace::exporting`]) the layer makes none, neither reads
+//! the headers nor records anything. The handlers add what they know (policy,
 //! algorithm, outcome, batch size: [`record`]); the layer adds the gRPC
 //! status code of the answer: the `grpc-status` of a trailers-only answer
 //! (every error quotad returns), else OK (a unary answer's status comes in
@@ -66,6 +66,9 @@ where
 /// The call's span, a child of the caller's trace context; disabled (and
 /// nothing read) when export is off.
 fn rpc_span<B>(request: &Request<B>) -> Span {
+    if !crate::trace::exporting() {
+        return Span::none();
+    }
     let path = request.uri().path();
     let span = tracing::info_span!(
         target: TARGET,
@@ -157,7 +160,7 @@ where
 
 /// Whether the code runs in a call's span that records (export is on).
 pub(crate) fn recording() -> bool {
-    !Span::current().is_disabled()
+    crate::trace::exporting() && !Span::current().is_disabled()
 }
 
 /// What the handler of a call knows, on the call's span (nothing is done
@@ -165,6 +168,9 @@ pub(crate) fn recording() -> bool {
 /// batch of several), its algorithm, the outcome (`allowed`, `denied`, or
 /// `mixed`), and how many items a batch held.
 pub(crate) fn record(policy: &str, algorithm: &str, outcome: &str, batch_size: Option<usize>) {
+    if !crate::trace::exporting() {
+        return;
+    }
     let span = Span::current();
     if span.is_disabled() {
         return;
@@ -182,6 +188,9 @@ pub(crate) fn record(policy: &str, algorithm: &str, outcome: &str, batch_size: O
 /// overall outcome (`allowed` for OK, `denied` for OVER_LIMIT) and how many
 /// descriptors (`quotad.batch_size`).
 pub(crate) fn record_rls(domain: &str, outcome: &str, descriptors: usize) {
+    if !crate::trace::exporting() {
+        return;
+    }
     let span = Span::current();
     if span.is_disabled() {
         return;
@@ -196,7 +205,56 @@ pub(crate) fn record_rls(domain: &str, outcome: &str, descriptors: usize) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tracing_subscriber::layer::SubscriberExt as _;
+
     use super::*;
+
+    /// Counts the spans made under it; it enables every callsite.
+    struct CountSpans(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountSpans {
+        fn on_new_span(
+            &self,
+            _: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_process_that_exports_nothing_makes_no_span_even_under_a_subscriber_that_would_take_it() {
+        // The unit tests' process builds no tracer, so export is off.
+        assert!(!crate::trace::exporting());
+        let made = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry().with(CountSpans(Arc::clone(&made)));
+        tracing::subscriber::with_default(subscriber, || {
+            // The subscriber takes spans: one made directly is counted.
+            drop(tracing::info_span!(target: crate::trace::TARGET, "probe"));
+            assert_eq!(made.load(Ordering::Relaxed), 1);
+            let request = Request::builder()
+                .uri("/quotad.v1.Quota/Check")
+                .header(
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                )
+                .body(())
+                .expect("valid");
+            let span = rpc_span(&request);
+            assert!(span.is_none(), "no span is made with export off");
+            record("api", "fixed_window", "allowed", None);
+            assert!(!recording());
+            assert_eq!(
+                made.load(Ordering::Relaxed),
+                1,
+                "the RPC layer made no span"
+            );
+        });
+    }
 
     #[test]
     fn only_server_side_failures_mark_a_server_span_as_an_error() {
