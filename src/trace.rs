@@ -4,9 +4,11 @@
 //!
 //! Export is off unless `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set (and `OTEL_SDK_DISABLED` is not
-//! `true`): then no OpenTelemetry layer is installed, every span callsite
-//! of [`TARGET`] is disabled, and a call does no span work at all (a
-//! disabled callsite costs one load of its cached interest).
+//! `true`): then no OpenTelemetry layer is installed, and a call makes no
+//! span at all: each place that would checks [`exporting`], one relaxed
+//! load of a flag set when the tracer is built, instead of asking the
+//! subscriber about a disabled callsite (BENCHMARKS.md has what each
+//! costs).
 //!
 //! Spans are `tracing` spans of the target [`TARGET`], bridged to
 //! OpenTelemetry by `tracing-opentelemetry`; only those spans are exported,
